@@ -1,0 +1,57 @@
+"""Build steps that pyproject.toml cannot express: the gRPC stubs from protos/ and the
+C/Cython extensions from csrc/ and the package's .pyx files."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).parent.resolve()
+PROTO_DIR = ROOT / "protos"
+PROTO_OUT = ROOT / "triton_shm" / "_proto"
+
+
+def generate_protos() -> None:
+    """Compile protos/*.proto with grpcio-tools into triton_shm/_proto (package-relative imports)."""
+    from grpc_tools import protoc  # build requirement
+    import grpc_tools
+
+    PROTO_OUT.mkdir(exist_ok=True)
+    (PROTO_OUT / "__init__.py").write_text('"""Generated from protos/ at build time; do not edit."""\n')
+    include = Path(grpc_tools.__file__).parent / "_proto"
+    protos = sorted(str(p) for p in PROTO_DIR.glob("*.proto"))
+    rc = protoc.main(["protoc", f"-I{PROTO_DIR}", f"-I{include}", f"--python_out={PROTO_OUT}",
+                      f"--pyi_out={PROTO_OUT}", f"--grpc_python_out={PROTO_OUT}", *protos])
+    if rc != 0:
+        raise RuntimeError(f"protoc failed ({rc})")
+    for py in PROTO_OUT.glob("*_pb2*.py"):
+        text = py.read_text()
+        fixed = re.sub(r"^import (\w+_pb2) as", r"from . import \1 as", text, flags=re.M)
+        if fixed != text:
+            py.write_text(fixed)
+
+
+class BuildPyWithProtos(build_py):
+    def run(self) -> None:
+        generate_protos()
+        super().run()
+
+
+def extensions() -> list[Extension]:
+    if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") not in ("", "0"):
+        return []
+    from Cython.Build import cythonize
+
+    exts = [
+        Extension("triton_shm.core._codec",
+                  ["triton_shm/core/_codec.pyx", "csrc/bytes_codec.c"],
+                  include_dirs=["csrc"],
+                  extra_compile_args=["-O2", "-Wall"]),
+    ]
+    return cythonize(exts, language_level=3, compiler_directives={"embedsignature": True})
+
+
+setup(cmdclass={"build_py": BuildPyWithProtos}, ext_modules=extensions())

@@ -1,0 +1,65 @@
+"""Protocol-neutral inference request and response.
+
+The HTTP and gRPC adapters translate their wire messages into these types and back;
+everything below the adapters (validation, scheduling, workers) sees only these.
+Tensor payloads are kept in their wire encoding (little-endian, row-major, BYTES as
+4-byte length-prefixed elements) so the front-end never decodes tensor data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Union
+
+# Request/response parameter values, as both protocols can express them.
+ParamValue = Union[bool, int, float, str]
+Buffer = Union[bytes, bytearray, memoryview]
+
+
+@dataclass(slots=True)
+class InputTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: Buffer | None = None  # wire-encoded bytes (None while unset)
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    name: str
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str = ""  # "" = the version policy's highest
+    id: str = ""
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+    inputs: list[InputTensor] = field(default_factory=list)
+    outputs: list[RequestedOutput] = field(default_factory=list)  # empty = all outputs
+
+
+@dataclass(slots=True)
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: list[int]
+    data: Buffer  # wire-encoded bytes; may be a view into shared memory, see release()
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str = ""
+    parameters: dict[str, ParamValue] = field(default_factory=dict)
+    outputs: list[OutputTensor] = field(default_factory=list)
+    _release: Callable[[], None] | None = None
+
+    def release(self) -> None:
+        """Give the output buffers back. Call once the wire message is built."""
+        if self._release is not None:
+            release, self._release = self._release, None
+            release()
