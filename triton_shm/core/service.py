@@ -47,7 +47,8 @@ class InferenceService:
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """``{"name", "versions", "platform", "inputs", "outputs"}`` as Triton reports it."""
-        return self.repository.get(name, version, require_ready=True).metadata()
+        model = self.repository.get(name, version, require_ready=True)
+        return model.metadata(self.repository.versions_of(name))
 
     def model_config(self, name: str, version: str = "") -> "model_config_pb2.ModelConfig":
         return self.repository.get(name, version, require_ready=True).config

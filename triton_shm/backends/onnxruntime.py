@@ -1,0 +1,134 @@
+"""ONNX Runtime backend: CPU execution provider on KIND_CPU instances, CUDA on KIND_GPU."""
+from __future__ import annotations
+
+import copy
+import logging
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgument, Unavailable
+from .base import Backend, InstanceSpec, ModelContext, ModelInstance, WorkerRequest, WorkerResponse
+
+log = logging.getLogger("triton_shm.backends.onnxruntime")
+
+DEFAULT_MAX_BATCH_SIZE = 4  # what Triton's ORT auto-complete picks for a batchable model
+
+# ONNX tensor type strings -> model-config types.
+_ORT_TO_CONFIG = {
+    "tensor(bool)": "TYPE_BOOL", "tensor(uint8)": "TYPE_UINT8", "tensor(uint16)": "TYPE_UINT16",
+    "tensor(uint32)": "TYPE_UINT32", "tensor(uint64)": "TYPE_UINT64", "tensor(int8)": "TYPE_INT8",
+    "tensor(int16)": "TYPE_INT16", "tensor(int32)": "TYPE_INT32", "tensor(int64)": "TYPE_INT64",
+    "tensor(float16)": "TYPE_FP16", "tensor(float)": "TYPE_FP32", "tensor(double)": "TYPE_FP64",
+    "tensor(string)": "TYPE_STRING", "tensor(bfloat16)": "TYPE_BF16",
+}
+
+
+def _import_ort():
+    try:
+        import onnxruntime
+    except ImportError as e:  # pragma: no cover - a dependency, but say so clearly
+        raise Unavailable(f"the onnxruntime backend needs the 'onnxruntime' package: {e}") from None
+    return onnxruntime
+
+
+def _model_path(context: ModelContext):
+    path = context.version_dir / (context.default_model_filename or "model.onnx")
+    if not path.is_file():
+        raise InvalidArgument(f"model '{context.name}' version {context.version}: model file '{path.name}' "
+                              "not found")
+    return path
+
+
+def _session(context: ModelContext, providers: list) -> Any:
+    ort = _import_ort()
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(_model_path(context)), sess_options=options, providers=providers)
+    except Exception as e:  # corrupt or unsupported model file
+        raise InvalidArgument(f"failed to load model '{context.name}' version {context.version} with "
+                              f"onnxruntime: {e}") from None
+
+
+def _io(args) -> list[tuple[str, str, list[int]]]:
+    out = []
+    for a in args:
+        dtype = _ORT_TO_CONFIG.get(a.type)
+        if dtype is None:
+            raise InvalidArgument(f"ONNX tensor '{a.name}' has unsupported type {a.type}")
+        dims = [d if isinstance(d, int) and d >= 0 else -1 for d in (a.shape or [])]
+        out.append((a.name, dtype, dims))
+    return out
+
+
+class OnnxRuntimeBackend(Backend):
+    name = "onnxruntime"
+
+    @staticmethod
+    def auto_complete(context: ModelContext) -> dict[str, Any]:
+        config = copy.deepcopy(context.config)
+        session = _session(context, ["CPUExecutionProvider"])
+        inputs, outputs = _io(session.get_inputs()), _io(session.get_outputs())
+        max_batch = int(config.get("max_batch_size", 0) or 0)
+        batchable = all(dims and dims[0] == -1 for _, _, dims in inputs + outputs)
+        if max_batch == 0 and batchable and not config.get("input") and not config.get("output"):
+            max_batch = DEFAULT_MAX_BATCH_SIZE
+            config["max_batch_size"] = max_batch
+            config.setdefault("dynamic_batching", {})
+        strip = 1 if max_batch > 0 else 0
+        for key, tensors in (("input", inputs), ("output", outputs)):
+            present = {t.get("name") for t in config.get(key) or []}
+            for name, dtype, dims in tensors:
+                if name not in present:
+                    config.setdefault(key, []).append({"name": name, "data_type": dtype, "dims": dims[strip:]})
+        known = {n for n, _, _ in inputs}
+        for t in config.get("input") or []:
+            if t.get("name") not in known:
+                raise InvalidArgument(f"model '{context.name}': config input '{t.get('name')}' is not an "
+                                      f"input of the ONNX model (it has {sorted(known)})")
+        return config
+
+    def create_instance(self, spec: InstanceSpec) -> ModelInstance:
+        if spec.kind == "KIND_GPU":
+            ort = _import_ort()
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise Unavailable(f"instance '{spec.name}' of model '{self.context.name}' is KIND_GPU, but this "
+                                  "onnxruntime has no CUDA execution provider (pip install onnxruntime-gpu)")
+            # Each GPU worker sees only its own device, which is ordinal 0 inside it.
+            providers: list = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+        else:
+            providers = ["CPUExecutionProvider"]
+        return OnnxRuntimeInstance(self.context, _session(self.context, providers))
+
+
+class OnnxRuntimeInstance(ModelInstance):
+    def __init__(self, context: ModelContext, session):
+        self.context = context
+        self.session = session
+        self.output_names = [o.name for o in session.get_outputs()]
+
+    def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
+        return [self._run(r) for r in requests]
+
+    def _run(self, request: WorkerRequest) -> WorkerResponse:
+        feed = {}
+        for name, array in request.inputs.items():
+            if request.datatypes[name] == "BF16":
+                raise InvalidArgument("BF16 tensors are not supported by the onnxruntime backend")
+            if array.dtype == np.object_:  # ORT takes strings as str objects
+                array = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(array) \
+                    if array.size else array
+            feed[name] = array
+        names = request.requested_outputs or self.output_names
+        try:
+            results = self.session.run(names, feed)
+        except Exception as e:
+            raise InvalidArgument(f"onnxruntime failed to run model '{self.context.name}': {e}") from None
+        outputs = {}
+        for name, value in zip(names, results):
+            if value.dtype == np.object_:
+                value = np.vectorize(lambda s: s.encode("utf-8") if isinstance(s, str) else bytes(s),
+                                     otypes=[object])(value) if value.size else value
+            outputs[name] = value
+        return WorkerResponse(outputs=outputs)

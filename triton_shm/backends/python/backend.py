@@ -1,0 +1,342 @@
+"""The ``python`` backend: loads ``<model>/<version>/model.py`` (or the config's
+``default_model_filename``) and runs its ``TritonPythonModel`` the way Triton's python
+backend does, in the worker process that owns the instance.
+
+Lifecycle, as in Triton: ``auto_complete_config(ModelConfig)`` (static, optional) when
+the config is completed; ``initialize(args)`` per instance with Triton's string-valued
+``args``; ``execute(requests)`` (plain or ``async def``) per batch; ``finalize()`` at
+unload.
+"""
+from __future__ import annotations
+
+import asyncio
+import copy
+import hashlib
+import importlib.util
+import inspect
+import json
+import logging
+import os
+import re
+import sys
+import threading
+import traceback
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ...errors import (
+    AlreadyExists, Cancelled, ErrorCode, Internal, InvalidArgument, NotFound, TritonShmError,
+    Unavailable, Unsupported)
+from ..base import Backend, InstanceSpec, ModelContext, ModelInstance, WorkerRequest, WorkerResponse
+from . import install_module_alias
+from . import triton_python_backend_utils as pb_utils
+
+log = logging.getLogger("triton_shm.backends.python")
+
+DEFAULT_MODEL_FILENAME = "model.py"
+MODEL_CLASS = "TritonPythonModel"
+
+# pb_utils.TritonError code -> our error class.
+_ERROR_BY_CODE: dict[int, type[TritonShmError]] = {
+    pb_utils.TritonError.UNKNOWN: TritonShmError,
+    pb_utils.TritonError.INTERNAL: Internal,
+    pb_utils.TritonError.NOT_FOUND: NotFound,
+    pb_utils.TritonError.INVALID_ARG: InvalidArgument,
+    pb_utils.TritonError.UNAVAILABLE: Unavailable,
+    pb_utils.TritonError.UNSUPPORTED: Unsupported,
+    pb_utils.TritonError.ALREADY_EXISTS: AlreadyExists,
+    pb_utils.TritonError.CANCELLED: Cancelled,
+}
+
+_KIND_ARG = {"KIND_CPU": "CPU", "KIND_GPU": "GPU", "KIND_MODEL": "MODEL", "KIND_AUTO": "CPU"}
+
+_import_lock = threading.Lock()
+# module name -> (file fingerprint, module): auto_complete and create_instance in one
+# process import the file once; a changed file (reload) is imported afresh.
+_modules: dict[str, tuple[tuple[int, int], ModuleType]] = {}
+
+
+def _error_from_triton_error(err: Any) -> TritonShmError:
+    if isinstance(err, pb_utils.TritonError):
+        cls = _ERROR_BY_CODE.get(err.code(), Internal)
+        return cls(err.message())
+    return Internal(str(err))
+
+
+def _describe(exc: BaseException) -> str:
+    """``"<ExceptionType>: <message>"``, the form Triton's python backend reports."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _model_file(context: ModelContext) -> Path:
+    return context.version_dir / (context.default_model_filename or DEFAULT_MODEL_FILENAME)
+
+
+def _module_name(context: ModelContext) -> str:
+    safe = re.sub(r"[^0-9A-Za-z_]", "_", context.name)
+    if safe != context.name:  # keep distinct names distinct after sanitising
+        safe += "_" + hashlib.sha1(context.name.encode()).hexdigest()[:8]
+    return f"triton_shm_model_{safe}_{context.version}"
+
+
+def load_model_module(context: ModelContext) -> ModuleType:
+    """Import the model file under a unique module name, with the version directory on
+    ``sys.path`` so the model can import its sibling modules, as in Triton."""
+    path = _model_file(context)
+    where = f"Python model '{context.name}' version {context.version}"
+    try:
+        st = path.stat()
+    except OSError:
+        raise InvalidArgument(f"failed to load {where}: Python model file not found in '{path}'") from None
+    if not path.is_file():
+        raise InvalidArgument(f"failed to load {where}: '{path}' is not a file")
+    fingerprint = (st.st_mtime_ns, st.st_size)
+    name = _module_name(context)
+    with _import_lock:
+        cached = _modules.get(name)
+        if cached is not None and cached[0] == fingerprint:
+            return cached[1]
+        install_module_alias()
+        version_dir = str(path.parent)
+        if version_dir not in sys.path:
+            sys.path.insert(0, version_dir)
+        spec = importlib.util.spec_from_file_location(name, str(path))
+        if spec is None or spec.loader is None:
+            raise InvalidArgument(f"failed to load {where}: cannot import '{path}'")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException as e:  # noqa: BLE001 - user code: SyntaxError, SystemExit, ...
+            sys.modules.pop(name, None)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            log.error("failed to import %s from '%s':\n%s", where, path, traceback.format_exc())
+            raise Internal(f"failed to load {where}: {_describe(e)}") from None
+        _modules[name] = (fingerprint, module)
+        return module
+
+
+def load_model_class(context: ModelContext) -> type:
+    module = load_model_module(context)
+    cls = getattr(module, MODEL_CLASS, None)
+    if cls is None:
+        raise InvalidArgument(
+            f"failed to load Python model '{context.name}' version {context.version}: "
+            f"'{_model_file(context)}' defines no class '{MODEL_CLASS}'")
+    if not isinstance(cls, type):
+        raise InvalidArgument(
+            f"failed to load Python model '{context.name}' version {context.version}: "
+            f"'{MODEL_CLASS}' in '{_model_file(context)}' is not a class")
+    return cls
+
+
+class PythonBackend(Backend):
+    name = "python"
+
+    def __init__(self, context: ModelContext):
+        super().__init__(context)
+        self._model_class: type | None = None
+
+    @staticmethod
+    def auto_complete(context: ModelContext) -> dict[str, Any]:
+        cls = load_model_class(context)
+        hook = getattr(cls, "auto_complete_config", None)
+        if hook is None:
+            return context.config
+        config = copy.deepcopy(context.config)
+        config.setdefault("name", context.name)
+        wrapper = pb_utils.ModelConfig(config)
+        try:
+            result = hook(wrapper)
+        except BaseException as e:  # noqa: BLE001 - user code
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            log.error("auto_complete_config of Python model '%s' failed:\n%s",
+                      context.name, traceback.format_exc())
+            raise InvalidArgument(
+                f"auto-complete of Python model '{context.name}' failed: {_describe(e)}") from None
+        if result is None:
+            result = wrapper  # lenient: the hook changed the wrapper but returned nothing
+        if isinstance(result, pb_utils.ModelConfig):
+            return result.as_dict()
+        if isinstance(result, dict):
+            return result
+        raise InvalidArgument(
+            f"auto_complete_config of Python model '{context.name}' must return the "
+            f"ModelConfig object it was given, not {type(result).__name__}")
+
+    def _class(self) -> type:
+        if self._model_class is None:
+            self._model_class = load_model_class(self.context)
+        return self._model_class
+
+    def create_instance(self, spec: InstanceSpec) -> ModelInstance:
+        return PythonModelInstance(self.context, spec, self._class())
+
+
+class PythonModelInstance(ModelInstance):
+    """One ``TritonPythonModel`` object."""
+
+    def __init__(self, context: ModelContext, spec: InstanceSpec, model_class: type):
+        self.context = context
+        self.spec = spec
+        self._loop: asyncio.AbstractEventLoop | None = None
+        config = context.config
+        self._all_outputs = [o["name"] for o in config.get("output", []) or [] if "name" in o]
+        self.args = {
+            "model_config": json.dumps(config),
+            "model_instance_kind": _KIND_ARG.get(spec.kind, "CPU"),
+            "model_instance_name": spec.name,
+            "model_instance_device_id": str(spec.device_id),
+            "model_repository": str(context.model_dir),
+            "model_version": str(context.version),
+            "model_name": context.name,
+        }
+        where = f"Python model '{context.name}' instance '{spec.name}'"
+        try:
+            self.model = model_class()
+        except BaseException as e:  # noqa: BLE001 - user code
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            log.error("creating %s failed:\n%s", where, traceback.format_exc())
+            raise Internal(f"failed to create {where}: {_describe(e)}") from None
+        init = getattr(self.model, "initialize", None)
+        if init is not None:
+            try:
+                result = init(dict(self.args))
+                if inspect.isawaitable(result):
+                    self._run_coroutine(result)
+            except BaseException as e:  # noqa: BLE001 - user code
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                log.error("initialize of %s failed:\n%s", where, traceback.format_exc())
+                self._close_loop()
+                raise Internal(f"failed to initialize {where}: {_describe(e)}") from None
+
+    # ------------------------------------------------------------------ async support
+    def _run_coroutine(self, awaitable):
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(awaitable)
+
+    def _close_loop(self) -> None:
+        loop, self._loop = self._loop, None
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            except Exception:  # noqa: BLE001
+                pass
+            loop.close()
+
+    # ------------------------------------------------------------------ execute
+    def _request(self, r: WorkerRequest) -> pb_utils.InferenceRequest:
+        inputs = []
+        for name, array in r.inputs.items():
+            dt = r.datatypes.get(name, "")
+            if dt == "BF16":
+                inputs.append(pb_utils.Tensor(name, array, pb_utils.TYPE_BF16))
+            elif dt == "BYTES":
+                inputs.append(pb_utils.Tensor(name, array, pb_utils.TYPE_BYTES))
+            else:
+                inputs.append(pb_utils.Tensor(name, array))
+        requested = list(r.requested_outputs) if r.requested_outputs else list(self._all_outputs)
+        return pb_utils.InferenceRequest(
+            request_id=r.id, correlation_id=0, inputs=inputs,
+            requested_output_names=requested, model_name=self.context.name,
+            model_version=self.context.version, flags=0, parameters=dict(r.parameters))
+
+    def _fail_all(self, n: int, message: str) -> list[WorkerResponse]:
+        return [WorkerResponse(error=Internal(message)) for _ in range(n)]
+
+    def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
+        n = len(requests)
+        label = f"Failed to process the request(s) for model '{self.spec.name}', message: "
+        try:
+            pb_requests = [self._request(r) for r in requests]
+        except Exception as e:  # noqa: BLE001
+            log.exception("building requests for model '%s' failed", self.context.name)
+            return self._fail_all(n, label + _describe(e))
+        try:
+            result = self.model.execute(pb_requests)
+            if inspect.isawaitable(result):
+                result = self._run_coroutine(result)
+        except BaseException as e:  # noqa: BLE001 - user code
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            log.error("execute of Python model '%s' raised:\n%s", self.spec.name, traceback.format_exc())
+            return self._fail_all(n, label + _describe(e))
+
+        if not isinstance(result, (list, tuple)):
+            got = "None" if result is None else type(result).__name__
+            return self._fail_all(
+                n, label + f"execute() must return a list of {n} InferenceResponse "
+                f"objects (one per request), got {got}")
+        if len(result) != n:
+            return self._fail_all(
+                n, label + f"execute() returned the wrong number of responses: expected "
+                f"{n} responses (one per request), got {len(result)}")
+        return [self._response(req, resp) for req, resp in zip(requests, result)]
+
+    def _response(self, req: WorkerRequest, resp: Any) -> WorkerResponse:
+        if not isinstance(resp, pb_utils.InferenceResponse):
+            return WorkerResponse(error=Internal(
+                f"model '{self.spec.name}' returned a {type(resp).__name__} where an "
+                "InferenceResponse was expected"))
+        if resp.has_error():
+            return WorkerResponse(error=_error_from_triton_error(resp.error()))
+        wanted = set(req.requested_outputs) if req.requested_outputs else None
+        outputs: dict[str, np.ndarray] = {}
+        for t in resp.output_tensors():
+            if not isinstance(t, pb_utils.Tensor):
+                return WorkerResponse(error=Internal(
+                    f"model '{self.spec.name}' returned a {type(t).__name__} among the output "
+                    "tensors; expected pb_utils.Tensor"))
+            name = t.name()
+            if wanted is not None and name not in wanted:
+                continue
+            if name in outputs:
+                return WorkerResponse(error=Internal(
+                    f"model '{self.spec.name}' returned output '{name}' more than once"))
+            outputs[name] = _output_array(t)
+        return WorkerResponse(outputs=outputs)
+
+    def finalize(self) -> None:
+        fin = getattr(self.model, "finalize", None)
+        if fin is not None:
+            try:
+                result = fin()
+                if inspect.isawaitable(result):
+                    self._run_coroutine(result)
+            except BaseException as e:  # noqa: BLE001 - user code; never raised
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                log.error("finalize of Python model '%s' raised:\n%s",
+                          self.spec.name, traceback.format_exc())
+        self._close_loop()
+
+
+def _output_array(t: pb_utils.Tensor) -> np.ndarray:
+    """The array to send: numpy ``U``/``S`` arrays become object arrays of ``bytes``."""
+    arr = t.as_numpy()
+    kind = arr.dtype.kind
+    if kind == "U":
+        out = np.empty(arr.shape, dtype=np.object_)
+        flat = out.reshape(-1)
+        for i, s in enumerate(arr.reshape(-1).tolist()):
+            flat[i] = s.encode("utf-8")
+        return out
+    if kind == "S":
+        out = np.empty(arr.shape, dtype=np.object_)
+        flat = out.reshape(-1)
+        for i, s in enumerate(arr.reshape(-1).tolist()):
+            flat[i] = s
+        return out
+    return arr
+
+
+__all__ = ["PythonBackend", "PythonModelInstance", "install_module_alias",
+           "load_model_module", "load_model_class", "ErrorCode", "os"]

@@ -1,0 +1,193 @@
+"""Model configuration: config.pbtxt parsing, Triton's defaults, and Triton's JSON form.
+
+The schema is our protos/model_config.proto (wire- and field-compatible with Triton's),
+so tritonclient's model_config_pb2 reads what the gRPC ModelConfig call returns.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import json_format, text_format
+from google.protobuf.descriptor import FieldDescriptor
+
+from .._proto import model_config_pb2 as mc
+from ..errors import InvalidArgument
+
+ModelConfig = mc.ModelConfig
+
+# Which file a backend loads when the config names none, and which platform string
+# the metadata reports for it.
+DEFAULT_MODEL_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py"}
+PLATFORM_TO_BACKEND = {"onnxruntime_onnx": "onnxruntime"}
+BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "python": "python"}
+SUPPORTED_BACKENDS = frozenset(DEFAULT_MODEL_FILENAME)
+
+_INT64_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
+                FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
+
+
+def validate_model_name(name: str) -> str:
+    """Reject names that could escape the repository or address nothing."""
+    if not name or not name.strip():
+        raise InvalidArgument("model name must not be empty")
+    if "/" in name or "\\" in name or name.strip() in (".", "..") or ".." in name or "\x00" in name:
+        raise InvalidArgument(f"invalid model name '{name}'")
+    return name
+
+
+def parse_pbtxt(text: str, source: str = "config.pbtxt") -> ModelConfig:
+    config = ModelConfig()
+    try:
+        text_format.Parse(text, config)
+    except text_format.ParseError as e:
+        raise InvalidArgument(f"failed to parse {source}: {e}") from None
+    return config
+
+
+def read_config(model_dir: Path) -> ModelConfig:
+    """The model's config.pbtxt, or an empty config when there is none (auto-complete fills it)."""
+    path = model_dir / "config.pbtxt"
+    if not path.is_file():
+        return ModelConfig()
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidArgument(f"failed to read {path.name} of model '{model_dir.name}': {e}") from None
+    return parse_pbtxt(text, f"config.pbtxt of model '{model_dir.name}'")
+
+
+def _int64_to_numbers(message_descriptor, data: dict[str, Any]) -> None:
+    """json_format writes 64-bit integers as strings; Triton writes numbers."""
+    for key, value in data.items():
+        field = message_descriptor.fields_by_name.get(key)
+        if field is None:
+            continue
+        if field.message_type is not None:
+            if field.message_type.GetOptions().map_entry:
+                vfield = field.message_type.fields_by_name["value"]
+                if vfield.message_type is not None:
+                    for v in value.values():
+                        _int64_to_numbers(vfield.message_type, v)
+                elif vfield.type in _INT64_TYPES:
+                    for k in value:
+                        value[k] = int(value[k])
+            elif field.label == FieldDescriptor.LABEL_REPEATED:
+                for v in value:
+                    _int64_to_numbers(field.message_type, v)
+            else:
+                _int64_to_numbers(field.message_type, value)
+        elif field.type in _INT64_TYPES:
+            data[key] = [int(v) for v in value] if isinstance(value, list) else int(value)
+
+
+def message_to_json(message) -> dict[str, Any]:
+    data = json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                     always_print_fields_with_no_presence=True)
+    _int64_to_numbers(message.DESCRIPTOR, data)
+    return data
+
+
+def config_to_json(config: ModelConfig) -> dict[str, Any]:
+    """The config as Triton prints it: proto field names, defaults printed, int64 as numbers."""
+    return message_to_json(config)
+
+
+def config_from_json(data: dict[str, Any], source: str = "model config") -> ModelConfig:
+    try:
+        return json_format.ParseDict(data, ModelConfig())
+    except json_format.ParseError as e:
+        raise InvalidArgument(f"invalid {source}: {e}") from None
+
+
+def backend_of(config: ModelConfig, model_dir: Path) -> str:
+    """Resolve the backend from `backend`, `platform`, or the model file present."""
+    if config.backend:
+        backend = config.backend
+    elif config.platform:
+        backend = PLATFORM_TO_BACKEND.get(config.platform, config.platform)
+    else:
+        backend = ""
+        for candidate, filename in DEFAULT_MODEL_FILENAME.items():
+            if any((v / filename).is_file() for v in model_dir.iterdir() if v.is_dir()):
+                backend = candidate
+                break
+        if not backend:
+            raise InvalidArgument(
+                f"unable to determine the backend for model '{model_dir.name}': config.pbtxt names "
+                "no backend or platform and no model.onnx or model.py was found")
+    if backend not in SUPPORTED_BACKENDS:
+        raise InvalidArgument(
+            f"model '{model_dir.name}' needs backend '{backend}', which this server does not provide "
+            f"(available: {', '.join(sorted(SUPPORTED_BACKENDS))})")
+    return backend
+
+
+def fill_defaults(config: ModelConfig, name: str, backend: str, gpu_count: int) -> None:
+    """Apply the defaults Triton applies before a model loads (and reports afterwards)."""
+    if config.name and config.name != name:
+        raise InvalidArgument(f"model name in config.pbtxt ('{config.name}') does not match the "
+                              f"directory name '{name}'")
+    config.name = name
+    config.backend = backend
+    if backend != "python" and not config.platform:
+        config.platform = BACKEND_PLATFORM[backend]
+    if not config.default_model_filename:
+        config.default_model_filename = DEFAULT_MODEL_FILENAME[backend]
+    if not config.HasField("version_policy"):
+        config.version_policy.latest.num_versions = 1
+    opt = config.optimization
+    if not opt.HasField("input_pinned_memory"):
+        opt.input_pinned_memory.enable = True
+    if not opt.HasField("output_pinned_memory"):
+        opt.output_pinned_memory.enable = True
+    if not config.instance_group:
+        config.instance_group.add()
+    for i, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = name if len(config.instance_group) == 1 else f"{name}_{i}"
+        if group.count < 1:
+            group.count = 1
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            group.kind = mc.ModelInstanceGroup.KIND_GPU if gpu_count > 0 else mc.ModelInstanceGroup.KIND_CPU
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU:
+            if gpu_count == 0:
+                raise InvalidArgument(
+                    f"instance group '{group.name}' of model '{name}' asks for KIND_GPU, but this "
+                    "server has no GPU (use KIND_CPU, or start with --gpus)")
+            if not group.gpus:
+                group.gpus.extend(range(gpu_count))
+            bad = [g for g in group.gpus if g < 0 or g >= gpu_count]
+            if bad:
+                raise InvalidArgument(f"instance group '{group.name}' of model '{name}' names GPU(s) "
+                                      f"{bad}, but this server serves GPUs 0..{gpu_count - 1}")
+
+
+def check_io(config: ModelConfig) -> None:
+    """What must hold once auto-complete is done."""
+    name = config.name
+    if config.max_batch_size < 0:
+        raise InvalidArgument(f"model '{name}': max_batch_size must be >= 0")
+    if not config.input:
+        raise InvalidArgument(f"model '{name}' has no inputs in its config and none could be "
+                              "completed from the model")
+    if not config.output:
+        raise InvalidArgument(f"model '{name}' has no outputs in its config and none could be "
+                              "completed from the model")
+    for kind, tensors in (("input", config.input), ("output", config.output)):
+        seen: set[str] = set()
+        for t in tensors:
+            if not t.name:
+                raise InvalidArgument(f"model '{name}': an {kind} has no name")
+            if t.name in seen:
+                raise InvalidArgument(f"model '{name}': {kind} '{t.name}' is declared twice")
+            seen.add(t.name)
+            if t.data_type == mc.TYPE_INVALID:
+                raise InvalidArgument(f"model '{name}': {kind} '{t.name}' has no data_type")
+            if any(d < -1 for d in t.dims):
+                raise InvalidArgument(f"model '{name}': {kind} '{t.name}' has an invalid dim "
+                                      f"{list(t.dims)} (dims are -1 or >= 0)")
+
+
+def data_type_name(value: int) -> str:
+    return mc.DataType.Name(value)

@@ -1,0 +1,239 @@
+"""The model repository: what models exist on disk, which versions are loaded, and
+their state. Loading itself is delegated to the worker pool."""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidArgument, NotFound, TritonShmError, Unavailable
+from . import model_config as mcfg
+from .datatypes import config_to_wire
+
+if TYPE_CHECKING:
+    from ..worker.pool import WorkerPool
+
+log = logging.getLogger("triton_shm.repository")
+
+READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+
+
+@dataclass(slots=True)
+class TensorSpec:
+    name: str
+    datatype: str        # wire spelling, e.g. "FP32"
+    dims: list[int]      # without the batch dimension
+    optional: bool = False
+
+
+@dataclass(eq=False)
+class ModelVersion:
+    """One version of a model, and where its instances run once loaded."""
+    name: str
+    version: int
+    model_dir: Path
+    config: mcfg.ModelConfig
+    state: str = LOADING
+    reason: str = ""
+    inputs: dict[str, TensorSpec] = field(default_factory=dict)
+    outputs: dict[str, TensorSpec] = field(default_factory=dict)
+    # (worker name, instance index) pairs, filled by the worker pool
+    instances: list[tuple[str, int]] = field(default_factory=list)
+    _round_robin: Any = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}/{self.version}"
+
+    @property
+    def ready(self) -> bool:
+        return self.state == READY
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.config.max_batch_size
+
+    def set_config(self, config: mcfg.ModelConfig) -> None:
+        self.config = config
+        self.inputs = {t.name: TensorSpec(t.name, config_to_wire(mcfg.data_type_name(t.data_type)),
+                                          list(t.dims), t.optional) for t in config.input}
+        self.outputs = {t.name: TensorSpec(t.name, config_to_wire(mcfg.data_type_name(t.data_type)),
+                                           list(t.dims)) for t in config.output}
+
+    def next_instance(self) -> tuple[str, int]:
+        if self._round_robin is None:
+            self._round_robin = itertools.cycle(list(self.instances))
+        return next(self._round_robin)
+
+    def metadata(self, versions: list[str]) -> dict[str, Any]:
+        batch = [-1] if self.max_batch_size > 0 else []
+
+        def tensors(specs: dict[str, TensorSpec]) -> list[dict[str, Any]]:
+            return [{"name": t.name, "datatype": t.datatype, "shape": batch + t.dims} for t in specs.values()]
+
+        return {"name": self.name, "versions": versions,
+                "platform": self.config.platform or self.config.backend,
+                "inputs": tensors(self.inputs), "outputs": tensors(self.outputs)}
+
+
+@dataclass(eq=False)
+class ModelEntry:
+    """A model directory and its versions."""
+    name: str
+    model_dir: Path
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    state: str = LOADING   # used when the model failed before any version existed
+    reason: str = ""
+
+    def ready_versions(self) -> list[ModelVersion]:
+        return [v for _, v in sorted(self.versions.items()) if v.ready]
+
+
+def version_dirs(model_dir: Path) -> list[int]:
+    """Numeric version folders; anything else is ignored with a warning."""
+    versions = []
+    for child in model_dir.iterdir():
+        if not child.is_dir():
+            continue
+        if child.name.isdigit() and (child.name == "0" or not child.name.startswith("0")):
+            versions.append(int(child.name))
+        else:
+            log.warning("ignoring '%s' in model '%s': version folders must be numbers",
+                        child.name, model_dir.name)
+    return sorted(versions)
+
+
+def select_versions(config: mcfg.ModelConfig, available: list[int]) -> list[int]:
+    policy = config.version_policy
+    which = policy.WhichOneof("policy_choice")
+    if which == "all":
+        return available
+    if which == "specific":
+        return [v for v in available if v in set(policy.specific.versions)]
+    n = policy.latest.num_versions if which == "latest" else 1
+    return available[-max(n, 1):] if available else []
+
+
+class ModelRepository:
+    def __init__(self, paths: list[Path], gpu_count: int = 0):
+        self.paths = [Path(p) for p in paths]
+        self.gpu_count = gpu_count
+        self.models: dict[str, ModelEntry] = {}
+
+    # -- discovery -----------------------------------------------------------------------
+    def scan(self) -> dict[str, Path]:
+        found: dict[str, Path] = {}
+        for root in self.paths:
+            if not root.is_dir():
+                raise InvalidArgument(f"model repository '{root}' is not a directory")
+            for child in sorted(root.iterdir()):
+                if not child.is_dir() or child.name.startswith("."):
+                    continue
+                if child.name in found:
+                    raise InvalidArgument(f"model '{child.name}' appears in more than one model "
+                                          f"repository ({found[child.name].parent} and {root})")
+                found[child.name] = child
+        return found
+
+    # -- loading -------------------------------------------------------------------------
+    async def load_all(self, pool: "WorkerPool") -> None:
+        found = self.scan()
+        await asyncio.gather(*(self.load_model(name, path, pool) for name, path in found.items()))
+
+    async def load_model(self, name: str, model_dir: Path, pool: "WorkerPool") -> ModelEntry:
+        entry = ModelEntry(name, model_dir)
+        self.models[name] = entry
+        try:
+            mcfg.validate_model_name(name)
+            base = mcfg.read_config(model_dir)
+            backend = mcfg.backend_of(base, model_dir)
+            mcfg.fill_defaults(base, name, backend, self.gpu_count)
+            chosen = select_versions(base, version_dirs(model_dir))
+            if not chosen:
+                raise InvalidArgument(f"model '{name}' has no version folder to load")
+        except TritonShmError as e:
+            entry.state, entry.reason = UNAVAILABLE, e.message
+            log.error("failed to load '%s': %s", name, e.message)
+            return entry
+        for v in chosen:
+            entry.versions[v] = ModelVersion(name, v, model_dir, base)
+        await asyncio.gather(*(self._load_version(entry.versions[v], base, pool) for v in chosen))
+        entry.state = READY if entry.ready_versions() else UNAVAILABLE
+        return entry
+
+    async def _load_version(self, mv: ModelVersion, base: mcfg.ModelConfig, pool: "WorkerPool") -> None:
+        try:
+            completed = await pool.auto_complete(mv, mcfg.config_to_json(base))
+            config = mcfg.config_from_json(completed, f"auto-completed config of model '{mv.name}'")
+            mcfg.check_io(config)
+            mv.set_config(config)
+            await pool.load(mv)
+            mv.state, mv.reason = READY, ""
+            log.info("successfully loaded '%s' version %d", mv.name, mv.version)
+        except TritonShmError as e:
+            mv.state, mv.reason = UNAVAILABLE, e.message
+            log.error("failed to load '%s' version %d: %s", mv.name, mv.version, e.message)
+
+    # -- lookup --------------------------------------------------------------------------
+    def get(self, name: str, version: str = "", *, require_ready: bool = False) -> ModelVersion:
+        entry = self.models.get(name)
+        if entry is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        if version:
+            if not version.isdigit():
+                raise InvalidArgument(f"invalid model version '{version}'")
+            mv = entry.versions.get(int(version))
+            if mv is None or (require_ready and not mv.ready):
+                raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+            return mv
+        ready = entry.ready_versions()
+        if ready:
+            return ready[-1]
+        if require_ready:
+            raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
+        if entry.versions:
+            return entry.versions[max(entry.versions)]
+        raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
+
+    def versions_of(self, name: str) -> list[str]:
+        entry = self.models.get(name)
+        return [str(v.version) for v in entry.ready_versions()] if entry else []
+
+    def all_ready(self) -> bool:
+        return all(e.state == READY for e in self.models.values())
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        rows: list[dict[str, str]] = []
+        for name in sorted(self.models):
+            entry = self.models[name]
+            if not entry.versions:
+                if not ready_only:
+                    rows.append({"name": name, "version": "", "state": entry.state, "reason": entry.reason})
+                continue
+            for v, mv in sorted(entry.versions.items()):
+                if ready_only and not mv.ready:
+                    continue
+                row = {"name": name, "version": str(v), "state": mv.state}
+                if mv.reason:
+                    row["reason"] = mv.reason
+                rows.append(row)
+        return rows
+
+    def status_table(self) -> str:
+        """Model/version/status table printed at start, as Triton prints it."""
+        rows = [("Model", "Version", "Status")]
+        for r in self.index():
+            status = r["state"] if r["state"] == READY else f"{r['state']}: {r.get('reason', '')}"
+            rows.append((r["name"], r["version"], status))
+        widths = [max(len(row[i]) for row in rows) for i in range(3)]
+        line = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+        out = [line]
+        for i, row in enumerate(rows):
+            out.append("| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |")
+            if i == 0:
+                out.append(line)
+        out.append(line)
+        return "\n".join(out)

@@ -1,0 +1,131 @@
+"""Checks every request against its model's config before any memory is reserved for it.
+
+Messages follow Triton's wording where clients are known to match on them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import InvalidArgument, Unsupported
+from . import codec
+from .datatypes import element_size
+from .repository import ModelVersion
+from .types import InferRequest
+
+MAX_TENSOR_BYTES = 1 << 40  # no shape may describe more than this (checked before any allocation)
+_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+@dataclass(slots=True)
+class RequestPlan:
+    """What validation learned: the outputs to produce and the batch size."""
+    outputs: list[str]
+    batch_size: int
+
+
+def _rid(request: InferRequest) -> str:
+    return f"[request id: {request.id or '<id_unknown>'}] "
+
+
+def _element_count(shape: list[int]) -> int:
+    count = 1
+    for d in shape:
+        count *= d
+        if count > MAX_TENSOR_BYTES:
+            return MAX_TENSOR_BYTES + 1
+    return count
+
+
+def _shape_matches(got: list[int], dims: list[int]) -> bool:
+    return len(got) == len(dims) and all(d == -1 or d == g for g, d in zip(got, dims))
+
+
+def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
+    rid, name = _rid(request), model.name
+    seen: set[str] = set()
+    for inp in request.inputs:
+        if inp.name in seen:
+            raise InvalidArgument(f"{rid}input '{inp.name}' already exists in request")
+        seen.add(inp.name)
+    required = [n for n, spec in model.inputs.items() if not spec.optional]
+    unknown = [n for n in seen if n not in model.inputs]
+    missing = [n for n in required if n not in seen]
+    if unknown or missing:
+        got = ",".join(f"'{i.name}'" for i in request.inputs)
+        raise InvalidArgument(
+            f"{rid}expected {len(required)} inputs but got {len(request.inputs)} inputs for model "
+            f"'{name}'. Got input(s) [{got}], but missing required input(s) "
+            f"[{','.join(repr(m) for m in missing)}]"
+            + (f" and unexpected input(s) [{','.join(repr(u) for u in unknown)}]" if unknown else "")
+            + ". Please provide all required input(s).")
+
+    batch_size = 0
+    max_batch = model.max_batch_size
+    for inp in request.inputs:
+        spec = model.inputs[inp.name]
+        if inp.datatype != spec.datatype:
+            raise InvalidArgument(f"{rid}inference input '{inp.name}' data-type is '{inp.datatype}', "
+                                  f"but model '{name}' expects '{spec.datatype}'")
+        shape = inp.shape
+        if any(d < 0 for d in shape):
+            raise InvalidArgument(f"{rid}input '{inp.name}' has a negative dimension in shape {shape}")
+        if max_batch > 0:
+            if not shape:
+                raise InvalidArgument(f"{rid}input '{inp.name}' for model '{name}' needs a batch "
+                                      "dimension (the model's max_batch_size is non-zero)")
+            b = shape[0]
+            if b < 1:
+                raise InvalidArgument(f"{rid}inference request batch-size must be >= 1 for '{name}'")
+            if b > max_batch:
+                raise InvalidArgument(f"{rid}inference request batch-size must be <= {max_batch} for '{name}'")
+            if batch_size and b != batch_size:
+                raise InvalidArgument(f"{rid}input '{inp.name}' batch size {b} does not match the batch "
+                                      f"size {batch_size} of the other inputs for model '{name}'")
+            batch_size = b
+            if not _shape_matches(shape[1:], spec.dims):
+                raise InvalidArgument(
+                    f"{rid}unexpected shape for input '{inp.name}' for model '{name}'. Expected "
+                    f"[-1,{','.join(map(str, spec.dims))}], got [{','.join(map(str, shape))}]. NOTE: Setting a "
+                    "non-zero max_batch_size in the model config requires a batch dimension to be prepended "
+                    "to each input shape. If you want to specify the full shape including the batch dim in "
+                    "your input dims config, try setting max_batch_size to zero.")
+        elif not _shape_matches(shape, spec.dims):
+            raise InvalidArgument(
+                f"{rid}unexpected shape for input '{inp.name}' for model '{name}'. Expected "
+                f"[{','.join(map(str, spec.dims))}], got [{','.join(map(str, shape))}]")
+
+        if any(k in inp.parameters for k in _SHM_KEYS):
+            raise Unsupported(f"{rid}input '{inp.name}' names a shared-memory region, but client shared "
+                              "memory is not available in this server build")
+        if inp.data is None:
+            raise InvalidArgument(f"{rid}input '{inp.name}' for model '{name}' has no data")
+        count = _element_count(shape)
+        nbytes = len(inp.data) if not isinstance(inp.data, memoryview) else inp.data.nbytes
+        size = element_size(inp.datatype)
+        if size:
+            expected = count * size
+            if expected != nbytes:
+                raise InvalidArgument(f"{rid}input byte size mismatch for input '{inp.name}' for model "
+                                      f"'{name}'. Expected {expected}, got {nbytes}")
+        else:
+            if count * 4 > nbytes:  # every element needs at least its 4-byte length prefix
+                raise InvalidArgument(f"{rid}expected {count} string elements for inference input "
+                                      f"'{inp.name}' for model '{name}', but the data holds fewer")
+            try:
+                codec.validate_bytes(inp.data, count)
+            except InvalidArgument as e:
+                raise InvalidArgument(f"{rid}input '{inp.name}' for model '{name}': {e.message}") from None
+
+    outputs: list[str] = []
+    for out in request.outputs:
+        if out.name not in model.outputs:
+            raise InvalidArgument(f"{rid}unexpected inference output '{out.name}' for model '{name}'")
+        if out.name in outputs:
+            raise InvalidArgument(f"{rid}output '{out.name}' is requested more than once")
+        if any(k in out.parameters for k in _SHM_KEYS):
+            raise Unsupported(f"{rid}output '{out.name}' names a shared-memory region, but client shared "
+                              "memory is not available in this server build")
+        outputs.append(out.name)
+    if not outputs:
+        outputs = list(model.outputs)
+    return RequestPlan(outputs=outputs, batch_size=batch_size)

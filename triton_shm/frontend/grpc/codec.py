@@ -1,0 +1,177 @@
+"""ModelInferRequest/ModelInferResponse <-> the protocol-neutral core types.
+
+Tensor data stays in wire encoding: raw contents pass through uncopied, typed
+``contents`` are packed once into the same little-endian layout. Decoding mirrors
+Triton's ``InferGRPCToInput`` (server:src/grpc/infer_handler.cc), including its
+error messages, so clients see the same failures from both servers.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..._proto import grpc_service_pb2 as pb
+from ...core.codec import serialize_bytes
+from ...core.types import (
+    Buffer,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    ParamValue,
+    RequestedOutput,
+)
+from ...errors import InvalidArgument
+
+_INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
+
+# Keys that put an input in shared memory; such an input takes no raw entry.
+_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+# InferTensorContents field -> the datatypes it may carry, and the numpy dtype of the
+# proto's repeated field (narrower INT/UINT types are truncated from it, as Triton does).
+_CONTENT_FIELDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "bool_contents": (("BOOL",), "?"),
+    "int_contents": (("INT8", "INT16", "INT32"), "<i4"),
+    "int64_contents": (("INT64",), "<i8"),
+    "uint_contents": (("UINT8", "UINT16", "UINT32"), "<u4"),
+    "uint64_contents": (("UINT64",), "<u8"),
+    "fp32_contents": (("FP32",), "<f4"),
+    "fp64_contents": (("FP64",), "<f8"),
+    "bytes_contents": (("BYTES",), "O"),
+}
+_WIRE_DTYPE = {"BOOL": "?", "INT8": "<i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
+               "UINT8": "<u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
+               "FP32": "<f4", "FP64": "<f8"}
+
+
+# -- parameters ----------------------------------------------------------------------------
+def decode_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, ParamValue]:
+    out: dict[str, ParamValue] = {}
+    for key, param in params.items():
+        which = param.WhichOneof("parameter_choice")
+        if which is None:
+            raise InvalidArgument(f"parameter '{key}' has no value set")
+        out[key] = getattr(param, which)
+    return out
+
+
+def encode_parameters(params: Mapping[str, Any], target: Any) -> None:
+    """Fill a protobuf ``map<string, InferParameter>`` from Python values."""
+    for key, value in params.items():
+        p = target[key]
+        if isinstance(value, bool):  # before int: bool is an int subclass
+            p.bool_param = value
+        elif isinstance(value, (int, np.integer)):
+            value = int(value)
+            if _INT64_MIN <= value <= _INT64_MAX:
+                p.int64_param = value
+            elif 0 <= value <= _UINT64_MAX:
+                p.uint64_param = value
+            else:
+                p.string_param = str(value)
+        elif isinstance(value, (float, np.floating)):
+            p.double_param = float(value)
+        else:
+            p.string_param = value if isinstance(value, str) else str(value)
+
+
+# -- request -------------------------------------------------------------------------------
+def _contents_to_wire(tensor: pb.ModelInferRequest.InferInputTensor, model: str) -> bytes:
+    """Pack typed ``contents`` into wire bytes, checking they fit the datatype."""
+    datatype = tensor.datatype
+    contents = tensor.contents
+    data: bytes | None = None
+    for field, (datatypes, field_dtype) in _CONTENT_FIELDS.items():
+        values = getattr(contents, field)
+        if not len(values):
+            continue
+        if data is not None:
+            raise InvalidArgument(
+                f"unexpected explicit tensor data for input tensor '{tensor.name}' for model "
+                f"'{model}', binary data was already supplied.")
+        if datatype not in datatypes:
+            # Name the type the field carries the way Triton does (int_contents on an
+            # INT8 input is INT8; otherwise INT32). FP16/BF16 match no field: raw only.
+            got = datatypes[-1] if len(datatypes) > 1 else datatypes[0]
+            raise InvalidArgument(
+                f"unexpected explicit tensor data for input tensor '{tensor.name}' for model "
+                f"'{model}' of type '{got}', expected datatype '{datatype}'")
+        if datatype == "BYTES":
+            data = serialize_bytes(np.array(list(values), dtype=np.object_))
+        else:
+            arr = np.array(values, dtype=field_dtype)
+            wire = _WIRE_DTYPE[datatype]
+            if wire != field_dtype:  # INT8/16, UINT8/16: keep the low bytes, like Triton
+                arr = arr.astype(wire)
+            data = arr.tobytes()
+    return b"" if data is None else data  # contents present but empty: zero bytes
+
+
+def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
+    """Translate a ModelInferRequest; raises InvalidArgument on malformed tensors."""
+    model = msg.model_name
+    raw = msg.raw_input_contents
+    # Raw entries belong, in order, to the inputs that carry data in the message: an
+    # input in shared memory takes none (tritonclient sends none for it, and Triton
+    # consumes them the same way).
+    raw_users = [t for t in msg.inputs if not any(k in t.parameters for k in _SHM_KEYS)]
+    if raw and len(raw) != len(raw_users):
+        raise InvalidArgument(
+            f"expected {len(raw_users)} raw_input_contents entries (one per input not in "
+            f"shared memory) but got {len(raw)} for model '{model}'")
+
+    inputs: list[InputTensor] = []
+    seen: set[str] = set()
+    raw_index = 0
+    for tensor in msg.inputs:
+        if tensor.name in seen:
+            raise InvalidArgument(f"input '{tensor.name}' already exists in request")
+        seen.add(tensor.name)
+        params = decode_parameters(tensor.parameters)
+        has_contents = tensor.HasField("contents")
+        data: Buffer | None = None
+        if any(k in params for k in _SHM_KEYS):
+            if has_contents:
+                raise InvalidArgument(
+                    f"unexpected 'content' provided when using shared memory for input "
+                    f"tensor '{tensor.name}' for model '{model}'")
+            # data stays None: the core resolves the region from the parameters.
+        elif raw:
+            if has_contents:
+                raise InvalidArgument(
+                    f"contents field must not be specified when using raw_input_contents "
+                    f"for '{tensor.name}' for model '{model}'")
+            data = raw[raw_index]  # bytes held by the message: no copy
+            raw_index += 1
+        elif has_contents:
+            data = _contents_to_wire(tensor, model)
+        inputs.append(InputTensor(
+            name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape),
+            data=data, parameters=params))
+
+    return InferRequest(
+        model_name=model,
+        model_version=msg.model_version,
+        id=msg.id,
+        parameters=decode_parameters(msg.parameters),
+        inputs=inputs,
+        outputs=[RequestedOutput(name=o.name, parameters=decode_parameters(o.parameters))
+                 for o in msg.outputs],
+    )
+
+
+# -- response ------------------------------------------------------------------------------
+def encode_infer_response(resp: InferResponse) -> pb.ModelInferResponse:
+    """Build the ModelInferResponse. Copies output data, so release() may follow."""
+    msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version,
+                                id=resp.id)
+    encode_parameters(resp.parameters, msg.parameters)
+    raw = []
+    for out in resp.outputs:
+        t = msg.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
+        encode_parameters(out.parameters, t.parameters)
+        # One entry per output, even empty ones: tritonclient indexes by position.
+        raw.append(bytes(out.data))
+    msg.raw_output_contents.extend(raw)
+    return msg

@@ -1,0 +1,153 @@
+"""inference.GRPCInferenceService on grpc.aio, translating to InferenceService calls.
+
+Each RPC is a thin translation; errors are mapped once in ``_rpc``. RPCs the server
+cannot serve yet answer UNIMPLEMENTED with a message that names them.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
+
+import grpc
+
+from ..._proto import grpc_service_pb2 as pb
+from ..._proto import grpc_service_pb2_grpc as pb_grpc
+from ...errors import GRPC_STATUS, TritonShmError
+from .codec import decode_infer_request, encode_infer_response
+
+if TYPE_CHECKING:
+    from ...core.service import InferenceService
+
+log = logging.getLogger(__name__)
+
+_R = TypeVar("_R")
+_Ctx = grpc.aio.ServicerContext
+_Handler = Callable[[Any, Any, _Ctx], Awaitable[_R]]
+
+
+def _rpc(fn: _Handler[_R]) -> _Handler[_R]:
+    """Map TritonShmError to its gRPC status, anything unexpected to INTERNAL."""
+    @functools.wraps(fn)
+    async def wrapper(self: Any, request: Any, context: _Ctx) -> _R:
+        try:
+            return await fn(self, request, context)
+        except grpc.aio.AbortError:  # context.abort() already set the status
+            raise
+        except TritonShmError as e:
+            await context.abort(grpc.StatusCode[GRPC_STATUS[e.code]], e.message)
+        except Exception as e:  # noqa: BLE001 - the client must get an answer
+            log.exception("gRPC %s failed", fn.__name__)
+            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
+        raise AssertionError("unreachable: context.abort raises")
+    return wrapper
+
+
+def _unsupported(name: str) -> Callable[..., Awaitable[None]]:
+    async def handler(self: Any, request: Any, context: _Ctx) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            f"{name} is not supported by this server yet")
+    handler.__name__ = name
+    return handler
+
+
+def _tensor_metadata(tensors: list[dict[str, Any]]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
+    return [pb.ModelMetadataResponse.TensorMetadata(
+        name=t["name"], datatype=t["datatype"], shape=[int(d) for d in t["shape"]])
+        for t in tensors]
+
+
+class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, service: "InferenceService"):
+        self.service = service
+
+    # -- health and metadata -------------------------------------------------------------
+    @_rpc
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: _Ctx) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self.service.live())
+
+    @_rpc
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: _Ctx) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.service.ready())
+
+    @_rpc
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: _Ctx) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
+
+    @_rpc
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest,
+                             context: _Ctx) -> pb.ServerMetadataResponse:
+        md = self.service.server_metadata()
+        return pb.ServerMetadataResponse(name=md["name"], version=md["version"],
+                                         extensions=md["extensions"])
+
+    @_rpc
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest,
+                            context: _Ctx) -> pb.ModelMetadataResponse:
+        md = self.service.model_metadata(request.name, request.version)
+        return pb.ModelMetadataResponse(
+            name=md["name"], versions=md["versions"], platform=md["platform"],
+            inputs=_tensor_metadata(md["inputs"]), outputs=_tensor_metadata(md["outputs"]))
+
+    @_rpc
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: _Ctx) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=self.service.model_config(request.name, request.version))
+
+    @_rpc
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
+                              context: _Ctx) -> pb.RepositoryIndexResponse:
+        if request.repository_name:  # Triton answers the same (one repository namespace)
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                                "'repository_name' specification is not supported")
+        resp = pb.RepositoryIndexResponse()
+        for m in self.service.repository_index(ready_only=request.ready):
+            resp.models.add(name=m["name"], version=m.get("version", ""),
+                            state=m.get("state", ""), reason=m.get("reason", ""))
+        return resp
+
+    # -- inference -----------------------------------------------------------------------
+    @_rpc
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: _Ctx) -> pb.ModelInferResponse:
+        response = await self.service.infer(decode_infer_request(request))
+        try:
+            return encode_infer_response(response)
+        finally:
+            response.release()  # outputs may be views into shared memory
+
+    # -- not served yet --------------------------------------------------------------------
+    async def ModelStreamInfer(self, request_iterator: Any, context: _Ctx) -> None:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                            "ModelStreamInfer is not supported by this server yet")
+
+    ModelStatistics = _unsupported("ModelStatistics")
+    RepositoryModelLoad = _unsupported("RepositoryModelLoad")
+    RepositoryModelUnload = _unsupported("RepositoryModelUnload")
+    SystemSharedMemoryStatus = _unsupported("SystemSharedMemoryStatus")
+    SystemSharedMemoryRegister = _unsupported("SystemSharedMemoryRegister")
+    SystemSharedMemoryUnregister = _unsupported("SystemSharedMemoryUnregister")
+    CudaSharedMemoryStatus = _unsupported("CudaSharedMemoryStatus")
+    CudaSharedMemoryRegister = _unsupported("CudaSharedMemoryRegister")
+    CudaSharedMemoryUnregister = _unsupported("CudaSharedMemoryUnregister")
+    TraceSetting = _unsupported("TraceSetting")
+    LogSettings = _unsupported("LogSettings")
+
+
+# -- grpc.health.v1.Health/Check ----------------------------------------------------------
+# Triton answers SERVING when the server is ready, NOT_SERVING otherwise, whatever service
+# name is asked. The messages are one enum field, so they are encoded by hand rather than
+# depending on grpcio-health-checking.
+_SERVING, _NOT_SERVING = b"\x08\x01", b"\x08\x02"  # HealthCheckResponse{status: 1 | 2}
+
+
+def health_handler(service: "InferenceService") -> grpc.GenericRpcHandler:
+    async def check(request: bytes, context: _Ctx) -> bytes:
+        try:
+            return _SERVING if service.ready() else _NOT_SERVING
+        except Exception:  # noqa: BLE001 - health must answer, not crash
+            log.exception("health check failed")
+            return _NOT_SERVING
+
+    return grpc.method_handlers_generic_handler("grpc.health.v1.Health", {
+        "Check": grpc.unary_unary_rpc_method_handler(
+            check, request_deserializer=None, response_serializer=None),
+    })

@@ -1,0 +1,347 @@
+"""KServe V2 HTTP/JSON <-> core types, including Triton's binary tensor extension.
+
+Pure functions, no aiohttp: ``decode_infer_request`` turns a request body into an
+:class:`InferRequest` whose binary tensors are zero-copy views into the body;
+``encode_infer_response`` builds the response body. Error messages copy Triton's where
+it has one; malformed input is always an :class:`InvalidArgument` (400), never a 500.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ...core.codec import deserialize_bytes, serialize_bytes
+from ...core.datatypes import DATATYPES, numpy_dtype
+from ...core.types import (
+    Buffer,
+    InferRequest,
+    InferResponse,
+    InputTensor,
+    OutputTensor,
+    ParamValue,
+    RequestedOutput,
+)
+from ...errors import Internal, InvalidArgument, TritonShmError, Unsupported
+
+# Triton's HTTP_MAX_JSON_NESTING_DEPTH (server#8172). orjson stops at 1024 by itself,
+# so shallower excess is checked on the parsed document (see _check_depth).
+MAX_JSON_DEPTH = 100
+INT64_MAX = 2**63 - 1
+
+_INT_TYPES = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64"})
+_FLOAT_TYPES = frozenset({"FP32", "FP64"})
+# Keys of an input's ``parameters`` that say where its data is; at most one may be set.
+_DATA_SOURCES = ("binary_data_size", "shared_memory_region")
+_JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+
+
+# --------------------------------------------------------------------------- decoding
+def decode_infer_request(
+    model_name: str, model_version: str, body: bytes, header_length: int | None
+) -> InferRequest:
+    """Parse an infer request body.
+
+    ``header_length`` is the ``Inference-Header-Content-Length`` value (None when the
+    header is absent: the whole body is JSON). Binary inputs reference slices of
+    ``body``, so it must stay alive (and unmodified) while the request is in use.
+    """
+    size = len(body)
+    if header_length is None:
+        header_length = size
+    elif header_length < 0 or header_length > size:
+        raise InvalidArgument(f"inference header size should be in range (0, {size}), got: {header_length}")
+    elif header_length == 0:
+        # Raw binary requests need the model config to name the single input; the
+        # adapter has none, and no client we target sends them.
+        raise Unsupported(
+            "raw binary inference requests (Inference-Header-Content-Length: 0) are not "
+            "supported; send a JSON header and the tensor with 'binary_data_size'")
+    view = memoryview(body)
+    doc = _parse_json(view[:header_length] if header_length < size else body)
+    if not isinstance(doc, dict):
+        raise InvalidArgument("the request JSON must be an object")
+
+    request_id = doc.get("id", "")
+    if not isinstance(request_id, str):
+        raise InvalidArgument("request 'id' must be a string")
+    request = InferRequest(model_name=model_name, model_version=model_version, id=request_id)
+    request.parameters = _parse_parameters(doc.get("parameters"), "request")
+    if "binary_data_output" in request.parameters and not isinstance(request.parameters["binary_data_output"], bool):
+        raise InvalidArgument("parameter 'binary_data_output' must be a boolean")
+
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list):
+        raise InvalidArgument("request 'inputs' must be an array" if inputs is not None
+                              else "request has no 'inputs' array")
+    seen: set[str] = set()
+    offset = header_length  # next unread byte of the binary part
+    for item in inputs:
+        tensor, nbytes = _parse_input(item, model_name)
+        if tensor.name in seen:
+            raise InvalidArgument(_with_id(request_id, f"input '{tensor.name}' already exists in request"))
+        seen.add(tensor.name)
+        if nbytes is not None:
+            if nbytes > size - offset:
+                raise InvalidArgument(
+                    f"unexpected size for input '{tensor.name}', expecting "
+                    f"{nbytes - (size - offset)} additional bytes for model '{model_name}'")
+            tensor.data = view[offset:offset + nbytes]
+            offset += nbytes
+        request.inputs.append(tensor)
+    if offset != size:
+        raise InvalidArgument(f"unexpected additional input data for model '{model_name}'")
+
+    outputs = doc.get("outputs")
+    if outputs is not None:
+        if not isinstance(outputs, list):
+            raise InvalidArgument("request 'outputs' must be an array")
+        names: set[str] = set()
+        for item in outputs:
+            out = _parse_output(item)
+            if out.name in names:
+                raise InvalidArgument(_with_id(request_id, f"output '{out.name}' already exists in request"))
+            names.add(out.name)
+            request.outputs.append(out)
+
+    # Everything but tensor 'data' is checked here; 'data' nesting is bounded where it
+    # is flattened. Unknown members are walked too, so no subtree escapes the limit.
+    for key, value in doc.items():
+        if key != "inputs":
+            _check_depth(value, 2)
+    return request
+
+
+def _parse_json(buf: Buffer) -> Any:
+    try:
+        return orjson.loads(buf)
+    except orjson.JSONDecodeError as e:
+        if "depth" in str(e) or "recursion" in str(e):
+            raise InvalidArgument(f"JSON nesting depth exceeds the limit of {MAX_JSON_DEPTH}") from None
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {e}") from None
+
+
+def _check_depth(value: Any, depth: int) -> None:
+    """Reject containers nested deeper than MAX_JSON_DEPTH (``depth`` is value's level)."""
+    stack = [(value, depth)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, dict):
+            children = v.values()
+        elif isinstance(v, list):
+            children = v
+        else:
+            continue
+        if d > MAX_JSON_DEPTH:
+            raise InvalidArgument(f"JSON nesting depth exceeds the limit of {MAX_JSON_DEPTH}")
+        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+
+
+def _with_id(request_id: str, message: str) -> str:
+    return f"[request id: {request_id or '<id_unknown>'}] {message}"
+
+
+def _parse_parameters(value: Any, where: str) -> dict[str, ParamValue]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidArgument(f"{where} 'parameters' must be an object")
+    for key, v in value.items():
+        # Triton accepts int, bool and string; double is in the parameters extension.
+        if not isinstance(v, (bool, int, float, str)):
+            raise InvalidArgument(
+                f"parameter '{key}' has invalid type. It should be either 'int', 'bool', 'double' or 'string'.")
+    return value
+
+
+def _parse_shape(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list):
+        raise InvalidArgument(f"input '{name}': 'shape' must be an array of non-negative integers")
+    for d in value:
+        # bool is an int subclass; JSON true is not a dimension.
+        if type(d) is not int or d < 0 or d > INT64_MAX:
+            raise InvalidArgument(
+                f"input '{name}': 'shape' must be an array of non-negative integers, got {orjson.dumps(value).decode()}")
+    return value
+
+
+def _parse_input(item: Any, model_name: str) -> tuple[InputTensor, int | None]:
+    """One input; returns it and its ``binary_data_size`` (None when not binary)."""
+    if not isinstance(item, dict):
+        raise InvalidArgument("each entry of 'inputs' must be an object")
+    name = item.get("name")
+    if not isinstance(name, str):
+        raise InvalidArgument("input 'name' must be a string")
+    datatype = item.get("datatype")
+    if not isinstance(datatype, str) or datatype not in DATATYPES:
+        raise InvalidArgument(f"invalid datatype for input {name}")
+    shape = _parse_shape(item.get("shape"), name)
+    params = _parse_parameters(item.get("parameters"), f"input '{name}'")
+
+    has_data = "data" in item
+    sources = (["data"] if has_data else []) + [k for k in _DATA_SOURCES if k in params]
+    if len(sources) != 1:
+        got = " ".join(f"'{k}'" for k in sources) if sources else None
+        raise InvalidArgument(
+            "Input must set only one of the following fields: 'data', 'binary_data_size' in "
+            "'parameters', 'shared_memory_region' in 'parameters'. But "
+            + (f"set {got}" if got else "no field is set"))
+
+    tensor = InputTensor(name=name, datatype=datatype, shape=shape, parameters=params)
+    if has_data:
+        tensor.data = _json_to_wire(name, datatype, shape, item["data"], model_name)
+        return tensor, None
+    if "binary_data_size" in params:
+        nbytes = params.pop("binary_data_size")  # framing only; the core sees the data
+        if type(nbytes) is not int or nbytes < 0:
+            raise InvalidArgument(f"input '{name}': 'binary_data_size' must be a non-negative integer")
+        return tensor, nbytes
+    return tensor, None  # shared memory: resolved by another layer from the parameters
+
+
+def _json_to_wire(name: str, datatype: str, shape: list[int], data: Any, model_name: str) -> bytes:
+    """JSON ``data`` (flat or nested, row-major) to the tensor's wire bytes."""
+    if not isinstance(data, list):
+        raise InvalidArgument(f"input '{name}': 'data' must be an array")
+    count = math.prod(shape)
+    if datatype == "BYTES":
+        items = data if all(type(x) is str for x in data) else _flatten_strings(name, data)
+        if len(items) != count:
+            raise InvalidArgument(
+                f"expected {count} string elements for inference input '{name}' for model "
+                f"'{model_name}', got {len(items)}")
+        return serialize_bytes(items)
+    if datatype in ("FP16", "BF16"):
+        raise InvalidArgument(
+            f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input {name}")
+    try:
+        # Infer the JSON's own type first so "1.5" or true for an int tensor is caught
+        # instead of being silently cast.
+        arr = np.asarray(data)
+    except (ValueError, TypeError, OverflowError):
+        raise InvalidArgument(f"input '{name}': 'data' is not a regular array of numbers") from None
+    if arr.size != count:
+        raise InvalidArgument(
+            f"input '{name}': 'data' has {arr.size} elements but shape {shape} needs {count}")
+    if count == 0:
+        return b""
+    kind = arr.dtype.kind
+    target = numpy_dtype(datatype)
+    if datatype == "BOOL":
+        ok = kind == "b"
+    elif datatype in _INT_TYPES:
+        ok = kind in "iu"
+        if ok:
+            info = np.iinfo(target)
+            ok = info.min <= int(arr.min()) and int(arr.max()) <= info.max
+            if not ok:
+                raise InvalidArgument(f"input '{name}': 'data' has values out of range for {datatype}")
+    else:  # FP32, FP64
+        ok = kind in "iuf"
+    if not ok:
+        raise InvalidArgument(f"input '{name}': 'data' elements do not match datatype {datatype}")
+    return np.ascontiguousarray(arr, dtype=target).tobytes()
+
+
+def _flatten_strings(name: str, data: list) -> list[str]:
+    out: list[str] = []
+    # Iterative walk with an explicit bound: data sits at level 4 of the document.
+    stack: list[tuple[Any, int]] = [(data, 4)]
+    while stack:
+        v, d = stack.pop()
+        if type(v) is str:
+            out.append(v)
+        elif isinstance(v, list):
+            if d > MAX_JSON_DEPTH:
+                raise InvalidArgument(f"JSON nesting depth exceeds the limit of {MAX_JSON_DEPTH}")
+            stack.extend((c, d + 1) for c in reversed(v))
+        else:
+            raise InvalidArgument(f"input '{name}': BYTES 'data' elements must be strings")
+    return out
+
+
+def _parse_output(item: Any) -> RequestedOutput:
+    if not isinstance(item, dict):
+        raise InvalidArgument("each entry of 'outputs' must be an object")
+    name = item.get("name")
+    if not isinstance(name, str):
+        raise InvalidArgument("output 'name' must be a string")
+    params = _parse_parameters(item.get("parameters"), f"output '{name}'")
+    if "binary_data" in params and not isinstance(params["binary_data"], bool):
+        raise InvalidArgument(f"output '{name}': parameter 'binary_data' must be a boolean")
+    return RequestedOutput(name=name, parameters=params)
+
+
+# --------------------------------------------------------------------------- encoding
+def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
+    """Build the response body; returns ``(body, json_header_length)``.
+
+    The header length is None when the body is pure JSON. Binary output choice: an
+    output's own ``binary_data`` wins; outputs not listed in the request (all of them
+    when none is listed) follow the request's ``binary_data_output``; a listed output
+    without ``binary_data`` is JSON — what Triton 2.51 does.
+    """
+    requested = {o.name: o.parameters for o in request.outputs}
+    default_binary = request.parameters.get("binary_data_output", False) is True
+    outputs: list[dict[str, Any]] = []
+    blobs: list[Buffer] = []
+    for out in response.outputs:
+        entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
+        params = dict(out.parameters)
+        if "shared_memory_region" in params:  # the data went to the client's region
+            entry["parameters"] = params
+        else:
+            req = requested.get(out.name)
+            binary = req.get("binary_data", False) if req is not None else default_binary
+            if binary:
+                params["binary_data_size"] = len(memoryview(out.data).cast("B"))
+                entry["parameters"] = params
+                blobs.append(out.data)
+            else:
+                if params:
+                    entry["parameters"] = params
+                entry["data"] = _wire_to_json(out)
+        outputs.append(entry)
+
+    doc: dict[str, Any] = {}
+    if response.id:
+        doc["id"] = response.id
+    doc["model_name"] = response.model_name
+    doc["model_version"] = response.model_version
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs
+    header = orjson.dumps(doc, option=_JSON_OPTS)
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)
+
+
+def _wire_to_json(out: OutputTensor) -> Any:
+    """Output data as a flat JSON-serialisable value (a numpy array or a list)."""
+    count = math.prod(out.shape)
+    try:
+        if out.datatype == "BYTES":
+            # JSON strings must be text: utf-8 when valid, else latin-1 so every byte
+            # maps to one code point (lossless; Triton sends raw, invalid JSON).
+            return [_bytes_to_str(b) for b in deserialize_bytes(out.data, count)]
+        dtype = numpy_dtype(out.datatype)
+        arr = np.frombuffer(out.data, dtype=dtype)
+    except TritonShmError as e:
+        raise Internal(f"output '{out.name}' is malformed: {e.message}") from None
+    except ValueError:
+        raise Internal(f"output '{out.name}' size is not a multiple of its {out.datatype} element size") from None
+    if arr.size != count:
+        raise Internal(f"output '{out.name}' holds {arr.size} elements but its shape {list(out.shape)} needs {count}")
+    if out.datatype == "BF16":  # the upper half of a float32
+        arr = (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr
+
+
+def _bytes_to_str(b: bytes) -> str:
+    try:
+        return b.decode("utf-8")
+    except UnicodeDecodeError:
+        return b.decode("latin-1")

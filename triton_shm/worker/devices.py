@@ -1,0 +1,37 @@
+"""GPU discovery without importing any CUDA Python package (CPU-only machines never do)."""
+from __future__ import annotations
+
+import ctypes
+import os
+
+
+def visible_gpu_count() -> int:
+    """Number of CUDA devices the driver reports; 0 when there is no driver or device."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return 0
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+def parse_gpus(spec: str | None) -> list[int]:
+    """``--gpus 0,1`` → [0, 1]; ``None`` → every visible GPU; ``""``/``none`` → no GPU."""
+    if spec is None:
+        return list(range(visible_gpu_count()))
+    spec = spec.strip()
+    if spec.lower() in ("", "none"):
+        return []
+    try:
+        ids = sorted({int(x) for x in spec.split(",") if x.strip()})
+    except ValueError:
+        raise ValueError(f"--gpus expects a comma-separated list of GPU ids, got '{spec}'") from None
+    available = visible_gpu_count()
+    bad = [i for i in ids if i < 0 or i >= available]
+    if bad:
+        raise ValueError(f"--gpus names GPU(s) {bad}, but {available} GPU(s) are visible")
+    return ids

@@ -1,0 +1,366 @@
+"""Front-end side of the workers: start, talk to, supervise and restart them.
+
+One :class:`WorkerHandle` per worker process (one CPU worker, one per GPU). Each owns
+an input arena the front-end writes request tensors into and maps the worker's output
+arena. A worker that dies is seen at once (end-of-file on its channel): its in-flight
+requests fail with UNAVAILABLE, it is restarted and its models are loaded again.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ..core import codec
+from ..core.datatypes import element_size
+from ..core.model_config import mc
+from ..core.types import InferRequest, InferResponse, OutputTensor
+from ..errors import Internal, TritonShmError, Unavailable
+from ..ipc import channel
+from ..ipc.arena import Arena, Block, Segment, SegmentMap
+
+if TYPE_CHECKING:
+    from ..core.repository import ModelVersion
+    from ..core.validation import RequestPlan
+
+log = logging.getLogger("triton_shm.workers")
+
+INPUT_CHUNK = 64 << 20
+RESTART_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0)
+
+
+class WorkerHandle:
+    def __init__(self, name: str, gpu: int | None, log_verbose: int = 0):
+        self.name, self.gpu, self.log_verbose = name, gpu, log_verbose
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.arena: Arena | None = None
+        self.outputs = SegmentMap()
+        self._pending: dict[int, asyncio.Future] = {}
+        self._ids = itertools.count(1)
+        self._releases: list[list[int]] = []
+        self._flush_scheduled = False
+        self.alive = False
+        self.generation = 0
+        self.on_death = None  # callback(handle) set by the pool
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- process lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        ours, theirs = channel.socket_pair()
+        env = dict(os.environ)
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)  # each GPU worker sees only its device
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "triton_shm.worker", "--fd", str(theirs.fileno()), "--name", self.name,
+             "--log-verbose", str(self.log_verbose)],
+            pass_fds=[theirs.fileno()], env=env)
+        theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+        self.outputs = SegmentMap()
+        self.arena = Arena(INPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
+        self.generation += 1
+        self.alive = True
+        self._loop.add_reader(ours.fileno(), self._on_readable)
+        log.info("started worker '%s' (pid %d)", self.name, self.proc.pid)
+
+    def _share_segment(self, seg: Segment) -> None:
+        self._send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])
+
+    def _drop_segment(self, seg_id: int) -> None:
+        self._send({"op": "drop", "seg": seg_id})
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        self.alive = False
+        self._detach()
+        proc = self.proc
+        try:
+            await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+        self._cleanup_memory()
+
+    def _detach(self) -> None:
+        if self.sock is not None:
+            try:
+                self._loop.remove_reader(self.sock.fileno())
+            except (ValueError, OSError):
+                pass
+            self.sock.close()  # the worker sees end-of-file and exits
+            self.sock = None
+
+    def _cleanup_memory(self) -> None:
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+        self.outputs.close()
+
+    def _died(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        self._detach()
+        code = self.proc.poll() if self.proc else None
+        if code is None and self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                code = self.proc.wait()
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        log.error("worker '%s' %s; restarting it", self.name, how)
+        error = Unavailable(f"worker '{self.name}' {how} while running the request; it is being restarted")
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+        self._releases.clear()
+        self._cleanup_memory()
+        if self.on_death is not None:
+            self.on_death(self)
+
+    # -- messaging -----------------------------------------------------------------------
+    def _send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        if self.sock is None:
+            raise Unavailable(f"worker '{self.name}' is not running")
+        if self._releases and message.get("op") != "release":
+            self._flush_releases()
+        try:
+            channel.send(self.sock, message, fds)
+        except BlockingIOError:
+            # The worker is not draining its channel; treat as overload rather than block the loop.
+            raise Unavailable(f"worker '{self.name}' is not keeping up (control channel full)") from None
+        except (BrokenPipeError, ConnectionError):
+            raise Unavailable(f"worker '{self.name}' is not running") from None
+
+    async def call(self, message: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
+        msg_id = next(self._ids)
+        message["id"] = msg_id
+        fut = self._loop.create_future()
+        self._pending[msg_id] = fut
+        try:
+            self._send(message, fds)
+            reply = await fut
+        finally:
+            self._pending.pop(msg_id, None)
+        if "error" in reply:
+            raise TritonShmError.from_wire(reply["error"])
+        return reply
+
+    def _on_readable(self) -> None:
+        while self.sock is not None:
+            try:
+                msg, fds = channel.recv(self.sock)
+            except BlockingIOError:
+                return
+            except (ConnectionError, OSError, ValueError):
+                msg = None
+            if msg is None:
+                self._died()
+                return
+            op = msg.get("op")
+            if op is None:
+                fut = self._pending.get(msg.get("id"))
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            elif op == "segment" and len(fds) == 1:
+                self.outputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
+            elif op == "drop":
+                self.outputs.drop(int(msg["seg"]))
+            elif op == "hello":
+                pass
+            else:
+                for fd in fds:
+                    os.close(fd)
+                log.warning("unexpected message from worker '%s': %s", self.name, op)
+
+    def release(self, descriptors: list[list[int]]) -> None:
+        """Give output blocks back to the worker (batched into its next message)."""
+        if not self.alive:
+            return
+        self._releases.extend(descriptors)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_releases)
+
+    def _flush_releases(self) -> None:
+        self._flush_scheduled = False
+        if not self._releases or self.sock is None:
+            return
+        blocks, self._releases = self._releases, []
+        try:
+            channel.send(self.sock, {"op": "release", "blocks": blocks})
+        except OSError:
+            pass  # worker gone: its arena went with it
+
+
+def _instance_kind(group) -> str:
+    return mc.ModelInstanceGroup.Kind.Name(group.kind)
+
+
+class WorkerPool:
+    def __init__(self, gpus: list[int], log_verbose: int = 0):
+        self.cpu = WorkerHandle("cpu", None, log_verbose)
+        self.gpu_workers = {g: WorkerHandle(f"gpu{g}", g, log_verbose) for g in gpus}
+        self.workers: dict[str, WorkerHandle] = {w.name: w for w in [self.cpu, *self.gpu_workers.values()]}
+        self._placements: dict[str, list["ModelVersion"]] = {name: [] for name in self.workers}
+        self._restarts: dict[str, int] = {name: 0 for name in self.workers}
+        self._closing = False
+
+    @property
+    def gpu_count(self) -> int:
+        return len(self.gpu_workers)
+
+    async def start(self) -> None:
+        for w in self.workers.values():
+            w.on_death = self._on_death
+            w.start()
+
+    def all_alive(self) -> bool:
+        return all(w.alive for w in self.workers.values())
+
+    async def stop(self) -> None:
+        self._closing = True
+        await asyncio.gather(*(w.stop() for w in self.workers.values()))
+
+    # -- supervision ---------------------------------------------------------------------
+    def _on_death(self, worker: WorkerHandle) -> None:
+        if self._closing:
+            return
+        for mv in self._placements[worker.name]:
+            if mv.state == "READY":
+                mv.state, mv.reason = "LOADING", f"worker '{worker.name}' is restarting"
+        asyncio.get_running_loop().create_task(self._restart(worker))
+
+    async def _restart(self, worker: WorkerHandle) -> None:
+        n = self._restarts[worker.name]
+        self._restarts[worker.name] = n + 1
+        await asyncio.sleep(RESTART_BACKOFF[min(n, len(RESTART_BACKOFF) - 1)])
+        if self._closing:
+            return
+        worker.start()
+        for mv in list(self._placements[worker.name]):
+            try:
+                await self._load_on(worker, mv)
+                if all(self.workers[w].alive for w, _ in mv.instances):
+                    mv.state, mv.reason = "READY", ""
+            except TritonShmError as e:
+                mv.state, mv.reason = "UNAVAILABLE", f"reload after worker restart failed: {e.message}"
+
+    # -- model lifecycle -----------------------------------------------------------------
+    @staticmethod
+    def _model_message(op: str, mv: "ModelVersion", config: dict[str, Any]) -> dict[str, Any]:
+        return {"op": op, "model": mv.name, "version": mv.version, "model_dir": str(mv.model_dir),
+                "config": config}
+
+    async def auto_complete(self, mv: "ModelVersion", config: dict[str, Any]) -> dict[str, Any]:
+        reply = await self.cpu.call(self._model_message("auto_complete", mv, config))
+        return reply["config"]
+
+    def _instances_by_worker(self, mv: "ModelVersion") -> dict[str, list[dict[str, Any]]]:
+        by_worker: dict[str, list[dict[str, Any]]] = {}
+        for group in mv.config.instance_group:
+            kind = _instance_kind(group)
+            devices = list(group.gpus) if kind == "KIND_GPU" else [None]
+            for device in devices:
+                worker = self.cpu if device is None else self.gpu_workers[device]
+                for i in range(group.count):
+                    specs = by_worker.setdefault(worker.name, [])
+                    suffix = f"_{device}" if device is not None else ""
+                    specs.append({"name": f"{group.name}_{i}{suffix}", "kind": kind,
+                                  "device_id": device if device is not None else 0})
+        return by_worker
+
+    async def _load_on(self, worker: WorkerHandle, mv: "ModelVersion") -> None:
+        from ..core.model_config import config_to_json
+        specs = self._instances_by_worker(mv)[worker.name]
+        msg = self._model_message("load", mv, config_to_json(mv.config))
+        msg["instances"] = specs
+        await worker.call(msg)
+
+    async def load(self, mv: "ModelVersion") -> None:
+        by_worker = self._instances_by_worker(mv)
+        await asyncio.gather(*(self._load_on(self.workers[w], mv) for w in by_worker))
+        mv.instances = [(w, i) for w, specs in by_worker.items() for i in range(len(specs))]
+        mv._round_robin = None
+        for w in by_worker:
+            self._placements[w].append(mv)
+
+    async def unload(self, mv: "ModelVersion") -> None:
+        for w in {w for w, _ in mv.instances}:
+            if mv in self._placements[w]:
+                self._placements[w].remove(mv)
+            if self.workers[w].alive:
+                await self.workers[w].call({"op": "unload", "key": mv.key})
+
+    async def ping(self, worker: str = "cpu") -> None:
+        await self.workers[worker].call({"op": "ping"})
+
+    # -- inference -----------------------------------------------------------------------
+    async def execute(self, mv: "ModelVersion", request: InferRequest, plan: "RequestPlan") -> InferResponse:
+        worker_name, instance = mv.next_instance()
+        worker = self.workers[worker_name]
+        if not worker.alive or worker.arena is None:
+            raise Unavailable(f"model '{mv.name}' is not available: worker '{worker_name}' is restarting")
+        arena = worker.arena
+        blocks: list[Block] = []
+        try:
+            inputs = []
+            for inp in request.inputs:
+                data = inp.data
+                block = arena.alloc(len(data) if not isinstance(data, memoryview) else data.nbytes)
+                blocks.append(block)
+                block.view[:] = data  # the one copy of an in-band tensor
+                inputs.append([inp.name, inp.datatype, inp.shape, block.descriptor()])
+            reply = await worker.call({"op": "infer", "model": mv.key, "instance": instance,
+                                       "request_id": request.id, "inputs": inputs, "outputs": plan.outputs,
+                                       "parameters": request.parameters})
+        finally:
+            if worker.arena is arena:
+                for b in blocks:
+                    arena.free(b.segment.id, b.offset, b.size)
+        return self._response(worker, mv, request, reply)
+
+    def _response(self, worker: WorkerHandle, mv: "ModelVersion", request: InferRequest,
+                  reply: dict[str, Any]) -> InferResponse:
+        descriptors: list[list[int]] = []
+        outputs: list[OutputTensor] = []
+        try:
+            for name, datatype, shape, desc in reply["outputs"]:
+                descriptors.append(desc)
+                spec = mv.outputs.get(name)
+                if spec is None or spec.datatype != datatype:
+                    raise Internal(f"worker returned an unexpected output '{name}' for model '{mv.name}'")
+                view = worker.outputs.view(desc)
+                _check_output_size(name, datatype, shape, view)
+                outputs.append(OutputTensor(name, datatype, list(shape), view))
+        except Exception:
+            worker.release(descriptors)
+            raise
+        return InferResponse(model_name=mv.name, model_version=str(mv.version), id=request.id,
+                             outputs=outputs, _release=lambda: worker.release(descriptors))
+
+
+def _check_output_size(name: str, datatype: str, shape: list[int], view: memoryview) -> None:
+    """The worker is not trusted: its descriptor must agree with the shape it claims."""
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise Internal(f"worker returned an invalid shape for output '{name}'")
+    count = 1
+    for d in shape:
+        count *= d
+    size = element_size(datatype)
+    if size:
+        if count * size != view.nbytes:
+            raise Internal(f"worker returned {view.nbytes} bytes for output '{name}' of shape {shape}")
+    else:
+        codec.validate_bytes(view, count)

@@ -1,0 +1,260 @@
+"""The worker process: hosts model instances and runs them on tensors in shared memory.
+
+Started by the front-end as ``python -m triton_shm.worker --fd N --name NAME``; the
+inherited fd is its end of the control channel. The main thread receives control
+messages; each model instance has its own thread and queue, so a slow model never
+blocks another, and loads run on a loader thread so inference continues meanwhile.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import queue
+import socket
+import sys
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from ..backends import get_backend
+from ..backends.base import Backend, InstanceSpec, ModelContext, ModelInstance, WorkerRequest, WorkerResponse
+from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
+from ..ipc import channel
+from ..ipc.arena import Arena, Block, Segment, SegmentMap
+from .tensors import decode_input, encode_output
+
+log = logging.getLogger("triton_shm.worker")
+
+OUTPUT_CHUNK = 64 << 20
+
+
+class InstanceRunner:
+    """A model instance and the thread that feeds it."""
+
+    def __init__(self, worker: "Worker", model: "LoadedModel", instance: ModelInstance, name: str):
+        self.worker, self.model, self.instance, self.name = worker, model, instance, name
+        self.queue: queue.SimpleQueue[dict | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=f"instance-{name}", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=30)
+        try:
+            self.instance.finalize()
+        except Exception:  # a model's finalize must not take the worker down
+            log.exception("finalize of instance %s failed", self.name)
+
+    def _run(self) -> None:
+        while (msg := self.queue.get()) is not None:
+            self.worker.reply(msg["id"], self._execute(msg))
+
+    def _execute(self, msg: dict[str, Any]) -> dict[str, Any]:
+        try:
+            request = self._decode(msg)
+            responses = self.instance.execute([request])
+            if len(responses) != 1:
+                raise Internal(f"model '{self.model.context.name}' returned {len(responses)} responses for 1 request")
+            response: WorkerResponse = responses[0]
+            if response.error is not None:
+                return {"error": response.error.to_wire()}
+            return {"outputs": self._encode(msg, response)}
+        except TritonShmError as e:
+            return {"error": e.to_wire()}
+        except Exception as e:  # model code: report, keep serving
+            log.error("instance %s failed:\n%s", self.name, traceback.format_exc())
+            return {"error": Internal(f"model '{self.model.context.name}' failed: {type(e).__name__}: {e}").to_wire()}
+
+    def _decode(self, msg: dict[str, Any]) -> WorkerRequest:
+        inputs, datatypes = {}, {}
+        for name, datatype, shape, desc in msg["inputs"]:
+            inputs[name] = decode_input(datatype, shape, self.worker.inputs.view(desc))
+            datatypes[name] = datatype
+        return WorkerRequest(id=msg.get("request_id", ""), inputs=inputs, datatypes=datatypes,
+                             requested_outputs=list(msg["outputs"]), parameters=msg.get("parameters") or {})
+
+    def _encode(self, msg: dict[str, Any], response: WorkerResponse) -> list[list[Any]]:
+        specs = self.model.output_types
+        wanted = msg["outputs"]
+        missing = [n for n in wanted if n not in response.outputs]
+        if missing:
+            raise Internal(f"model '{self.model.context.name}' did not produce output(s) {missing}")
+        encoded: list[list[Any]] = []
+        blocks: list[Block] = []
+        try:
+            for name in wanted:
+                shape, block = encode_output(self.worker.arena, name, specs[name], response.outputs[name])
+                blocks.append(block)
+                encoded.append([name, specs[name], shape, block.descriptor()])
+        except BaseException:
+            for b in blocks:
+                self.worker.arena.free(b.segment.id, b.offset, b.size)
+            raise
+        return encoded
+
+
+class LoadedModel:
+    def __init__(self, context: ModelContext, backend: Backend):
+        self.context, self.backend = context, backend
+        self.runners: list[InstanceRunner] = []
+        self.output_types = {o["name"]: _wire_type(o["data_type"]) for o in context.config.get("output", [])}
+
+
+def _wire_type(config_type: str) -> str:
+    from ..core.datatypes import config_to_wire
+    return config_to_wire(config_type)
+
+
+def _context(msg: dict[str, Any]) -> ModelContext:
+    return ModelContext(name=msg["model"], version=int(msg["version"]), model_dir=Path(msg["model_dir"]),
+                        config=msg["config"])
+
+
+class Worker:
+    def __init__(self, sock: socket.socket, name: str):
+        self.sock, self.name = sock, name
+        self._send_lock = threading.Lock()
+        self.inputs = SegmentMap()
+        self.arena = Arena(OUTPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
+        self.models: dict[str, LoadedModel] = {}
+        self.loader = ThreadPoolExecutor(max_workers=4, thread_name_prefix="loader")
+
+    # -- sending -------------------------------------------------------------------------
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        with self._send_lock:
+            channel.send(self.sock, message, fds)
+
+    def reply(self, msg_id: int, body: dict[str, Any]) -> None:
+        body["id"] = msg_id
+        self.send(body)
+
+    def _share_segment(self, seg: Segment) -> None:
+        self.send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])
+
+    def _drop_segment(self, seg_id: int) -> None:
+        self.send({"op": "drop", "seg": seg_id})
+
+    # -- control loop --------------------------------------------------------------------
+    def run(self) -> None:
+        while True:
+            try:
+                msg, fds = channel.recv(self.sock)
+            except (ConnectionError, OSError):
+                break
+            if msg is None:
+                break
+            try:
+                self._dispatch(msg, fds)
+            except TritonShmError as e:
+                if "id" in msg:
+                    self.reply(msg["id"], {"error": e.to_wire()})
+            except Exception as e:
+                log.exception("control message %s failed", msg.get("op"))
+                if "id" in msg:
+                    self.reply(msg["id"], {"error": Internal(f"worker error: {e}").to_wire()})
+        self.shutdown()
+
+    def _dispatch(self, msg: dict[str, Any], fds: list[int]) -> None:
+        op = msg.get("op")
+        if op == "infer":
+            model = self.models.get(msg["model"])
+            if model is None:
+                raise NotFound(f"model '{msg['model']}' is not loaded in worker '{self.name}'")
+            idx = int(msg.get("instance", 0))
+            if not 0 <= idx < len(model.runners):
+                raise InvalidArgument(f"no instance {idx} of model '{msg['model']}'")
+            model.runners[idx].queue.put(msg)
+        elif op == "release":
+            for seg_id, offset, size in msg["blocks"]:
+                self.arena.free(seg_id, offset, size)
+        elif op == "segment":
+            if len(fds) != 1:
+                raise Internal("segment message without exactly one fd")
+            self.inputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
+        elif op == "drop":
+            self.inputs.drop(int(msg["seg"]))
+        elif op == "ping":
+            self.reply(msg["id"], {})
+        elif op == "auto_complete":
+            self.loader.submit(self._guarded, msg, self._auto_complete)
+        elif op == "load":
+            self.loader.submit(self._guarded, msg, self._load)
+        elif op == "unload":
+            self.loader.submit(self._guarded, msg, self._unload)
+        else:
+            raise InvalidArgument(f"unknown control message '{op}'")
+
+    def _guarded(self, msg: dict[str, Any], fn) -> None:
+        try:
+            body = fn(msg)
+        except TritonShmError as e:
+            body = {"error": e.to_wire()}
+        except Exception as e:  # user code in initialize/auto_complete
+            log.error("%s of model '%s' failed:\n%s", msg["op"], msg.get("model"), traceback.format_exc())
+            body = {"error": Internal(f"{type(e).__name__}: {e}").to_wire()}
+        self.reply(msg["id"], body)
+
+    def _auto_complete(self, msg: dict[str, Any]) -> dict[str, Any]:
+        context = _context(msg)
+        backend_cls = get_backend(context.config.get("backend", ""))
+        return {"config": backend_cls.auto_complete(context)}
+
+    def _load(self, msg: dict[str, Any]) -> dict[str, Any]:
+        context = _context(msg)
+        key = f"{context.name}/{context.version}"
+        backend = get_backend(context.config.get("backend", ""))(context)
+        model = LoadedModel(context, backend)
+        try:
+            for spec in msg["instances"]:
+                inst = backend.create_instance(InstanceSpec(spec["name"], spec["kind"], int(spec["device_id"])))
+                model.runners.append(InstanceRunner(self, model, inst, spec["name"]))
+        except BaseException:
+            for runner in model.runners:
+                runner.stop()
+            raise
+        old = self.models.pop(key, None)
+        self.models[key] = model
+        if old is not None:
+            for runner in old.runners:
+                runner.stop()
+        return {}
+
+    def _unload(self, msg: dict[str, Any]) -> dict[str, Any]:
+        model = self.models.pop(msg["key"], None)
+        if model is not None:
+            for runner in model.runners:
+                runner.stop()
+        return {}
+
+    def shutdown(self) -> None:
+        for model in list(self.models.values()):
+            for runner in model.runners:
+                runner.stop()
+        self.models.clear()
+        self.loader.shutdown(wait=False, cancel_futures=True)
+        self.inputs.close()
+        self.arena.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="triton_shm.worker")
+    parser.add_argument("--fd", type=int, required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--log-verbose", type=int, default=0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.log_verbose else logging.INFO,
+                        format=f"%(asctime)s {args.name} %(levelname).1s %(name)s] %(message)s", stream=sys.stderr)
+    from ..backends.python import install_module_alias
+    install_module_alias()
+    sock = socket.socket(fileno=args.fd)
+    worker = Worker(sock, args.name)
+    try:
+        worker.send({"op": "hello", "pid": os.getpid(), "time": time.time()})
+        worker.run()
+    except (BrokenPipeError, ConnectionError):
+        pass  # the front-end went away
+    os._exit(0)  # model threads may linger; the front-end has gone

@@ -1,0 +1,56 @@
+"""Worker-side conversion between shared-memory tensor descriptors and numpy arrays."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..core import codec
+from ..core.datatypes import element_size, from_numpy, numpy_dtype
+from ..errors import Internal, InvalidArgument
+from ..ipc.arena import Arena, Block
+
+
+def decode_input(datatype: str, shape: list[int], view: memoryview) -> np.ndarray:
+    """A numpy array over ``view`` (zero-copy for fixed-size types)."""
+    if datatype == "BYTES":
+        count = int(np.prod(shape)) if shape else 1
+        return codec.deserialize_bytes(view, count).reshape(shape)
+    dtype = numpy_dtype(datatype)
+    count = int(np.prod(shape)) if shape else 1
+    if count * element_size(datatype) != view.nbytes:
+        raise Internal("input descriptor size does not match its shape")
+    return np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
+
+
+def _coerce(name: str, array, datatype: str) -> np.ndarray:
+    """The model's array in the dtype the config declares for this output."""
+    array = np.asarray(array)
+    if datatype == "BYTES":
+        if array.dtype.kind not in "OSU":
+            raise InvalidArgument(f"output '{name}' should be BYTES but the model returned {array.dtype}")
+        return array
+    if datatype == "BF16":
+        if array.dtype == np.uint16:
+            return array
+        if array.dtype == np.float32:  # round-toward-zero to the upper 16 bits
+            return (np.ascontiguousarray(array).view(np.uint32) >> 16).astype(np.uint16)
+        raise InvalidArgument(f"output '{name}' should be BF16 (uint16 words or float32), got {array.dtype}")
+    got = from_numpy(array.dtype) if array.dtype.kind not in "OSU" else "BYTES"
+    if got != datatype:
+        raise InvalidArgument(f"output '{name}' of type {got} does not match the config's {datatype}")
+    return array
+
+
+def encode_output(arena: Arena, name: str, datatype: str, array) -> tuple[list[int], Block]:
+    """Write one output into the arena; returns its shape and block."""
+    array = _coerce(name, array, datatype)
+    shape = list(array.shape)
+    if datatype == "BYTES":
+        data = codec.serialize_bytes(array)
+        block = arena.alloc(len(data))
+        block.view[:] = data
+        return shape, block
+    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    block = arena.alloc(array.nbytes)
+    if array.nbytes:
+        np.frombuffer(block.view, dtype=np.uint8)[:] = array.reshape(-1).view(np.uint8)
+    return shape, block
