@@ -34,7 +34,8 @@ async def serve(options: ServerOptions) -> int:
         if options.allow_http:
             from .frontend.http.app import start_http
             runners.append(("HTTP", await start_http(service, options.http_address, options.http_port,
-                                                     max_input_size=options.http_max_input_size)))
+                                                     max_input_size=options.http_max_input_size,
+                                                     shutdown_timeout=options.exit_timeout_secs)))
             log.info("Started HTTPService at %s:%d", options.http_address, options.http_port)
         if options.allow_grpc:
             from .frontend.grpc.server import start_grpc
@@ -55,7 +56,6 @@ async def serve(options: ServerOptions) -> int:
 async def _stop_frontends(runners, timeout: float) -> None:
     async def stop_one(kind, runner):
         if kind == "HTTP":
-            runner._kwargs["shutdown_timeout"] = timeout  # aiohttp waits this long for handlers
             await runner.cleanup()
         else:
             await runner.stop(grace=timeout)

@@ -36,6 +36,10 @@ _FLOAT_TYPES = frozenset({"FP32", "FP64"})
 # Keys of an input's ``parameters`` that say where its data is; at most one may be set.
 _DATA_SOURCES = ("binary_data_size", "shared_memory_region")
 _JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
+# Members the parser interprets (and so bounds) at each level of the request document.
+_REQUEST_KEYS = frozenset({"id", "parameters", "inputs", "outputs"})
+_INPUT_KEYS = frozenset({"name", "datatype", "shape", "parameters", "data"})
+_OUTPUT_KEYS = frozenset({"name", "parameters"})
 
 
 # --------------------------------------------------------------------------- decoding
@@ -79,7 +83,7 @@ def decode_infer_request(
     seen: set[str] = set()
     offset = header_length  # next unread byte of the binary part
     for item in inputs:
-        tensor, nbytes = _parse_input(item, model_name)
+        tensor, nbytes = _parse_input(item, model_name, request_id)
         if tensor.name in seen:
             raise InvalidArgument(_with_id(request_id, f"input '{tensor.name}' already exists in request"))
         seen.add(tensor.name)
@@ -106,11 +110,7 @@ def decode_infer_request(
             names.add(out.name)
             request.outputs.append(out)
 
-    # Everything but tensor 'data' is checked here; 'data' nesting is bounded where it
-    # is flattened. Unknown members are walked too, so no subtree escapes the limit.
-    for key, value in doc.items():
-        if key != "inputs":
-            _check_depth(value, 2)
+    _check_unknown_members(doc, _REQUEST_KEYS, 2)
     return request
 
 
@@ -121,6 +121,18 @@ def _parse_json(buf: Buffer) -> Any:
         if "depth" in str(e) or "recursion" in str(e):
             raise InvalidArgument(f"JSON nesting depth exceeds the limit of {MAX_JSON_DEPTH}") from None
         raise InvalidArgument(f"failed to parse the request JSON buffer: {e}") from None
+
+
+def _check_unknown_members(obj: dict, known: frozenset[str], depth: int) -> None:
+    """Bound the nesting of members this parser does not interpret.
+
+    Known members are shallow by construction (scalars, int lists, scalar-valued
+    parameters) and tensor 'data' is bounded where it is converted, so only unknown
+    members need a walk -- and well-formed requests have none, keeping this free.
+    """
+    if len(obj) > len(known) or not known.issuperset(obj):
+        for key in obj.keys() - known:
+            _check_depth(obj[key], depth)
 
 
 def _check_depth(value: Any, depth: int) -> None:
@@ -167,7 +179,7 @@ def _parse_shape(value: Any, name: str) -> list[int]:
     return value
 
 
-def _parse_input(item: Any, model_name: str) -> tuple[InputTensor, int | None]:
+def _parse_input(item: Any, model_name: str, request_id: str) -> tuple[InputTensor, int | None]:
     """One input; returns it and its ``binary_data_size`` (None when not binary)."""
     if not isinstance(item, dict):
         raise InvalidArgument("each entry of 'inputs' must be an object")
@@ -179,6 +191,7 @@ def _parse_input(item: Any, model_name: str) -> tuple[InputTensor, int | None]:
         raise InvalidArgument(f"invalid datatype for input {name}")
     shape = _parse_shape(item.get("shape"), name)
     params = _parse_parameters(item.get("parameters"), f"input '{name}'")
+    _check_unknown_members(item, _INPUT_KEYS, 4)
 
     has_data = "data" in item
     sources = (["data"] if has_data else []) + [k for k in _DATA_SOURCES if k in params]
@@ -191,7 +204,7 @@ def _parse_input(item: Any, model_name: str) -> tuple[InputTensor, int | None]:
 
     tensor = InputTensor(name=name, datatype=datatype, shape=shape, parameters=params)
     if has_data:
-        tensor.data = _json_to_wire(name, datatype, shape, item["data"], model_name)
+        tensor.data = _json_to_wire(name, datatype, shape, item["data"], model_name, request_id)
         return tensor, None
     if "binary_data_size" in params:
         nbytes = params.pop("binary_data_size")  # framing only; the core sees the data
@@ -201,7 +214,9 @@ def _parse_input(item: Any, model_name: str) -> tuple[InputTensor, int | None]:
     return tensor, None  # shared memory: resolved by another layer from the parameters
 
 
-def _json_to_wire(name: str, datatype: str, shape: list[int], data: Any, model_name: str) -> bytes:
+def _json_to_wire(
+    name: str, datatype: str, shape: list[int], data: Any, model_name: str, request_id: str
+) -> bytes:
     """JSON ``data`` (flat or nested, row-major) to the tensor's wire bytes."""
     if not isinstance(data, list):
         raise InvalidArgument(f"input '{name}': 'data' must be an array")
@@ -209,9 +224,10 @@ def _json_to_wire(name: str, datatype: str, shape: list[int], data: Any, model_n
     if datatype == "BYTES":
         items = data if all(type(x) is str for x in data) else _flatten_strings(name, data)
         if len(items) != count:
-            raise InvalidArgument(
+            raise InvalidArgument(_with_id(
+                request_id,
                 f"expected {count} string elements for inference input '{name}' for model "
-                f"'{model_name}', got {len(items)}")
+                f"'{model_name}', got {len(items)}"))
         return serialize_bytes(items)
     if datatype in ("FP16", "BF16"):
         raise InvalidArgument(
@@ -233,11 +249,9 @@ def _json_to_wire(name: str, datatype: str, shape: list[int], data: Any, model_n
         ok = kind == "b"
     elif datatype in _INT_TYPES:
         ok = kind in "iu"
-        if ok:
-            info = np.iinfo(target)
-            ok = info.min <= int(arr.min()) and int(arr.max()) <= info.max
-            if not ok:
-                raise InvalidArgument(f"input '{name}': 'data' has values out of range for {datatype}")
+        info = np.iinfo(target)
+        if ok and not (info.min <= int(arr.min()) and int(arr.max()) <= info.max):
+            raise InvalidArgument(f"input '{name}': 'data' has values out of range for {datatype}")
     else:  # FP32, FP64
         ok = kind in "iuf"
     if not ok:
@@ -269,6 +283,7 @@ def _parse_output(item: Any) -> RequestedOutput:
     if not isinstance(name, str):
         raise InvalidArgument("output 'name' must be a string")
     params = _parse_parameters(item.get("parameters"), f"output '{name}'")
+    _check_unknown_members(item, _OUTPUT_KEYS, 4)
     if "binary_data" in params and not isinstance(params["binary_data"], bool):
         raise InvalidArgument(f"output '{name}': parameter 'binary_data' must be a boolean")
     return RequestedOutput(name=name, parameters=params)
@@ -296,7 +311,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
             req = requested.get(out.name)
             binary = req.get("binary_data", False) if req is not None else default_binary
             if binary:
-                params["binary_data_size"] = len(memoryview(out.data).cast("B"))
+                params["binary_data_size"] = memoryview(out.data).nbytes
                 entry["parameters"] = params
                 blobs.append(out.data)
             else:

@@ -1,0 +1,25 @@
+# Two entry points, each doing all set-up on a fresh machine (a venv in .venv):
+#   make serve   run the server on examples/model_repository
+#   make test    run the whole test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= python3
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -U pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+serve: $(VENV)/.installed
+	$(VENV)/bin/triton-shm --model-repository examples/model_repository
+
+test: $(VENV)/.installed
+	$(PY) -m pytest tests
+
+bench: $(VENV)/.installed
+	$(PY) bench/run_all.py
+
+.PHONY: install serve test bench

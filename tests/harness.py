@@ -1,0 +1,81 @@
+"""Start the real server as a separate process and wait until it answers."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """``python -m triton_shm`` on 127.0.0.1 with its own ports and log file."""
+
+    def __init__(self, repository: Path | list[Path], log_path: Path, *, extra_args: list[str] = (),
+                 env: dict[str, str] | None = None):
+        self.repositories = repository if isinstance(repository, list) else [repository]
+        self.http_port, self.grpc_port = free_port(), free_port()
+        self.log_path = log_path
+        self.extra_args = list(extra_args)
+        self.env = {**os.environ, **(env or {})}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def start(self, timeout: float = 90.0, wait_ready: bool = True) -> "ServerProcess":
+        args = [sys.executable, "-m", "triton_shm", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+                "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
+                "--allow-metrics", "false", *self.extra_args]
+        for repo in self.repositories:
+            args += ["--model-repository", str(repo)]
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            if self._answers(wait_ready):
+                return self
+            time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"server did not become ready in {timeout}s:\n{self.log()}")
+
+    def _answers(self, ready: bool) -> bool:
+        path = "/v2/health/ready" if ready else "/v2/health/live"
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM and wait; returns the exit code."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode

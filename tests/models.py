@@ -1,0 +1,83 @@
+"""Models the tests build: ONNX graphs made with the onnx helper, Python models written
+to temporary repositories. Nothing is downloaded."""
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+ONNX_TYPES = {
+    "BOOL": TensorProto.BOOL, "UINT8": TensorProto.UINT8, "UINT16": TensorProto.UINT16,
+    "UINT32": TensorProto.UINT32, "UINT64": TensorProto.UINT64, "INT8": TensorProto.INT8,
+    "INT16": TensorProto.INT16, "INT32": TensorProto.INT32, "INT64": TensorProto.INT64,
+    "FP16": TensorProto.FLOAT16, "FP32": TensorProto.FLOAT, "FP64": TensorProto.DOUBLE,
+    "BYTES": TensorProto.STRING, "BF16": TensorProto.BFLOAT16,
+}
+
+
+def save_onnx(graph, path: Path, opset: int = 13) -> None:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(path))
+
+
+def onnx_add_sub(path: Path, dims=("batch", 16), datatype: str = "FP32") -> None:
+    t = ONNX_TYPES[datatype]
+    io = lambda n: helper.make_tensor_value_info(n, t, list(dims))  # noqa: E731
+    save_onnx(helper.make_graph(
+        [helper.make_node("Add", ["INPUT0", "INPUT1"], ["OUTPUT0"]),
+         helper.make_node("Sub", ["INPUT0", "INPUT1"], ["OUTPUT1"])],
+        "add_sub", [io("INPUT0"), io("INPUT1")], [io("OUTPUT0"), io("OUTPUT1")]), path)
+
+
+def onnx_identity(path: Path, datatype: str, dims=("batch", "n")) -> None:
+    t = ONNX_TYPES[datatype]
+    save_onnx(helper.make_graph(
+        [helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], "identity",
+        [helper.make_tensor_value_info("INPUT0", t, list(dims))],
+        [helper.make_tensor_value_info("OUTPUT0", t, list(dims))]), path)
+
+
+def write_model(repo: Path, name: str, *, config: str | None = None, model_py: str | None = None,
+                version: int = 1) -> Path:
+    """A model folder with an optional config.pbtxt and model.py (dedented)."""
+    model_dir = repo / name
+    (model_dir / str(version)).mkdir(parents=True, exist_ok=True)
+    if config is not None:
+        (model_dir / "config.pbtxt").write_text(textwrap.dedent(config))
+    if model_py is not None:
+        (model_dir / str(version) / "model.py").write_text(textwrap.dedent(model_py))
+    return model_dir
+
+
+IDENTITY_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+        self.outputs = [o["name"] for o in json.loads(args["model_config"])["output"]]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            tensors = [pb_utils.Tensor(out, t.as_numpy())
+                       for out, t in zip(self.outputs, request.inputs())]
+            responses.append(pb_utils.InferenceResponse(tensors))
+        return responses
+"""
+
+
+def python_identity(repo: Path, name: str, datatype: str, dims: str = "[ -1 ]", max_batch_size: int = 0) -> None:
+    config_type = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
+    write_model(repo, name, config=f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: {max_batch_size}
+        input [ {{ name: "INPUT0" data_type: {config_type} dims: {dims} }} ]
+        output [ {{ name: "OUTPUT0" data_type: {config_type} dims: {dims} }} ]
+        """, model_py=IDENTITY_PY)

@@ -1,0 +1,89 @@
+"""The aiohttp application: routes, error mapping and limits."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Awaitable, Callable, Iterable
+
+import orjson
+from aiohttp import web
+
+from ...errors import TritonShmError
+from .handlers import HttpHandlers, build_routes
+
+if TYPE_CHECKING:
+    from ...core.service import InferenceService
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_INPUT_SIZE = 64 * 2**20  # Triton's --http-max-input-size default
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps({"error": message}),
+                        content_type="application/json", headers=headers)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    """Every failure becomes ``{"error": message}``, as Triton answers; no tracebacks."""
+    try:
+        return await handler(request)
+    except TritonShmError as e:
+        return _error(e.http_status, e.message)
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        # aiohttp's default text is "<status>: <reason>"; keep only custom texts (413's).
+        text = e.text or ""
+        message = e.reason if not text or text.startswith(f"{e.status}:") else text
+        allow = e.headers.get("Allow")
+        return _error(e.status, message, {"Allow": allow} if allow else None)
+    except asyncio.CancelledError:
+        raise  # client went away: nothing to answer
+    except Exception as e:
+        log.exception("unhandled error in %s %s", request.method, request.path)
+        return _error(500, f"internal server error ({type(e).__name__})")
+
+
+def create_app(
+    service: "InferenceService",
+    *,
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+    extra_routes: Iterable[web.RouteDef] = (),
+) -> web.Application:
+    """The Triton HTTP API over ``service``.
+
+    ``max_input_size`` bounds the request body on the wire and after decompression.
+    ``extra_routes`` are matched before the built-in ones (later features plug in here).
+    Run it with ``auto_decompress=False`` on the runner (as :func:`start_http` does) so
+    compressed bodies are inflated under that cap with a 400 error; otherwise aiohttp
+    inflates them itself and answers 413 past ``client_max_size``.
+    """
+    app = web.Application(client_max_size=max_input_size, middlewares=[error_middleware])
+    handlers = HttpHandlers(service, max_input_size)
+    app.router.add_routes([*extra_routes, *build_routes(handlers)])
+    return app
+
+
+async def start_http(
+    service: "InferenceService",
+    host: str,
+    port: int,
+    *,
+    max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+    shutdown_timeout: float = 30.0,
+) -> web.AppRunner:
+    """Serve on ``host:port``; the caller stops it with ``await runner.cleanup()``, which
+    lets in-flight requests finish for up to ``shutdown_timeout`` seconds."""
+    app = create_app(service, max_input_size=max_input_size)
+    runner = web.AppRunner(app, access_log=None, auto_decompress=False, shutdown_timeout=shutdown_timeout)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner

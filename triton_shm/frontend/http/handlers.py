@@ -1,0 +1,199 @@
+"""Route handlers: each translates one Triton HTTP endpoint into InferenceService calls.
+
+Handlers raise; the error middleware in :mod:`.app` turns every exception into the
+``{"error": ...}`` body. Add endpoints by extending :func:`build_routes`.
+"""
+from __future__ import annotations
+
+import inspect
+import zlib
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from aiohttp import web
+from aiohttp.web_response import ContentCoding
+
+from ...errors import InvalidArgument, Unsupported
+from .codec import decode_infer_request, encode_infer_response
+
+if TYPE_CHECKING:
+    from ...core.service import InferenceService
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_TYPE = "application/json"
+BINARY_TYPE = "application/octet-stream"
+
+# Path tails shared by the "/v2/models/{m}" and "/v2/models/{m}/versions/{v}" forms.
+# Versions are digits, as in Triton's route regex: anything else is a plain 404.
+_MODEL_PREFIXES = ("/v2/models/{model}", r"/v2/models/{model}/versions/{version:\d+}")
+
+
+class HttpHandlers:
+    def __init__(self, service: "InferenceService", max_input_size: int):
+        self.service = service
+        self.max_input_size = max_input_size
+
+    # -- health and metadata -------------------------------------------------------------
+    async def live(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if await _call(self.service.live) else 400)
+
+    async def ready(self, request: web.Request) -> web.Response:
+        return web.Response(status=200 if await _call(self.service.ready) else 400)
+
+    async def server_metadata(self, request: web.Request) -> web.Response:
+        return _json(request, await _call(self.service.server_metadata))
+
+    async def model_metadata(self, request: web.Request) -> web.Response:
+        model, version = _model(request)
+        return _json(request, await _call(self.service.model_metadata, model, version))
+
+    async def model_ready(self, request: web.Request) -> web.Response:
+        model, version = _model(request)
+        if await _call(self.service.model_ready, model, version):
+            return web.Response(status=200)
+        return _json(request, {"error": "Model version not ready"}, status=400)  # as Triton
+
+    async def model_config(self, request: web.Request) -> web.Response:
+        model, version = _model(request)
+        return _json(request, await _call(self.service.model_config_json, model, version))
+
+    async def repository_index(self, request: web.Request) -> web.Response:
+        body = await self._read_body(request)
+        ready_only = False
+        if body.strip():
+            try:
+                doc = orjson.loads(body)
+            except orjson.JSONDecodeError as e:
+                raise InvalidArgument(f"failed to parse the request JSON buffer: {e}") from None
+            if not isinstance(doc, dict):
+                raise InvalidArgument("the request JSON must be an object")
+            ready_only = doc.get("ready", False)
+            if not isinstance(ready_only, bool):
+                raise InvalidArgument("'ready' must be a boolean")
+        return _json(request, await _call(self.service.repository_index, ready_only))
+
+    # -- inference -----------------------------------------------------------------------
+    async def infer(self, request: web.Request) -> web.Response:
+        model, version = _model(request)
+        body = await self._read_body(request)
+        raw_length = request.headers.get(HEADER_LENGTH)
+        header_length: int | None = None
+        if raw_length is not None:
+            try:
+                header_length = int(raw_length)
+            except ValueError:
+                raise InvalidArgument(
+                    f"inference header size should be in range (0, {len(body)}), got: {raw_length}") from None
+        infer_request = decode_infer_request(model, version, body, header_length)
+        response = await self.service.infer(infer_request)
+        try:
+            payload, json_length = encode_infer_response(response, infer_request)
+        finally:
+            response.release()  # outputs may be views into shared memory
+        if json_length is None:
+            return _respond(request, payload, JSON_TYPE)
+        return _respond(request, payload, BINARY_TYPE, {HEADER_LENGTH: str(json_length)})
+
+    # -- not in this build yet -----------------------------------------------------------
+    async def unsupported(self, request: web.Request) -> web.Response:
+        raise Unsupported(f"{request.method} {request.path} is not available in this build")
+
+    # -- helpers -------------------------------------------------------------------------
+    async def _read_body(self, request: web.Request) -> bytes:
+        # read() enforces client_max_size (413) on what arrives on the wire.
+        body = await request.read()
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding in ("gzip", "x-gzip", "deflate") and _is_compressed(body):
+            body = _inflate(body, self.max_input_size)
+        elif encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+            raise Unsupported(f"unsupported Content-Encoding '{encoding}'")
+        return body
+
+
+def build_routes(h: HttpHandlers) -> list[web.RouteDef]:
+    """Triton's HTTP routes, in match order (fixed paths before ``{model}`` patterns)."""
+    routes = [
+        web.get("/v2/health/live", h.live),
+        web.get("/v2/health/ready", h.ready),
+        web.get("/v2", h.server_metadata),
+        web.get("/v2/models/stats", h.unsupported),
+        web.post("/v2/repository/index", h.repository_index),
+        web.post("/v2/repository/models/{model}/load", h.unsupported),
+        web.post("/v2/repository/models/{model}/unload", h.unsupported),
+    ]
+    for prefix in _MODEL_PREFIXES:
+        routes += [
+            web.get(prefix, h.model_metadata),
+            web.get(prefix + "/ready", h.model_ready),
+            web.get(prefix + "/config", h.model_config),
+            web.get(prefix + "/stats", h.unsupported),
+            web.post(prefix + "/infer", h.infer),
+        ]
+    return routes
+
+
+def _model(request: web.Request) -> tuple[str, str]:
+    info = request.match_info
+    return info["model"], info.get("version", "")
+
+
+async def _call(fn: Any, *args: Any) -> Any:
+    """Call a service method that may be sync or async (the core is free to choose)."""
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def _json(request: web.Request, obj: Any, status: int = 200) -> web.Response:
+    return _respond(request, orjson.dumps(obj), JSON_TYPE, status=status)
+
+
+def _respond(request: web.Request, body: bytes, content_type: str,
+             headers: dict[str, str] | None = None, status: int = 200) -> web.Response:
+    resp = web.Response(body=body, status=status, content_type=content_type, headers=headers)
+    coding = _accepted_coding(request.headers.get("Accept-Encoding"))
+    if coding is not None and len(body) > 0:
+        resp.enable_compression(coding)
+    return resp
+
+
+def _accepted_coding(header: str | None) -> ContentCoding | None:
+    """gzip or deflate if the client accepts it (q=0 means refused); else None."""
+    if not header:
+        return None
+    accepted = set()
+    for part in header.split(","):
+        token, _, params = part.strip().partition(";")
+        q = params.strip()
+        if q.startswith("q=") and q[2:].strip() in ("0", "0.0", "0.00", "0.000"):
+            continue
+        accepted.add(token.strip().lower())
+    if "gzip" in accepted:
+        return ContentCoding.gzip
+    if "deflate" in accepted:
+        return ContentCoding.deflate
+    return None
+
+
+def _is_compressed(body: bytes) -> bool:
+    """True for a gzip or zlib stream. aiohttp may already have inflated the body
+    (runners made with auto_decompress=True); a JSON header never starts like these."""
+    if len(body) < 2:
+        return False
+    b0, b1 = body[0], body[1]
+    return (b0 == 0x1F and b1 == 0x8B) or ((b0 & 0x0F) == 8 and (b0 << 8 | b1) % 31 == 0)
+
+
+def _inflate(body: bytes, limit: int) -> bytes:
+    """Decompress with a cap on the output size (decompression bombs)."""
+    d = zlib.decompressobj(wbits=47)  # 32 + 15: auto-detect gzip or zlib framing
+    try:
+        out = d.decompress(body, limit + 1)
+    except zlib.error as e:
+        raise InvalidArgument(f"failed to decompress the request body: {e}") from None
+    if len(out) > limit:
+        raise InvalidArgument(f"decompressed request body exceeds the limit of {limit} bytes")
+    if not d.eof:
+        raise InvalidArgument("failed to decompress the request body: truncated stream")
+    return out
