@@ -48,6 +48,7 @@ async def serve(options: ServerOptions) -> int:
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
     finally:
         service.accepting = False
+        pool.begin_shutdown()
         await _stop_frontends(runners, options.exit_timeout_secs)
         await pool.stop()
     return 0

@@ -60,7 +60,8 @@ class WorkerHandle:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "triton_shm.worker", "--fd", str(theirs.fileno()), "--name", self.name,
              "--log-verbose", str(self.log_verbose)],
-            pass_fds=[theirs.fileno()], env=env)
+            pass_fds=[theirs.fileno()], env=env,
+            start_new_session=True)  # terminal signals go to the front-end, which stops workers itself
         theirs.close()
         ours.setblocking(False)
         self.sock = ours
@@ -228,6 +229,10 @@ class WorkerPool:
 
     def all_alive(self) -> bool:
         return all(w.alive for w in self.workers.values())
+
+    def begin_shutdown(self) -> None:
+        """From now on a worker that exits is not restarted."""
+        self._closing = True
 
     async def stop(self) -> None:
         self._closing = True

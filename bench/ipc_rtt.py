@@ -1,0 +1,75 @@
+"""IPC round trip: front-end → worker → front-end with an empty control message.
+
+    python bench/ipc_rtt.py [--n 20000]
+
+Starts the real CPU worker process through WorkerPool and times `ping` calls on the
+front-end's event loop (uvloop), the path every inference request takes.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import time
+
+import uvloop
+
+from triton_shm.worker.pool import WorkerPool
+
+
+async def measure(n: int) -> dict[str, float]:
+    pool = WorkerPool(gpus=[])
+    await pool.start()
+    try:
+        for _ in range(200):  # warm-up, and wait for the worker to come up
+            await pool.ping()
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter_ns()
+            await pool.ping()
+            samples.append((time.perf_counter_ns() - t0) / 1000)
+    finally:
+        await pool.stop()
+    samples.sort()
+    return {"n": n, "median_us": statistics.median(samples), "p90_us": samples[int(0.9 * n)],
+            "p99_us": samples[int(0.99 * n)]}
+
+
+def kernel_floor(n: int) -> float:
+    """Median blocking ping-pong over a bare SEQPACKET pair: what the machine allows."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    pid = os.fork()
+    if pid == 0:
+        a.close()
+        while data := b.recv(256):
+            b.send(data)
+        os._exit(0)
+    b.close()
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter_ns()
+        a.send(b'{"op":"ping","id":1}')
+        a.recv(256)
+        samples.append((time.perf_counter_ns() - t0) / 1000)
+    a.close()
+    os.waitpid(pid, 0)
+    return statistics.median(samples)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=20000)
+    args = parser.parse_args()
+    uvloop.install()
+    r = asyncio.run(measure(args.n))
+    floor = kernel_floor(args.n)
+    print("| what | median | p90 | p99 |\n|---|---|---|---|")
+    print(f"| bare SEQPACKET ping-pong, blocking, no Python work (machine floor) | {floor:.1f} µs | | |")
+    print(f"| triton-shm control channel round trip, front-end (uvloop) → worker → front-end, n={r['n']} "
+          f"| {r['median_us']:.1f} µs | {r['p90_us']:.1f} µs | {r['p99_us']:.1f} µs |")
+
+
+if __name__ == "__main__":
+    main()
