@@ -15,6 +15,12 @@ ParamValue = Union[bool, int, float, str]
 Buffer = Union[bytes, bytearray, memoryview]
 
 
+# Request parameters that mean something to the server (Triton's reserved keys, plus
+# every key starting "triton_"); models see only the others.
+RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+                                 "headers", "binary_data_output"})
+
+
 @dataclass(slots=True)
 class InputTensor:
     name: str
@@ -38,6 +44,11 @@ class InferRequest:
     parameters: dict[str, ParamValue] = field(default_factory=dict)
     inputs: list[InputTensor] = field(default_factory=list)
     outputs: list[RequestedOutput] = field(default_factory=list)  # empty = all outputs
+
+    def model_parameters(self) -> dict[str, ParamValue]:
+        """The parameters a model may see (``request.parameters()`` in Python models)."""
+        return {k: v for k, v in self.parameters.items()
+                if k not in RESERVED_PARAMETERS and not k.startswith("triton_")}
 
 
 @dataclass(slots=True)

@@ -74,13 +74,13 @@ def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
                 raise InvalidArgument(f"{rid}input '{inp.name}' for model '{name}' needs a batch "
                                       "dimension (the model's max_batch_size is non-zero)")
             b = shape[0]
+            if batch_size and b != batch_size:
+                raise InvalidArgument(f"{rid}input '{inp.name}' batch size {b} does not match the batch "
+                                      f"size {batch_size} of the other inputs for model '{name}'")
             if b < 1:
                 raise InvalidArgument(f"{rid}inference request batch-size must be >= 1 for '{name}'")
             if b > max_batch:
                 raise InvalidArgument(f"{rid}inference request batch-size must be <= {max_batch} for '{name}'")
-            if batch_size and b != batch_size:
-                raise InvalidArgument(f"{rid}input '{inp.name}' batch size {b} does not match the batch "
-                                      f"size {batch_size} of the other inputs for model '{name}'")
             batch_size = b
             if not _shape_matches(shape[1:], spec.dims):
                 raise InvalidArgument(
@@ -122,6 +122,9 @@ def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
             raise InvalidArgument(f"{rid}unexpected inference output '{out.name}' for model '{name}'")
         if out.name in outputs:
             raise InvalidArgument(f"{rid}output '{out.name}' is requested more than once")
+        if "classification" in out.parameters:
+            raise Unsupported(f"{rid}output '{out.name}' asks for classification, which this server "
+                              "does not provide yet")
         if any(k in out.parameters for k in _SHM_KEYS):
             raise Unsupported(f"{rid}output '{out.name}' names a shared-memory region, but client shared "
                               "memory is not available in this server build")

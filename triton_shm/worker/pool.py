@@ -329,7 +329,7 @@ class WorkerPool:
                 inputs.append([inp.name, inp.datatype, inp.shape, block.descriptor()])
             reply = await worker.call({"op": "infer", "model": mv.key, "instance": instance,
                                        "request_id": request.id, "inputs": inputs, "outputs": plan.outputs,
-                                       "parameters": request.parameters})
+                                       "parameters": request.model_parameters()})
         finally:
             if worker.arena is arena:
                 for b in blocks:

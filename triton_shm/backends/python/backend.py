@@ -16,7 +16,6 @@ import importlib.util
 import inspect
 import json
 import logging
-import os
 import re
 import sys
 import threading
@@ -28,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import (
-    AlreadyExists, Cancelled, ErrorCode, Internal, InvalidArgument, NotFound, TritonShmError,
+    AlreadyExists, Cancelled, Internal, InvalidArgument, NotFound, TritonShmError,
     Unavailable, Unsupported)
 from ..base import Backend, InstanceSpec, ModelContext, ModelInstance, WorkerRequest, WorkerResponse
 from . import install_module_alias
@@ -175,6 +174,11 @@ class PythonBackend(Backend):
         return self._model_class
 
     def create_instance(self, spec: InstanceSpec) -> ModelInstance:
+        if pb_utils.using_decoupled_model_transaction_policy(self.context.config):
+            raise Unsupported(
+                f"Python model '{self.context.name}' is decoupled (model_transaction_policy "
+                "{ decoupled: true }); triton-shm's python backend does not support decoupled "
+                "models yet")
         return PythonModelInstance(self.context, spec, self._class())
 
 
@@ -276,9 +280,11 @@ class PythonModelInstance(ModelInstance):
                 n, label + f"execute() must return a list of {n} InferenceResponse "
                 f"objects (one per request), got {got}")
         if len(result) != n:
+            # Triton's wording, so clients matching on it keep working.
             return self._fail_all(
-                n, label + f"execute() returned the wrong number of responses: expected "
-                f"{n} responses (one per request), got {len(result)}")
+                n, label + "Number of InferenceResponse objects do not match the number of "
+                f"InferenceRequest objects. InferenceRequest(s) size is:{n}, and "
+                f"InferenceResponse(s) size is:{len(result)}")
         return [self._response(req, resp) for req, resp in zip(requests, result)]
 
     def _response(self, req: WorkerRequest, resp: Any) -> WorkerResponse:
@@ -339,4 +345,4 @@ def _output_array(t: pb_utils.Tensor) -> np.ndarray:
 
 
 __all__ = ["PythonBackend", "PythonModelInstance", "install_module_alias",
-           "load_model_module", "load_model_class", "ErrorCode", "os"]
+           "load_model_module", "load_model_class"]

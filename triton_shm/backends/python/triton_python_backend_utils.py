@@ -309,6 +309,11 @@ class Tensor:
 
 # --------------------------------------------------------------------------- requests
 
+def _compact_json(value) -> str:
+    # Triton serializes request parameters without spaces: {"p1":"x","p2":3}
+    return json.dumps(value, separators=(",", ":"))
+
+
 class InferenceRequest:
     """A request handed to ``TritonPythonModel.execute``.
 
@@ -333,7 +338,7 @@ class InferenceRequest:
         self._timeout = timeout
         if parameters is None:
             parameters = {}
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+        self._parameters = parameters if isinstance(parameters, str) else _compact_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     def inputs(self) -> list[Tensor]:
@@ -355,8 +360,10 @@ class InferenceRequest:
         """The request's parameters as a JSON string, as in Triton."""
         return self._parameters
 
-    def requested_output_names(self) -> list[str]:
-        return self._requested_output_names
+    def requested_output_names(self) -> set[str]:
+        """The outputs to compute: a ``set``, as in Triton. Every output of the model
+        when the client named none."""
+        return set(self._requested_output_names)
 
     def model_name(self) -> str:  # not part of Triton's execute-side API; harmless
         return self._model_name
@@ -404,7 +411,7 @@ class InferenceResponse:
         self._error = error
         if parameters is None:
             parameters = {}
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters)
+        self._parameters = parameters if isinstance(parameters, str) else _compact_json(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors

@@ -114,6 +114,13 @@ def decode_infer_request(
     return request
 
 
+def _exact_uint64(name: str, data: Any) -> np.ndarray:
+    flat = np.asarray(data, dtype=np.object_).reshape(-1)
+    if not all(type(x) is int and 0 <= x < 2**64 for x in flat):
+        raise InvalidArgument(f"input '{name}': 'data' elements do not match datatype UINT64")
+    return np.array(flat.tolist(), dtype=np.uint64)
+
+
 def _parse_json(buf: Buffer) -> Any:
     try:
         return orjson.loads(buf)
@@ -248,6 +255,10 @@ def _json_to_wire(
     if datatype == "BOOL":
         ok = kind == "b"
     elif datatype in _INT_TYPES:
+        if kind in "fO" and datatype == "UINT64":
+            # numpy turns ints above INT64_MAX into float64 (or objects); rebuild exactly.
+            arr = _exact_uint64(name, data)
+            kind = arr.dtype.kind
         ok = kind in "iu"
         info = np.iinfo(target)
         if ok and not (info.min <= int(arr.min()) and int(arr.max()) <= info.max):

@@ -5,7 +5,6 @@ Handlers raise; the error middleware in :mod:`.app` turns every exception into t
 """
 from __future__ import annotations
 
-import inspect
 import zlib
 from typing import TYPE_CHECKING, Any
 
@@ -35,27 +34,27 @@ class HttpHandlers:
 
     # -- health and metadata -------------------------------------------------------------
     async def live(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if await _call(self.service.live) else 400)
+        return web.Response(status=200 if self.service.live() else 400)
 
     async def ready(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if await _call(self.service.ready) else 400)
+        return web.Response(status=200 if self.service.ready() else 400)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
-        return _json(request, await _call(self.service.server_metadata))
+        return _json(request, self.service.server_metadata())
 
     async def model_metadata(self, request: web.Request) -> web.Response:
         model, version = _model(request)
-        return _json(request, await _call(self.service.model_metadata, model, version))
+        return _json(request, self.service.model_metadata(model, version))
 
     async def model_ready(self, request: web.Request) -> web.Response:
         model, version = _model(request)
-        if await _call(self.service.model_ready, model, version):
+        if self.service.model_ready(model, version):
             return web.Response(status=200)
         return _json(request, {"error": "Model version not ready"}, status=400)  # as Triton
 
     async def model_config(self, request: web.Request) -> web.Response:
         model, version = _model(request)
-        return _json(request, await _call(self.service.model_config_json, model, version))
+        return _json(request, self.service.model_config_json(model, version))
 
     async def repository_index(self, request: web.Request) -> web.Response:
         body = await self._read_body(request)
@@ -70,7 +69,7 @@ class HttpHandlers:
             ready_only = doc.get("ready", False)
             if not isinstance(ready_only, bool):
                 raise InvalidArgument("'ready' must be a boolean")
-        return _json(request, await _call(self.service.repository_index, ready_only))
+        return _json(request, self.service.repository_index(ready_only))
 
     # -- inference -----------------------------------------------------------------------
     async def infer(self, request: web.Request) -> web.Response:
@@ -91,8 +90,8 @@ class HttpHandlers:
         finally:
             response.release()  # outputs may be views into shared memory
         if json_length is None:
-            return _respond(request, payload, JSON_TYPE)
-        return _respond(request, payload, BINARY_TYPE, {HEADER_LENGTH: str(json_length)})
+            return _respond(request, payload, JSON_TYPE, compress=True)
+        return _respond(request, payload, BINARY_TYPE, {HEADER_LENGTH: str(json_length)}, compress=True)
 
     # -- not in this build yet -----------------------------------------------------------
     async def unsupported(self, request: web.Request) -> web.Response:
@@ -103,9 +102,9 @@ class HttpHandlers:
         # read() enforces client_max_size (413) on what arrives on the wire.
         body = await request.read()
         encoding = request.headers.get("Content-Encoding", "").strip().lower()
-        if encoding in ("gzip", "x-gzip", "deflate") and _is_compressed(body):
-            body = _inflate(body, self.max_input_size)
-        elif encoding not in ("", "identity", "gzip", "x-gzip", "deflate"):
+        if encoding in ("gzip", "x-gzip", "deflate"):
+            body = _inflate(body, self.max_input_size)  # the runner does not inflate (auto_decompress=False)
+        elif encoding not in ("", "identity"):
             raise Unsupported(f"unsupported Content-Encoding '{encoding}'")
         return body
 
@@ -137,22 +136,16 @@ def _model(request: web.Request) -> tuple[str, str]:
     return info["model"], info.get("version", "")
 
 
-async def _call(fn: Any, *args: Any) -> Any:
-    """Call a service method that may be sync or async (the core is free to choose)."""
-    result = fn(*args)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
-
-
 def _json(request: web.Request, obj: Any, status: int = 200) -> web.Response:
     return _respond(request, orjson.dumps(obj), JSON_TYPE, status=status)
 
 
 def _respond(request: web.Request, body: bytes, content_type: str,
-             headers: dict[str, str] | None = None, status: int = 200) -> web.Response:
+             headers: dict[str, str] | None = None, status: int = 200, compress: bool = False) -> web.Response:
+    """``compress``: honour Accept-Encoding. Only inference responses are compressed, as in
+    Triton; tritonclient.http.aio inflates those and nothing else."""
     resp = web.Response(body=body, status=status, content_type=content_type, headers=headers)
-    coding = _accepted_coding(request.headers.get("Accept-Encoding"))
+    coding = _accepted_coding(request.headers.get("Accept-Encoding")) if compress else None
     if coding is not None and len(body) > 0:
         resp.enable_compression(coding)
     return resp
@@ -174,15 +167,6 @@ def _accepted_coding(header: str | None) -> ContentCoding | None:
     if "deflate" in accepted:
         return ContentCoding.deflate
     return None
-
-
-def _is_compressed(body: bytes) -> bool:
-    """True for a gzip or zlib stream. aiohttp may already have inflated the body
-    (runners made with auto_decompress=True); a JSON header never starts like these."""
-    if len(body) < 2:
-        return False
-    b0, b1 = body[0], body[1]
-    return (b0 == 0x1F and b1 == 0x8B) or ((b0 & 0x0F) == 8 and (b0 << 8 | b1) % 31 == 0)
 
 
 def _inflate(body: bytes, limit: int) -> bytes:
