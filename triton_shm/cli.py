@@ -39,6 +39,7 @@ class ServerOptions:
     exit_timeout_secs: int = 30
     log_verbose: int = 0
     gpus: str | None = None
+    allow_client_shm: bool = False
     model_control_mode: str = "none"
 
 
@@ -66,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-verbose", type=int, default=0, metavar="LEVEL", help="verbose logging level (default 0)")
     add("--model-control-mode", default="none", choices=["none"],
         help="model control mode (only 'none' in this build: every model loads at start)")
+    add("--allow-client-shm", type=parse_bool, default=False, metavar="BOOL",
+        help="let clients register system/CUDA shared-memory regions (default false)")
     add("--gpus", default=None, metavar="IDS",
         help="comma-separated GPU ids to serve, one worker each (default: all visible GPUs; 'none' for none)")
     return p

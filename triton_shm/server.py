@@ -9,6 +9,7 @@ import sys
 from .cli import ServerOptions
 from .core.repository import ModelRepository
 from .core.service import InferenceService
+from .core.shm_registry import SharedMemoryRegistry
 from .errors import TritonShmError
 from .worker.devices import parse_gpus
 from .worker.pool import WorkerPool
@@ -20,7 +21,7 @@ async def serve(options: ServerOptions) -> int:
     gpus = parse_gpus(options.gpus)
     pool = WorkerPool(gpus, options.log_verbose)
     repository = ModelRepository(options.model_repositories, gpu_count=len(gpus))
-    service = InferenceService(repository, pool)
+    service = InferenceService(repository, pool, SharedMemoryRegistry(options.allow_client_shm, gpus))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -49,8 +50,10 @@ async def serve(options: ServerOptions) -> int:
     finally:
         service.accepting = False
         pool.begin_shutdown()
+        deadline = loop.time() + options.exit_timeout_secs
         await _stop_frontends(runners, options.exit_timeout_secs)
-        await pool.stop()
+        await pool.stop(timeout=max(deadline - loop.time(), 1.0))  # then workers are killed
+        service.shm.close()
     return 0
 
 

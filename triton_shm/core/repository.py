@@ -203,7 +203,8 @@ class ModelRepository:
         return [str(v.version) for v in entry.ready_versions()] if entry else []
 
     def all_ready(self) -> bool:
-        return all(e.state == READY for e in self.models.values())
+        """Every model has versions and every chosen version is READY (strict readiness)."""
+        return all(e.versions and all(v.ready for v in e.versions.values()) for e in self.models.values())
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows: list[dict[str, str]] = []

@@ -11,6 +11,7 @@ from .. import __version__
 from ..errors import NotFound, Unavailable
 from .model_config import config_to_json, validate_model_name
 from .repository import ModelRepository
+from .shm_registry import SharedMemoryRegistry
 from .types import InferRequest, InferResponse
 from .validation import validate_request
 
@@ -24,9 +25,11 @@ EXTENSIONS = ["model_repository", "model_configuration", "binary_tensor_data", "
 
 
 class InferenceService:
-    def __init__(self, repository: ModelRepository, workers: "WorkerPool"):
+    def __init__(self, repository: ModelRepository, workers: "WorkerPool", shm: SharedMemoryRegistry):
         self.repository = repository
         self.workers = workers
+        self.shm = shm
+        shm.on_close = workers.drop_region
         self.accepting = True  # False once shutdown begins
 
     # -- health and metadata -------------------------------------------------------------
@@ -37,7 +40,26 @@ class InferenceService:
         return self.accepting and self.workers.all_alive() and self.repository.all_ready()
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": list(EXTENSIONS)}
+        extensions = list(EXTENSIONS)
+        if self.shm.enabled:
+            extensions.append("system_shared_memory")
+            if self.shm.gpus:
+                extensions.append("cuda_shared_memory")
+        return {"name": SERVER_NAME, "version": __version__, "extensions": extensions}
+
+    # -- shared memory -------------------------------------------------------------------
+    def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self.shm.register_system(name, key, offset, byte_size)
+
+    def register_cuda_shm(self, name: str, raw_handle: bytes | str, device_id: int, byte_size: int) -> None:
+        self.shm.register_cuda(name, raw_handle, device_id, byte_size)
+
+    def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
+        """kind "system" → ``[{"name","key","offset","byte_size"}]``; "cuda" → ``[{"name","device_id","byte_size"}]``."""
+        return self.shm.status(kind, name)
+
+    def unregister_shm(self, kind: str, name: str = "") -> None:
+        self.shm.unregister(kind, name)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -68,4 +90,11 @@ class InferenceService:
         validate_model_name(request.model_name)
         model = self.repository.get(request.model_name, request.model_version, require_ready=True)
         plan = validate_request(model, request)
-        return await self.workers.execute(model, request, plan)
+        if not (plan.shm_inputs or plan.shm_outputs):
+            return await self.workers.execute(model, request, plan, {})
+        regions = self.shm.acquire_all(plan)
+        try:
+            return await self.workers.execute(model, request, plan, regions)
+        finally:  # the worker has finished with the regions once it replied
+            for region in regions.values():
+                self.shm.release(region)

@@ -58,6 +58,7 @@ class OutputTensor:
     shape: list[int]
     data: Buffer  # wire-encoded bytes; may be a view into shared memory, see release()
     parameters: dict[str, ParamValue] = field(default_factory=dict)
+    in_shared_memory: bool = False  # written into the client's region; ``data`` is empty
 
 
 @dataclass(slots=True)

@@ -4,7 +4,7 @@ Messages follow Triton's wording where clients are known to match on them.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import InvalidArgument, Unsupported
 from . import codec
@@ -17,10 +17,38 @@ _SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_o
 
 
 @dataclass(slots=True)
+class ShmRef:
+    """A tensor's place in a client shared-memory region (offset relative to the region)."""
+    region: str
+    offset: int
+    byte_size: int
+
+
+@dataclass(slots=True)
 class RequestPlan:
-    """What validation learned: the outputs to produce and the batch size."""
+    """What validation learned: the outputs to produce, the batch size, and which
+    tensors live in client shared memory."""
     outputs: list[str]
     batch_size: int
+    shm_inputs: dict[str, ShmRef] = field(default_factory=dict)
+    shm_outputs: dict[str, ShmRef] = field(default_factory=dict)
+
+
+def _shm_ref(params: dict, what: str, rid: str) -> ShmRef | None:
+    if not any(k in params for k in _SHM_KEYS):
+        return None
+    region = params.get("shared_memory_region")
+    size = params.get("shared_memory_byte_size")
+    offset = params.get("shared_memory_offset", 0)
+    if region is None or size is None:
+        raise InvalidArgument(f"{rid}{what}: 'shared_memory_region' and 'shared_memory_byte_size' must be "
+                              "given together")
+    if not isinstance(region, str):
+        raise InvalidArgument(f"{rid}{what}: 'shared_memory_region' must be a string")
+    for label, v in (("shared_memory_byte_size", size), ("shared_memory_offset", offset)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InvalidArgument(f"{rid}{what}: '{label}' must be a non-negative integer")
+    return ShmRef(region, offset, size)
 
 
 def _rid(request: InferRequest) -> str:
@@ -61,6 +89,8 @@ def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
 
     batch_size = 0
     max_batch = model.max_batch_size
+    shm_inputs: dict[str, ShmRef] = {}
+    shm_outputs: dict[str, ShmRef] = {}
     for inp in request.inputs:
         spec = model.inputs[inp.name]
         if inp.datatype != spec.datatype:
@@ -94,20 +124,24 @@ def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
                 f"{rid}unexpected shape for input '{inp.name}' for model '{name}'. Expected "
                 f"[{','.join(map(str, spec.dims))}], got [{','.join(map(str, shape))}]")
 
-        if any(k in inp.parameters for k in _SHM_KEYS):
-            raise Unsupported(f"{rid}input '{inp.name}' names a shared-memory region, but client shared "
-                              "memory is not available in this server build")
-        if inp.data is None:
+        ref = _shm_ref(inp.parameters, f"input '{inp.name}'", rid)
+        if ref is not None:
+            if inp.data is not None:
+                raise InvalidArgument(f"{rid}input '{inp.name}' has both data and a shared-memory region")
+            shm_inputs[inp.name] = ref
+            nbytes = ref.byte_size
+        elif inp.data is None:
             raise InvalidArgument(f"{rid}input '{inp.name}' for model '{name}' has no data")
+        else:
+            nbytes = len(inp.data) if not isinstance(inp.data, memoryview) else inp.data.nbytes
         count = _element_count(shape)
-        nbytes = len(inp.data) if not isinstance(inp.data, memoryview) else inp.data.nbytes
         size = element_size(inp.datatype)
         if size:
             expected = count * size
             if expected != nbytes:
                 raise InvalidArgument(f"{rid}input byte size mismatch for input '{inp.name}' for model "
                                       f"'{name}'. Expected {expected}, got {nbytes}")
-        else:
+        elif ref is None:  # BYTES in shared memory are walked by the worker that maps them
             if count * 4 > nbytes:  # every element needs at least its 4-byte length prefix
                 raise InvalidArgument(f"{rid}expected {count} string elements for inference input "
                                       f"'{inp.name}' for model '{name}', but the data holds fewer")
@@ -125,10 +159,10 @@ def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
         if "classification" in out.parameters:
             raise Unsupported(f"{rid}output '{out.name}' asks for classification, which this server "
                               "does not provide yet")
-        if any(k in out.parameters for k in _SHM_KEYS):
-            raise Unsupported(f"{rid}output '{out.name}' names a shared-memory region, but client shared "
-                              "memory is not available in this server build")
+        ref = _shm_ref(out.parameters, f"output '{out.name}'", rid)
+        if ref is not None:
+            shm_outputs[out.name] = ref
         outputs.append(out.name)
     if not outputs:
         outputs = list(model.outputs)
-    return RequestPlan(outputs=outputs, batch_size=batch_size)
+    return RequestPlan(outputs=outputs, batch_size=batch_size, shm_inputs=shm_inputs, shm_outputs=shm_outputs)

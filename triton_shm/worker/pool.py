@@ -20,12 +20,13 @@ from ..core import codec
 from ..core.datatypes import element_size
 from ..core.model_config import mc
 from ..core.types import InferRequest, InferResponse, OutputTensor
-from ..errors import Internal, TritonShmError, Unavailable
+from ..errors import Internal, TritonShmError, Unavailable, Unsupported
 from ..ipc import channel
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
 
 if TYPE_CHECKING:
     from ..core.repository import ModelVersion
+    from ..core.shm_registry import Region
     from ..core.validation import RequestPlan
 
 log = logging.getLogger("triton_shm.workers")
@@ -46,6 +47,7 @@ class WorkerHandle:
         self._releases: list[list[int]] = []
         self._flush_scheduled = False
         self.alive = False
+        self.regions: set[int] = set()
         self.generation = 0
         self.on_death = None  # callback(handle) set by the pool
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -67,6 +69,7 @@ class WorkerHandle:
         self.sock = ours
         self.outputs = SegmentMap()
         self.arena = Arena(INPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
+        self.regions: set[int] = set()  # client regions whose fd this worker holds
         self.generation += 1
         self.alive = True
         self._loop.add_reader(ours.fileno(), self._on_readable)
@@ -77,6 +80,21 @@ class WorkerHandle:
 
     def _drop_segment(self, seg_id: int) -> None:
         self._send({"op": "drop", "seg": seg_id})
+
+    def share_region(self, region: "Region") -> None:
+        """Pass a client region's fd to the worker the first time a request uses it."""
+        if region.id not in self.regions:
+            self._send({"op": "region", "rid": region.id, "offset": region.offset, "size": region.byte_size},
+                       [region.fd])
+            self.regions.add(region.id)
+
+    def drop_region(self, region: "Region") -> None:
+        if region.id in self.regions:
+            self.regions.discard(region.id)
+            try:
+                self._send({"op": "region_drop", "rid": region.id})
+            except Unavailable:
+                pass
 
     async def stop(self, timeout: float = 10.0) -> None:
         if self.proc is None:
@@ -234,9 +252,10 @@ class WorkerPool:
         """From now on a worker that exits is not restarted."""
         self._closing = True
 
-    async def stop(self) -> None:
+    async def stop(self, timeout: float = 10.0) -> None:
+        """Close every channel; a worker still running after ``timeout`` s is killed."""
         self._closing = True
-        await asyncio.gather(*(w.stop() for w in self.workers.values()))
+        await asyncio.gather(*(w.stop(timeout) for w in self.workers.values()))
 
     # -- supervision ---------------------------------------------------------------------
     def _on_death(self, worker: WorkerHandle) -> None:
@@ -308,11 +327,19 @@ class WorkerPool:
             if self.workers[w].alive:
                 await self.workers[w].call({"op": "unload", "key": mv.key})
 
+    def drop_region(self, region: "Region") -> None:
+        """A client region is gone for good: workers unmap it."""
+        for worker in self.workers.values():
+            worker.drop_region(region)
+
     async def ping(self, worker: str = "cpu") -> None:
         await self.workers[worker].call({"op": "ping"})
 
     # -- inference -----------------------------------------------------------------------
-    async def execute(self, mv: "ModelVersion", request: InferRequest, plan: "RequestPlan") -> InferResponse:
+    async def execute(self, mv: "ModelVersion", request: InferRequest, plan: "RequestPlan",
+                      regions: dict[str, "Region"]) -> InferResponse:
+        """Run a validated request; ``regions`` are the client regions its plan names
+        (held by the caller until this returns)."""
         worker_name, instance = mv.next_instance()
         worker = self.workers[worker_name]
         if not worker.alive or worker.arena is None:
@@ -321,7 +348,16 @@ class WorkerPool:
         blocks: list[Block] = []
         try:
             inputs = []
+            shm_outputs = {}
+            for name, ref in plan.shm_outputs.items():
+                region = self._client_region(worker, regions[ref.region])
+                shm_outputs[name] = [region.id, ref.offset, ref.byte_size]
             for inp in request.inputs:
+                ref = plan.shm_inputs.get(inp.name)
+                if ref is not None:  # read in place by the worker: no copy here
+                    region = self._client_region(worker, regions[ref.region])
+                    inputs.append([inp.name, inp.datatype, inp.shape, ["r", region.id, ref.offset, ref.byte_size]])
+                    continue
                 data = inp.data
                 block = arena.alloc(len(data) if not isinstance(data, memoryview) else data.nbytes)
                 blocks.append(block)
@@ -329,23 +365,36 @@ class WorkerPool:
                 inputs.append([inp.name, inp.datatype, inp.shape, block.descriptor()])
             reply = await worker.call({"op": "infer", "model": mv.key, "instance": instance,
                                        "request_id": request.id, "inputs": inputs, "outputs": plan.outputs,
-                                       "parameters": request.model_parameters()})
+                                       "shm_outputs": shm_outputs, "parameters": request.model_parameters()})
         finally:
             if worker.arena is arena:
                 for b in blocks:
                     arena.free(b.segment.id, b.offset, b.size)
-        return self._response(worker, mv, request, reply)
+        return self._response(worker, mv, request, plan, reply)
 
-    def _response(self, worker: WorkerHandle, mv: "ModelVersion", request: InferRequest,
+    @staticmethod
+    def _client_region(worker: WorkerHandle, region: "Region") -> "Region":
+        if region.kind != "system":
+            raise Unsupported("tensors in CUDA shared memory are not supported by this server yet")
+        worker.share_region(region)
+        return region
+
+    def _response(self, worker: WorkerHandle, mv: "ModelVersion", request: InferRequest, plan: "RequestPlan",
                   reply: dict[str, Any]) -> InferResponse:
         descriptors: list[list[int]] = []
         outputs: list[OutputTensor] = []
         try:
             for name, datatype, shape, desc in reply["outputs"]:
-                descriptors.append(desc)
                 spec = mv.outputs.get(name)
                 if spec is None or spec.datatype != datatype:
                     raise Internal(f"worker returned an unexpected output '{name}' for model '{mv.name}'")
+                ref = plan.shm_outputs.get(name)
+                if ref is not None:
+                    if not (desc[0] == "r" and 0 <= desc[3] <= ref.byte_size):
+                        raise Internal(f"worker misplaced output '{name}' bound for shared memory")
+                    outputs.append(OutputTensor(name, datatype, list(shape), b"", in_shared_memory=True))
+                    continue
+                descriptors.append(desc)
                 view = worker.outputs.view(desc)
                 _check_output_size(name, datatype, shape, view)
                 outputs.append(OutputTensor(name, datatype, list(shape), view))

@@ -25,7 +25,8 @@ from ..backends.base import Backend, InstanceSpec, ModelContext, ModelInstance, 
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc import channel
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
-from .tensors import decode_input, encode_output
+from .regions import RegionMap
+from .tensors import decode_input, encode_output, encode_output_into
 
 log = logging.getLogger("triton_shm.worker")
 
@@ -51,7 +52,10 @@ class InstanceRunner:
 
     def _run(self) -> None:
         while (msg := self.queue.get()) is not None:
-            self.worker.reply(msg["id"], self._execute(msg))
+            try:
+                self.worker.reply(msg["id"], self._execute(msg))
+            except OSError:  # the front-end has gone; the control loop is ending too
+                return
 
     def _execute(self, msg: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -72,7 +76,7 @@ class InstanceRunner:
     def _decode(self, msg: dict[str, Any]) -> WorkerRequest:
         inputs, datatypes = {}, {}
         for name, datatype, shape, desc in msg["inputs"]:
-            inputs[name] = decode_input(datatype, shape, self.worker.inputs.view(desc))
+            inputs[name] = decode_input(datatype, shape, self.worker.view(desc))
             datatypes[name] = datatype
         return WorkerRequest(id=msg.get("request_id", ""), inputs=inputs, datatypes=datatypes,
                              requested_outputs=list(msg["outputs"]), parameters=msg.get("parameters") or {})
@@ -83,10 +87,17 @@ class InstanceRunner:
         missing = [n for n in wanted if n not in response.outputs]
         if missing:
             raise Internal(f"model '{self.model.context.name}' did not produce output(s) {missing}")
+        in_shm = msg.get("shm_outputs") or {}
         encoded: list[list[Any]] = []
         blocks: list[Block] = []
         try:
             for name in wanted:
+                if name in in_shm:  # straight into the client's region
+                    rid, offset, size = in_shm[name]
+                    shape, written = encode_output_into(self.worker.regions.view(rid, offset, size), name,
+                                                        specs[name], response.outputs[name])
+                    encoded.append([name, specs[name], shape, ["r", rid, offset, written]])
+                    continue
                 shape, block = encode_output(self.worker.arena, name, specs[name], response.outputs[name])
                 blocks.append(block)
                 encoded.append([name, specs[name], shape, block.descriptor()])
@@ -119,6 +130,7 @@ class Worker:
         self.sock, self.name = sock, name
         self._send_lock = threading.Lock()
         self.inputs = SegmentMap()
+        self.regions = RegionMap()
         self.arena = Arena(OUTPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
         self.models: dict[str, LoadedModel] = {}
         self.loader = ThreadPoolExecutor(max_workers=4, thread_name_prefix="loader")
@@ -131,6 +143,14 @@ class Worker:
     def reply(self, msg_id: int, body: dict[str, Any]) -> None:
         body["id"] = msg_id
         self.send(body)
+
+    def view(self, desc: list) -> memoryview:
+        """An input's bytes: ``[segment, offset, size]`` in the front-end's arena, or
+        ``["r", region, offset, size]`` in a client region."""
+        if desc and desc[0] == "r":
+            _, rid, offset, size = desc
+            return self.regions.view(int(rid), int(offset), int(size))
+        return self.inputs.view(desc)
 
     def _share_segment(self, seg: Segment) -> None:
         self.send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])
@@ -177,6 +197,12 @@ class Worker:
             self.inputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
         elif op == "drop":
             self.inputs.drop(int(msg["seg"]))
+        elif op == "region":
+            if len(fds) != 1:
+                raise Internal("region message without exactly one fd")
+            self.regions.add(int(msg["rid"]), int(msg["offset"]), int(msg["size"]), fds[0])
+        elif op == "region_drop":
+            self.regions.drop(int(msg["rid"]))
         elif op == "ping":
             self.reply(msg["id"], {})
         elif op == "auto_complete":
@@ -237,6 +263,7 @@ class Worker:
         self.models.clear()
         self.loader.shutdown(wait=False, cancel_futures=True)
         self.inputs.close()
+        self.regions.close()
         self.arena.close()
 
 

@@ -40,17 +40,29 @@ def _coerce(name: str, array, datatype: str) -> np.ndarray:
     return array
 
 
+def _wire(name: str, datatype: str, array) -> tuple[list[int], memoryview]:
+    """An output's shape and its wire-encoded bytes (no copy for fixed-size types)."""
+    array = _coerce(name, array, datatype)
+    if datatype == "BYTES":
+        return list(array.shape), memoryview(codec.serialize_bytes(array))
+    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
+    return list(array.shape), memoryview(array.reshape(-1).view(np.uint8))
+
+
 def encode_output(arena: Arena, name: str, datatype: str, array) -> tuple[list[int], Block]:
     """Write one output into the arena; returns its shape and block."""
-    array = _coerce(name, array, datatype)
-    shape = list(array.shape)
-    if datatype == "BYTES":
-        data = codec.serialize_bytes(array)
-        block = arena.alloc(len(data))
+    shape, data = _wire(name, datatype, array)
+    block = arena.alloc(data.nbytes)
+    if data.nbytes:
         block.view[:] = data
-        return shape, block
-    array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-    block = arena.alloc(array.nbytes)
-    if array.nbytes:
-        np.frombuffer(block.view, dtype=np.uint8)[:] = array.reshape(-1).view(np.uint8)
     return shape, block
+
+
+def encode_output_into(target: memoryview, name: str, datatype: str, array) -> tuple[list[int], int]:
+    """Write one output into a client's shared-memory slice; returns its shape and size."""
+    shape, data = _wire(name, datatype, array)
+    if data.nbytes > target.nbytes:
+        raise InvalidArgument(f"shared memory size specified with the request for output '{name}' "
+                              f"({target.nbytes} bytes) should be at least {data.nbytes} bytes to hold the results")
+    target[:data.nbytes] = data
+    return shape, data.nbytes

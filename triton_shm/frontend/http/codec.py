@@ -114,6 +114,12 @@ def decode_infer_request(
     return request
 
 
+def _contains_bool(data: Any) -> bool:
+    if isinstance(data, list):
+        return any(_contains_bool(x) for x in data)
+    return type(data) is bool
+
+
 def _exact_uint64(name: str, data: Any) -> np.ndarray:
     flat = np.asarray(data, dtype=np.object_).reshape(-1)
     if not all(type(x) is int and 0 <= x < 2**64 for x in flat):
@@ -239,8 +245,11 @@ def _json_to_wire(
     if datatype in ("FP16", "BF16"):
         raise InvalidArgument(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input {name}")
+    if datatype != "BOOL" and _contains_bool(data):
+        # numpy would turn [true, 5] into [1, 5]; Triton rejects it, and so do we.
+        raise InvalidArgument(f"input '{name}': 'data' elements do not match datatype {datatype}")
     try:
-        # Infer the JSON's own type first so "1.5" or true for an int tensor is caught
+        # Infer the JSON's own type first so "1.5" for an int tensor is caught
         # instead of being silently cast.
         arr = np.asarray(data)
     except (ValueError, TypeError, OverflowError):
@@ -316,8 +325,9 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     for out in response.outputs:
         entry: dict[str, Any] = {"name": out.name, "datatype": out.datatype, "shape": list(out.shape)}
         params = dict(out.parameters)
-        if "shared_memory_region" in params:  # the data went to the client's region
-            entry["parameters"] = params
+        if out.in_shared_memory:  # the data went to the client's region: no data, as Triton
+            if params:
+                entry["parameters"] = params
         else:
             req = requested.get(out.name)
             binary = req.get("binary_data", False) if req is not None else default_binary

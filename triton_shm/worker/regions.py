@@ -1,0 +1,73 @@
+"""Client shared-memory regions as a worker sees them.
+
+The front-end passes the fd of a registered region; the worker maps exactly the
+registered ``[offset, offset + byte_size)`` (from the page boundary below it) and hands
+out views into it. Every view is bounds-checked against the registration, and the
+object's current size is checked with ``fstat`` at use, so a client that truncates its
+region after registering gets an error instead of the worker taking a SIGBUS.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+
+from ..errors import Internal, InvalidArgument
+
+
+class ClientRegion:
+    def __init__(self, fd: int, offset: int, size: int):
+        self.fd, self.offset, self.size = fd, offset, size
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        self.delta = offset - start
+        self.mmap = mmap.mmap(fd, self.delta + size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
+                              offset=start) if size else None
+
+    def view(self, offset: int, size: int) -> memoryview:
+        if offset < 0 or size < 0 or offset > self.size or size > self.size - offset:
+            raise InvalidArgument("shared-memory slice lies outside its registered region")
+        if size == 0:
+            return memoryview(b"")
+        if os.fstat(self.fd).st_size < self.offset + self.size:
+            raise InvalidArgument("the client's shared-memory region has shrunk since it was registered")
+        start = self.delta + offset
+        return memoryview(self.mmap)[start:start + size]
+
+    def close(self) -> None:
+        if self.mmap is not None:
+            try:
+                self.mmap.close()
+            except BufferError:  # a request still holds a view; unmapped with the last one
+                pass
+        os.close(self.fd)
+
+
+class RegionMap:
+    def __init__(self) -> None:
+        self._regions: dict[int, ClientRegion] = {}
+
+    def add(self, rid: int, offset: int, size: int, fd: int) -> None:
+        try:
+            region = ClientRegion(fd, offset, size)
+        except (OSError, ValueError) as e:
+            os.close(fd)
+            raise InvalidArgument(f"cannot map the client's shared-memory region: {e}") from None
+        old = self._regions.pop(rid, None)
+        if old is not None:
+            old.close()
+        self._regions[rid] = region
+
+    def drop(self, rid: int) -> None:
+        region = self._regions.pop(rid, None)
+        if region is not None:
+            region.close()
+
+    def view(self, rid: int, offset: int, size: int) -> memoryview:
+        region = self._regions.get(rid)
+        if region is None:
+            raise Internal(f"shared-memory region {rid} is not mapped in this worker")
+        return region.view(offset, size)
+
+    def close(self) -> None:
+        for region in self._regions.values():
+            region.close()
+        self._regions.clear()
