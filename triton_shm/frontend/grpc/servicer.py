@@ -114,6 +114,47 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             response.release()  # outputs may be views into shared memory
 
+    # -- shared-memory extensions ---------------------------------------------------------
+    @_rpc
+    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
+                                       context: _Ctx) -> pb.SystemSharedMemoryStatusResponse:
+        resp = pb.SystemSharedMemoryStatusResponse()
+        for r in self.service.shm_status("system", request.name):
+            resp.regions[r["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**r))
+        return resp
+
+    @_rpc
+    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
+                                         context: _Ctx) -> pb.SystemSharedMemoryRegisterResponse:
+        self.service.register_system_shm(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
+                                           context: _Ctx) -> pb.SystemSharedMemoryUnregisterResponse:
+        self.service.unregister_shm("system", request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_rpc
+    async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
+                                     context: _Ctx) -> pb.CudaSharedMemoryStatusResponse:
+        resp = pb.CudaSharedMemoryStatusResponse()
+        for r in self.service.shm_status("cuda", request.name):
+            resp.regions[r["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**r))
+        return resp
+
+    @_rpc
+    async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
+                                       context: _Ctx) -> pb.CudaSharedMemoryRegisterResponse:
+        self.service.register_cuda_shm(request.name, request.raw_handle, request.device_id, request.byte_size)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest,
+                                         context: _Ctx) -> pb.CudaSharedMemoryUnregisterResponse:
+        self.service.unregister_shm("cuda", request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     # -- not served yet --------------------------------------------------------------------
     async def ModelStreamInfer(self, request_iterator: Any, context: _Ctx) -> None:
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,
@@ -122,12 +163,6 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     ModelStatistics = _unsupported("ModelStatistics")
     RepositoryModelLoad = _unsupported("RepositoryModelLoad")
     RepositoryModelUnload = _unsupported("RepositoryModelUnload")
-    SystemSharedMemoryStatus = _unsupported("SystemSharedMemoryStatus")
-    SystemSharedMemoryRegister = _unsupported("SystemSharedMemoryRegister")
-    SystemSharedMemoryUnregister = _unsupported("SystemSharedMemoryUnregister")
-    CudaSharedMemoryStatus = _unsupported("CudaSharedMemoryStatus")
-    CudaSharedMemoryRegister = _unsupported("CudaSharedMemoryRegister")
-    CudaSharedMemoryUnregister = _unsupported("CudaSharedMemoryUnregister")
     TraceSetting = _unsupported("TraceSetting")
     LogSettings = _unsupported("LogSettings")
 

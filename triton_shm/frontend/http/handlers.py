@@ -57,18 +57,9 @@ class HttpHandlers:
         return _json(request, self.service.model_config_json(model, version))
 
     async def repository_index(self, request: web.Request) -> web.Response:
-        body = await self._read_body(request)
-        ready_only = False
-        if body.strip():
-            try:
-                doc = orjson.loads(body)
-            except orjson.JSONDecodeError as e:
-                raise InvalidArgument(f"failed to parse the request JSON buffer: {e}") from None
-            if not isinstance(doc, dict):
-                raise InvalidArgument("the request JSON must be an object")
-            ready_only = doc.get("ready", False)
-            if not isinstance(ready_only, bool):
-                raise InvalidArgument("'ready' must be a boolean")
+        ready_only = _json_object(await self._read_body(request)).get("ready", False)
+        if not isinstance(ready_only, bool):
+            raise InvalidArgument("'ready' must be a boolean")
         return _json(request, self.service.repository_index(ready_only))
 
     # -- inference -----------------------------------------------------------------------
@@ -92,6 +83,28 @@ class HttpHandlers:
         if json_length is None:
             return _respond(request, payload, JSON_TYPE, compress=True)
         return _respond(request, payload, BINARY_TYPE, {HEADER_LENGTH: str(json_length)}, compress=True)
+
+    # -- shared-memory extensions ---------------------------------------------------------
+    async def shm_status(self, request: web.Request) -> web.Response:
+        return _json(request, self.service.shm_status(_shm_kind(request), request.match_info.get("region", "")))
+
+    async def shm_register(self, request: web.Request) -> web.Response:
+        # perf_analyzer sends these JSON bodies as application/x-www-form-urlencoded: read as JSON.
+        doc = _json_object(await self._read_body(request))
+        name = request.match_info["region"]
+        if _shm_kind(request) == "system":
+            self.service.register_system_shm(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+        else:
+            handle = doc.get("raw_handle")
+            b64 = handle.get("b64") if isinstance(handle, dict) else None
+            if not isinstance(b64, str):
+                raise InvalidArgument("'raw_handle' must be an object with a base64 'b64' string")
+            self.service.register_cuda_shm(name, b64, doc.get("device_id", 0), doc.get("byte_size"))
+        return web.Response(status=200)
+
+    async def shm_unregister(self, request: web.Request) -> web.Response:
+        self.service.unregister_shm(_shm_kind(request), request.match_info.get("region", ""))
+        return web.Response(status=200)
 
     # -- not in this build yet -----------------------------------------------------------
     async def unsupported(self, request: web.Request) -> web.Response:
@@ -120,6 +133,15 @@ def build_routes(h: HttpHandlers) -> list[web.RouteDef]:
         web.post("/v2/repository/models/{model}/load", h.unsupported),
         web.post("/v2/repository/models/{model}/unload", h.unsupported),
     ]
+    for kind in ("systemsharedmemory", "cudasharedmemory"):
+        base = f"/v2/{kind}"
+        routes += [
+            web.get(f"{base}/status", h.shm_status),
+            web.get(f"{base}/region/{{region}}/status", h.shm_status),
+            web.post(f"{base}/region/{{region}}/register", h.shm_register),
+            web.post(f"{base}/unregister", h.shm_unregister),
+            web.post(f"{base}/region/{{region}}/unregister", h.shm_unregister),
+        ]
     for prefix in _MODEL_PREFIXES:
         routes += [
             web.get(prefix, h.model_metadata),
@@ -129,6 +151,23 @@ def build_routes(h: HttpHandlers) -> list[web.RouteDef]:
             web.post(prefix + "/infer", h.infer),
         ]
     return routes
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    """A small JSON request body (empty means ``{}``)."""
+    if not body.strip():
+        return {}
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError as e:
+        raise InvalidArgument(f"failed to parse the request JSON buffer: {e}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument("the request JSON must be an object")
+    return doc
+
+
+def _shm_kind(request: web.Request) -> str:
+    return "system" if request.path.startswith("/v2/systemsharedmemory") else "cuda"
 
 
 def _model(request: web.Request) -> tuple[str, str]:
