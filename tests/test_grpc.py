@@ -124,7 +124,7 @@ def test_server_metadata(client):
     assert md.name == "triton"
     assert md.version
     assert "binary_tensor_data" in md.extensions
-    assert "statistics" not in md.extensions
+    assert "statistics" in md.extensions
     assert "system_shared_memory" not in md.extensions
 
 

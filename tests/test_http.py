@@ -184,7 +184,7 @@ def test_server_metadata(server, client):
     assert isinstance(md["version"], str) and md["version"]
     extensions = md["extensions"]
     assert "binary_tensor_data" in extensions
-    assert "statistics" not in extensions  # not implemented: perf_analyzer must not expect stats
+    assert "statistics" in extensions  # perf_analyzer reads server-side stats when listed
     assert "system_shared_memory" not in extensions
     assert "cuda_shared_memory" not in extensions
     status, headers, body = raw(server, "GET", "/v2")

@@ -77,6 +77,10 @@ class Backend(ABC):
     """A model family (ONNX Runtime, Python). One object per loaded model version."""
 
     name: str = ""
+    # True when a batch runs as one request whose tensors hold every request's rows
+    # (the worker's batch assembler concatenates them); False to get the list of
+    # requests, as Triton's python backend does.
+    concat_batching: bool = False
 
     def __init__(self, context: ModelContext):
         self.context = context

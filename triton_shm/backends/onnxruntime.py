@@ -64,6 +64,7 @@ def _io(args) -> list[tuple[str, str, list[int]]]:
 
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
+    concat_batching = True
 
     @staticmethod
     def auto_complete(context: ModelContext) -> dict[str, Any]:

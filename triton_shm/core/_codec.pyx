@@ -84,3 +84,28 @@ def serialize_bytes(array):
     for item in items:
         pos += tsm_bytes_put(dst + pos, <const uint8_t *>PyBytes_AS_STRING(item), <uint32_t>len(item))
     return out
+
+
+def split_bytes(buf, counts):
+    """Byte sizes of consecutive groups of ``counts`` elements of an encoded BYTES tensor."""
+    cdef const uint8_t[::1] view = memoryview(buf).cast("B")
+    cdef Py_ssize_t total = sum(counts), first = 0, n
+    cdef size_t *starts = <size_t *>malloc(sizeof(size_t) * (total + 1))
+    cdef uint32_t *lengths = <uint32_t *>malloc(sizeof(uint32_t) * (total + 1))
+    cdef size_t start = 0, end
+    if starts == NULL or lengths == NULL:
+        free(starts)
+        free(lengths)
+        raise MemoryError()
+    try:
+        _index(view, total, starts, lengths)
+        sizes = []
+        for n in counts:
+            end = starts[first + n - 1] + lengths[first + n - 1] if n else start
+            sizes.append(end - start)
+            first += n
+            start = end
+        return sizes
+    finally:
+        free(starts)
+        free(lengths)

@@ -68,3 +68,16 @@ def serialize_bytes(array) -> bytes:
         parts += _LEN.pack(len(item))
         parts += item
     return bytes(parts)
+
+
+def split_bytes(buf, counts: list[int]) -> list[int]:
+    """Byte sizes of consecutive groups of ``counts`` elements of an encoded BYTES tensor."""
+    view = memoryview(buf).cast("B")
+    spans = _scan(view, sum(counts))
+    sizes, first, start = [], 0, 0
+    for n in counts:
+        end = spans[first + n - 1][0] + spans[first + n - 1][1] if n else start
+        sizes.append(end - start)
+        first += n
+        start = end
+    return sizes

@@ -3,7 +3,6 @@ their state. Loading itself is delegated to the worker pool."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidArgument, NotFound, TritonShmError, Unavailable
 from . import model_config as mcfg
 from .datatypes import config_to_wire
+from .scheduler import Scheduler, check_batching_config
+from .statistics import ModelStats
 
 if TYPE_CHECKING:
     from ..worker.pool import WorkerPool
@@ -42,7 +43,8 @@ class ModelVersion:
     outputs: dict[str, TensorSpec] = field(default_factory=dict)
     # (worker name, instance index) pairs, filled by the worker pool
     instances: list[tuple[str, int]] = field(default_factory=list)
-    _round_robin: Any = None
+    stats: ModelStats | None = None
+    scheduler: Scheduler | None = None
 
     @property
     def key(self) -> str:
@@ -62,11 +64,6 @@ class ModelVersion:
                                           list(t.dims), t.optional) for t in config.input}
         self.outputs = {t.name: TensorSpec(t.name, config_to_wire(mcfg.data_type_name(t.data_type)),
                                            list(t.dims)) for t in config.output}
-
-    def next_instance(self) -> tuple[str, int]:
-        if self._round_robin is None:
-            self._round_robin = itertools.cycle(list(self.instances))
-        return next(self._round_robin)
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         batch = [-1] if self.max_batch_size > 0 else []
@@ -169,8 +166,11 @@ class ModelRepository:
             completed = await pool.auto_complete(mv, mcfg.config_to_json(base))
             config = mcfg.config_from_json(completed, f"auto-completed config of model '{mv.name}'")
             mcfg.check_io(config)
+            check_batching_config(config)
             mv.set_config(config)
             await pool.load(mv)
+            mv.stats = ModelStats(mv.name, str(mv.version))
+            mv.scheduler = Scheduler(mv, pool, mv.stats)
             mv.state, mv.reason = READY, ""
             log.info("successfully loaded '%s' version %d", mv.name, mv.version)
         except TritonShmError as e:
@@ -201,6 +201,20 @@ class ModelRepository:
     def versions_of(self, name: str) -> list[str]:
         entry = self.models.get(name)
         return [str(v.version) for v in entry.ready_versions()] if entry else []
+
+    def statistics(self, name: str = "", version: str = "") -> list[dict[str, Any]]:
+        """Statistics of every ready version, of one model, or of one version."""
+        if name:
+            entry = self.models.get(name)
+            versions = [mv for mv in entry.versions.values() if mv.stats] if entry else []
+            if version:
+                versions = [mv for mv in versions if str(mv.version) == version]
+            if not versions:
+                target = f"'{name}'" + (f" version {version}" if version else "")
+                raise NotFound(f"requested model {target} is not available")
+        else:
+            versions = [mv for e in self.models.values() for mv in e.versions.values() if mv.stats and mv.ready]
+        return [mv.stats.as_dict() for mv in sorted(versions, key=lambda m: (m.name, m.version))]
 
     def all_ready(self) -> bool:
         """Every model has versions and every chosen version is READY (strict readiness)."""

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 SERVER_NAME = "triton"
 # Only what really works is advertised (perf_analyzer reads this list).
-EXTENSIONS = ["model_repository", "model_configuration", "binary_tensor_data", "parameters"]
+EXTENSIONS = ["model_repository", "schedule_policy", "model_configuration", "binary_tensor_data", "parameters",
+              "statistics"]
 
 
 class InferenceService:
@@ -78,6 +79,12 @@ class InferenceService:
     def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
         return config_to_json(self.model_config(name, version))
 
+    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """``{"model_stats": [...]}`` as Triton's statistics extension reports it."""
+        if name:
+            validate_model_name(name)
+        return {"model_stats": self.repository.statistics(name, version)}
+
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """``[{"name", "version", "state", "reason"?}]`` sorted by name and version."""
         return self.repository.index(ready_only)
@@ -91,10 +98,10 @@ class InferenceService:
         model = self.repository.get(request.model_name, request.model_version, require_ready=True)
         plan = validate_request(model, request)
         if not (plan.shm_inputs or plan.shm_outputs):
-            return await self.workers.execute(model, request, plan, {})
+            return await model.scheduler.submit(request, plan, {})
         regions = self.shm.acquire_all(plan)
         try:
-            return await self.workers.execute(model, request, plan, regions)
+            return await model.scheduler.submit(request, plan, regions)
         finally:  # the worker has finished with the regions once it replied
             for region in regions.values():
                 self.shm.release(region)

@@ -19,15 +19,15 @@ from typing import TYPE_CHECKING, Any
 from ..core import codec
 from ..core.datatypes import element_size
 from ..core.model_config import mc
-from ..core.types import InferRequest, InferResponse, OutputTensor
+from ..core.types import InferResponse, OutputTensor
 from ..errors import Internal, TritonShmError, Unavailable, Unsupported
 from ..ipc import channel
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
 
 if TYPE_CHECKING:
     from ..core.repository import ModelVersion
+    from ..core.scheduler import Pending
     from ..core.shm_registry import Region
-    from ..core.validation import RequestPlan
 
 log = logging.getLogger("triton_shm.workers")
 
@@ -316,7 +316,6 @@ class WorkerPool:
         by_worker = self._instances_by_worker(mv)
         await asyncio.gather(*(self._load_on(self.workers[w], mv) for w in by_worker))
         mv.instances = [(w, i) for w, specs in by_worker.items() for i in range(len(specs))]
-        mv._round_robin = None
         for w in by_worker:
             self._placements[w].append(mv)
 
@@ -336,41 +335,61 @@ class WorkerPool:
         await self.workers[worker].call({"op": "ping"})
 
     # -- inference -----------------------------------------------------------------------
-    async def execute(self, mv: "ModelVersion", request: InferRequest, plan: "RequestPlan",
-                      regions: dict[str, "Region"]) -> InferResponse:
-        """Run a validated request; ``regions`` are the client regions its plan names
-        (held by the caller until this returns)."""
-        worker_name, instance = mv.next_instance()
+    async def execute_batch(self, mv: "ModelVersion", instance: tuple[str, int],
+                            batch: list["Pending"]) -> tuple[list[InferResponse | Exception], tuple[int, int, int]]:
+        """Run a batch of validated requests on one instance: one control message there
+        and back. Returns one response or error per request, and the worker's
+        (compute_input, compute_infer, compute_output) nanoseconds."""
+        worker_name, index = instance
         worker = self.workers[worker_name]
         if not worker.alive or worker.arena is None:
             raise Unavailable(f"model '{mv.name}' is not available: worker '{worker_name}' is restarting")
         arena = worker.arena
         blocks: list[Block] = []
         try:
-            inputs = []
-            shm_outputs = {}
-            for name, ref in plan.shm_outputs.items():
-                region = self._client_region(worker, regions[ref.region])
-                shm_outputs[name] = [region.id, ref.offset, ref.byte_size]
-            for inp in request.inputs:
-                ref = plan.shm_inputs.get(inp.name)
-                if ref is not None:  # read in place by the worker: no copy here
-                    region = self._client_region(worker, regions[ref.region])
-                    inputs.append([inp.name, inp.datatype, inp.shape, ["r", region.id, ref.offset, ref.byte_size]])
-                    continue
-                data = inp.data
-                block = arena.alloc(len(data) if not isinstance(data, memoryview) else data.nbytes)
-                blocks.append(block)
-                block.view[:] = data  # the one copy of an in-band tensor
-                inputs.append([inp.name, inp.datatype, inp.shape, block.descriptor()])
-            reply = await worker.call({"op": "infer", "model": mv.key, "instance": instance,
-                                       "request_id": request.id, "inputs": inputs, "outputs": plan.outputs,
-                                       "shm_outputs": shm_outputs, "parameters": request.model_parameters()})
+            messages = [self._request_message(worker, p, blocks) for p in batch]
+            reply = await worker.call({"op": "infer", "model": mv.key, "instance": index, "requests": messages})
         finally:
-            if worker.arena is arena:
+            if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
                 for b in blocks:
                     arena.free(b.segment.id, b.offset, b.size)
-        return self._response(worker, mv, request, plan, reply)
+        responses = reply.get("responses")
+        if not isinstance(responses, list) or len(responses) != len(batch):
+            raise Internal(f"worker '{worker_name}' answered a batch of {len(batch)} with a malformed reply")
+        results: list[InferResponse | Exception] = []
+        for p, r in zip(batch, responses):
+            if "error" in r:
+                results.append(TritonShmError.from_wire(r["error"]))
+                continue
+            try:
+                results.append(self._response(worker, mv, p, r["outputs"]))
+            except TritonShmError as e:
+                results.append(e)
+        timing = reply.get("timing") or (0, 0, 0)
+        return results, (int(timing[0]), int(timing[1]), int(timing[2]))
+
+    def _request_message(self, worker: WorkerHandle, p: "Pending", blocks: list[Block]) -> dict[str, Any]:
+        """Descriptors of one request: in-band inputs copied once into the worker's arena,
+        client shared-memory tensors named in place."""
+        plan, request = p.plan, p.request
+        shm_outputs = {}
+        for name, ref in plan.shm_outputs.items():
+            region = self._client_region(worker, p.regions[ref.region])
+            shm_outputs[name] = [region.id, ref.offset, ref.byte_size]
+        inputs = []
+        for inp in request.inputs:
+            ref = plan.shm_inputs.get(inp.name)
+            if ref is not None:  # read in place by the worker: no copy here
+                region = self._client_region(worker, p.regions[ref.region])
+                inputs.append([inp.name, inp.datatype, inp.shape, ["r", region.id, ref.offset, ref.byte_size]])
+                continue
+            data = inp.data
+            block = worker.arena.alloc(len(data) if not isinstance(data, memoryview) else data.nbytes)
+            blocks.append(block)
+            block.view[:] = data  # the one copy of an in-band tensor
+            inputs.append([inp.name, inp.datatype, inp.shape, block.descriptor()])
+        return {"request_id": request.id, "inputs": inputs, "outputs": plan.outputs, "shm_outputs": shm_outputs,
+                "parameters": request.model_parameters()}
 
     @staticmethod
     def _client_region(worker: WorkerHandle, region: "Region") -> "Region":
@@ -379,12 +398,13 @@ class WorkerPool:
         worker.share_region(region)
         return region
 
-    def _response(self, worker: WorkerHandle, mv: "ModelVersion", request: InferRequest, plan: "RequestPlan",
-                  reply: dict[str, Any]) -> InferResponse:
+    def _response(self, worker: WorkerHandle, mv: "ModelVersion", p: "Pending",
+                  encoded: list[list[Any]]) -> InferResponse:
+        plan, request = p.plan, p.request
         descriptors: list[list[int]] = []
         outputs: list[OutputTensor] = []
         try:
-            for name, datatype, shape, desc in reply["outputs"]:
+            for name, datatype, shape, desc in encoded:
                 spec = mv.outputs.get(name)
                 if spec is None or spec.datatype != datatype:
                     raise Internal(f"worker returned an unexpected output '{name}' for model '{mv.name}'")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import queue
 import socket
 import sys
 import threading
@@ -21,103 +20,26 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import get_backend
-from ..backends.base import Backend, InstanceSpec, ModelContext, ModelInstance, WorkerRequest, WorkerResponse
+from ..backends.base import Backend, InstanceSpec, ModelContext
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc import channel
-from ..ipc.arena import Arena, Block, Segment, SegmentMap
+from ..ipc.arena import Arena, Segment, SegmentMap
+from ..core.datatypes import config_to_wire
+from .execution import InstanceRunner
 from .regions import RegionMap
-from .tensors import decode_input, encode_output, encode_output_into
 
 log = logging.getLogger("triton_shm.worker")
 
 OUTPUT_CHUNK = 64 << 20
 
 
-class InstanceRunner:
-    """A model instance and the thread that feeds it."""
-
-    def __init__(self, worker: "Worker", model: "LoadedModel", instance: ModelInstance, name: str):
-        self.worker, self.model, self.instance, self.name = worker, model, instance, name
-        self.queue: queue.SimpleQueue[dict | None] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=f"instance-{name}", daemon=True)
-        self.thread.start()
-
-    def stop(self) -> None:
-        self.queue.put(None)
-        self.thread.join(timeout=30)
-        try:
-            self.instance.finalize()
-        except Exception:  # a model's finalize must not take the worker down
-            log.exception("finalize of instance %s failed", self.name)
-
-    def _run(self) -> None:
-        while (msg := self.queue.get()) is not None:
-            try:
-                self.worker.reply(msg["id"], self._execute(msg))
-            except OSError:  # the front-end has gone; the control loop is ending too
-                return
-
-    def _execute(self, msg: dict[str, Any]) -> dict[str, Any]:
-        try:
-            request = self._decode(msg)
-            responses = self.instance.execute([request])
-            if len(responses) != 1:
-                raise Internal(f"model '{self.model.context.name}' returned {len(responses)} responses for 1 request")
-            response: WorkerResponse = responses[0]
-            if response.error is not None:
-                return {"error": response.error.to_wire()}
-            return {"outputs": self._encode(msg, response)}
-        except TritonShmError as e:
-            return {"error": e.to_wire()}
-        except Exception as e:  # model code: report, keep serving
-            log.error("instance %s failed:\n%s", self.name, traceback.format_exc())
-            return {"error": Internal(f"model '{self.model.context.name}' failed: {type(e).__name__}: {e}").to_wire()}
-
-    def _decode(self, msg: dict[str, Any]) -> WorkerRequest:
-        inputs, datatypes = {}, {}
-        for name, datatype, shape, desc in msg["inputs"]:
-            inputs[name] = decode_input(datatype, shape, self.worker.view(desc))
-            datatypes[name] = datatype
-        return WorkerRequest(id=msg.get("request_id", ""), inputs=inputs, datatypes=datatypes,
-                             requested_outputs=list(msg["outputs"]), parameters=msg.get("parameters") or {})
-
-    def _encode(self, msg: dict[str, Any], response: WorkerResponse) -> list[list[Any]]:
-        specs = self.model.output_types
-        wanted = msg["outputs"]
-        missing = [n for n in wanted if n not in response.outputs]
-        if missing:
-            raise Internal(f"model '{self.model.context.name}' did not produce output(s) {missing}")
-        in_shm = msg.get("shm_outputs") or {}
-        encoded: list[list[Any]] = []
-        blocks: list[Block] = []
-        try:
-            for name in wanted:
-                if name in in_shm:  # straight into the client's region
-                    rid, offset, size = in_shm[name]
-                    shape, written = encode_output_into(self.worker.regions.view(rid, offset, size), name,
-                                                        specs[name], response.outputs[name])
-                    encoded.append([name, specs[name], shape, ["r", rid, offset, written]])
-                    continue
-                shape, block = encode_output(self.worker.arena, name, specs[name], response.outputs[name])
-                blocks.append(block)
-                encoded.append([name, specs[name], shape, block.descriptor()])
-        except BaseException:
-            for b in blocks:
-                self.worker.arena.free(b.segment.id, b.offset, b.size)
-            raise
-        return encoded
-
-
 class LoadedModel:
     def __init__(self, context: ModelContext, backend: Backend):
         self.context, self.backend = context, backend
         self.runners: list[InstanceRunner] = []
-        self.output_types = {o["name"]: _wire_type(o["data_type"]) for o in context.config.get("output", [])}
-
-
-def _wire_type(config_type: str) -> str:
-    from ..core.datatypes import config_to_wire
-    return config_to_wire(config_type)
+        self.output_types = {o["name"]: config_to_wire(o["data_type"]) for o in context.config.get("output", [])}
+        # one model execution over the concatenated rows of a whole batch
+        self.concat_batching = backend.concat_batching and int(context.config.get("max_batch_size", 0)) > 0
 
 
 def _context(msg: dict[str, Any]) -> ModelContext:

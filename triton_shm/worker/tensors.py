@@ -40,7 +40,7 @@ def _coerce(name: str, array, datatype: str) -> np.ndarray:
     return array
 
 
-def _wire(name: str, datatype: str, array) -> tuple[list[int], memoryview]:
+def wire_bytes(name: str, datatype: str, array) -> tuple[list[int], memoryview]:
     """An output's shape and its wire-encoded bytes (no copy for fixed-size types)."""
     array = _coerce(name, array, datatype)
     if datatype == "BYTES":
@@ -51,7 +51,7 @@ def _wire(name: str, datatype: str, array) -> tuple[list[int], memoryview]:
 
 def encode_output(arena: Arena, name: str, datatype: str, array) -> tuple[list[int], Block]:
     """Write one output into the arena; returns its shape and block."""
-    shape, data = _wire(name, datatype, array)
+    shape, data = wire_bytes(name, datatype, array)
     block = arena.alloc(data.nbytes)
     if data.nbytes:
         block.view[:] = data
@@ -60,7 +60,7 @@ def encode_output(arena: Arena, name: str, datatype: str, array) -> tuple[list[i
 
 def encode_output_into(target: memoryview, name: str, datatype: str, array) -> tuple[list[int], int]:
     """Write one output into a client's shared-memory slice; returns its shape and size."""
-    shape, data = _wire(name, datatype, array)
+    shape, data = wire_bytes(name, datatype, array)
     if data.nbytes > target.nbytes:
         raise InvalidArgument(f"shared memory size specified with the request for output '{name}' "
                               f"({target.nbytes} bytes) should be at least {data.nbytes} bytes to hold the results")

@@ -10,6 +10,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
 
 import grpc
+from google.protobuf import json_format
 
 from ..._proto import grpc_service_pb2 as pb
 from ..._proto import grpc_service_pb2_grpc as pb_grpc
@@ -114,6 +115,12 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         finally:
             response.release()  # outputs may be views into shared memory
 
+    @_rpc
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
+                              context: _Ctx) -> pb.ModelStatisticsResponse:
+        stats = self.service.model_statistics(request.name, request.version)
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+
     # -- shared-memory extensions ---------------------------------------------------------
     @_rpc
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
@@ -160,7 +167,6 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,
                             "ModelStreamInfer is not supported by this server yet")
 
-    ModelStatistics = _unsupported("ModelStatistics")
     RepositoryModelLoad = _unsupported("RepositoryModelLoad")
     RepositoryModelUnload = _unsupported("RepositoryModelUnload")
     TraceSetting = _unsupported("TraceSetting")

@@ -84,6 +84,10 @@ class HttpHandlers:
             return _respond(request, payload, JSON_TYPE, compress=True)
         return _respond(request, payload, BINARY_TYPE, {HEADER_LENGTH: str(json_length)}, compress=True)
 
+    async def model_stats(self, request: web.Request) -> web.Response:
+        info = request.match_info
+        return _json(request, self.service.model_statistics(info.get("model", ""), info.get("version", "")))
+
     # -- shared-memory extensions ---------------------------------------------------------
     async def shm_status(self, request: web.Request) -> web.Response:
         return _json(request, self.service.shm_status(_shm_kind(request), request.match_info.get("region", "")))
@@ -128,7 +132,7 @@ def build_routes(h: HttpHandlers) -> list[web.RouteDef]:
         web.get("/v2/health/live", h.live),
         web.get("/v2/health/ready", h.ready),
         web.get("/v2", h.server_metadata),
-        web.get("/v2/models/stats", h.unsupported),
+        web.get("/v2/models/stats", h.model_stats),
         web.post("/v2/repository/index", h.repository_index),
         web.post("/v2/repository/models/{model}/load", h.unsupported),
         web.post("/v2/repository/models/{model}/unload", h.unsupported),
@@ -147,7 +151,7 @@ def build_routes(h: HttpHandlers) -> list[web.RouteDef]:
             web.get(prefix, h.model_metadata),
             web.get(prefix + "/ready", h.model_ready),
             web.get(prefix + "/config", h.model_config),
-            web.get(prefix + "/stats", h.unsupported),
+            web.get(prefix + "/stats", h.model_stats),
             web.post(prefix + "/infer", h.infer),
         ]
     return routes

@@ -1,0 +1,282 @@
+"""Scheduling: requests wait in a queue per model version until an instance is free.
+
+Without ``dynamic_batching`` each request runs alone. With it, requests that arrive
+within ``max_queue_delay_microseconds`` are combined into one batch of at most
+``max_batch_size`` rows (preferring a ``preferred_batch_size``), ordered by priority
+level, subject to the queue policy (``max_queue_size``, timeouts with REJECT or DELAY).
+Each instance runs one batch at a time; the scheduler hands a batch to a free one.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidArgument, TritonShmError, Unavailable
+from .model_config import mc
+from .statistics import ModelStats
+from .types import InferRequest, InferResponse
+
+if TYPE_CHECKING:
+    from ..worker.pool import WorkerPool
+    from .repository import ModelVersion
+    from .shm_registry import Region
+    from .validation import RequestPlan
+
+REJECT = mc.ModelQueuePolicy.REJECT
+
+
+@dataclass(eq=False)
+class Pending:
+    request: InferRequest
+    plan: "RequestPlan"
+    regions: dict[str, "Region"]
+    rows: int                     # batch rows this request contributes (1 without batching)
+    priority: int
+    enqueued_ns: int
+    deadline_ns: int | None
+    reject_on_timeout: bool
+    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    seq: int = 0
+    result: Any = None            # preserve_ordering: held until earlier requests are answered
+
+
+@dataclass(slots=True)
+class _Policy:
+    reject_on_timeout: bool
+    default_timeout_us: int
+    allow_override: bool
+    max_queue_size: int
+
+
+def _policy(p) -> _Policy:
+    return _Policy(p.timeout_action == REJECT, p.default_timeout_microseconds, p.allow_timeout_override,
+                   p.max_queue_size)
+
+
+def check_batching_config(config) -> None:
+    """Reasons a batching config cannot load (raised at load time)."""
+    if not config.HasField("dynamic_batching"):
+        return
+    db, name = config.dynamic_batching, config.name
+    if config.max_batch_size == 0:
+        raise InvalidArgument(f"model '{name}': dynamic batching needs max_batch_size > 0")
+    for size in db.preferred_batch_size:
+        if size < 1 or size > config.max_batch_size:
+            raise InvalidArgument(f"model '{name}': preferred batch size {size} must be between 1 and "
+                                  f"max_batch_size {config.max_batch_size}")
+    if db.priority_levels and not 1 <= db.default_priority_level <= db.priority_levels:
+        raise InvalidArgument(f"model '{name}': default_priority_level {db.default_priority_level} must be "
+                              f"between 1 and priority_levels {db.priority_levels}")
+    for level in db.priority_queue_policy:
+        if not 1 <= level <= db.priority_levels:
+            raise InvalidArgument(f"model '{name}': priority_queue_policy names level {level}, outside "
+                                  f"1..{db.priority_levels}")
+
+
+class Scheduler:
+    """The queue and dispatcher of one model version."""
+
+    def __init__(self, model: "ModelVersion", pool: "WorkerPool", stats: ModelStats):
+        self.model, self.pool, self.stats = model, pool, stats
+        config = model.config
+        self.dynamic = config.HasField("dynamic_batching") and config.max_batch_size > 0
+        db = config.dynamic_batching
+        self.max_rows = config.max_batch_size
+        self.preferred = sorted(set(db.preferred_batch_size))
+        self.delay_ns = db.max_queue_delay_microseconds * 1000
+        self.levels = db.priority_levels if self.dynamic else 0
+        self.default_level = (db.default_priority_level or 1) if self.levels else 1
+        self.preserve_ordering = self.dynamic and db.preserve_ordering
+        self.policies = {lvl: _policy(db.default_queue_policy) for lvl in range(1, max(self.levels, 1) + 1)}
+        for lvl, p in db.priority_queue_policy.items():
+            self.policies[lvl] = _policy(p)
+        self.queues: dict[int, collections.deque[Pending]] = {lvl: collections.deque() for lvl in self.policies}
+        self.idle: collections.deque[tuple[str, int]] = collections.deque(model.instances)
+        self._wake = asyncio.Event()
+        self._seq = 0
+        self._released = 0                      # preserve_ordering: next seq to answer
+        self._held: dict[int, Pending] = {}     # finished, waiting for earlier ones
+        self._task = asyncio.get_running_loop().create_task(self._dispatch())
+        self._running: set[asyncio.Task] = set()
+
+    # -- admission -----------------------------------------------------------------------
+    def _priority(self, request: InferRequest) -> int:
+        value = request.parameters.get("priority", 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgument("'priority' must be a non-negative integer")
+        if value == 0 or not self.levels:
+            return self.default_level
+        if value > self.levels:
+            raise InvalidArgument(f"priority {value} is outside the model's priority levels 1..{self.levels}")
+        return value
+
+    def _timeout_ns(self, request: InferRequest, policy: _Policy) -> int | None:
+        timeout_us = policy.default_timeout_us
+        if "timeout" in request.parameters:
+            value = request.parameters["timeout"]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument("'timeout' must be a non-negative integer (microseconds)")
+            if policy.allow_override or not self.dynamic:
+                timeout_us = value
+        return timeout_us * 1000 if timeout_us > 0 else None
+
+    async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"]) -> InferResponse:
+        level = self._priority(request)
+        policy = self.policies[level]
+        queue = self.queues[level]
+        if policy.max_queue_size and len(queue) >= policy.max_queue_size:
+            raise Unavailable(f"Exceeds maximum queue size for model '{self.model.name}'")
+        now = time.monotonic_ns()
+        timeout = self._timeout_ns(request, policy)
+        pending = Pending(request, plan, regions, plan.batch_size or 1, level, now,
+                          now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq)
+        self._seq += 1
+        queue.append(pending)
+        self.stats.pending += 1
+        self._wake.set()
+        try:
+            return await pending.future
+        finally:
+            self.stats.pending -= 1
+
+    # -- dispatch ------------------------------------------------------------------------
+    def _expire(self, now: int) -> None:
+        for queue in self.queues.values():
+            for p in [p for p in queue if p.deadline_ns is not None and now >= p.deadline_ns]:
+                if p.reject_on_timeout:
+                    queue.remove(p)
+                    self._finish(p, Unavailable("Request timeout expired"))
+                else:  # DELAY: no longer ahead of requests without a deadline
+                    p.deadline_ns = None
+                    queue.remove(p)
+                    queue.append(p)
+
+    def _queued_rows(self) -> int:
+        return sum(p.rows for q in self.queues.values() for p in q)
+
+    def _oldest_ns(self) -> int | None:
+        heads = [q[0].enqueued_ns for q in self.queues.values() if q]
+        return min(heads) if heads else None
+
+    def _take_batch(self) -> list[Pending]:
+        """Requests in priority order, up to the largest preferred size that the queue
+        can fill (else up to max_batch_size)."""
+        if not self.dynamic:  # one request per execution, whatever its batch dimension
+            return [next(q for q in self.queues.values() if q).popleft()]
+        queued = self._queued_rows()
+        reachable = [s for s in self.preferred if s <= queued]
+        target = reachable[-1] if reachable and queued < self.max_rows else self.max_rows
+        batch: list[Pending] = []
+        rows = 0
+        for level in sorted(self.queues):
+            queue = self.queues[level]
+            while queue and rows + queue[0].rows <= target:
+                p = queue.popleft()
+                batch.append(p)
+                rows += p.rows
+            if queue:
+                break  # keep priority order: never skip a waiting higher-priority request
+        return batch
+
+    def _ready_to_go(self, now: int) -> bool:
+        """A dynamic batch leaves once it reaches the largest preferred size (or
+        max_batch_size), or once its oldest request has waited max_queue_delay."""
+        if self._queued_rows() >= (self.preferred[-1] if self.preferred else self.max_rows):
+            return True
+        oldest = self._oldest_ns()
+        return oldest is not None and now - oldest >= self.delay_ns
+
+    async def _dispatch(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.idle and any(self.queues.values()):
+                now = time.monotonic_ns()
+                self._expire(now)
+                if not any(self.queues.values()):
+                    break
+                if self.dynamic and not self._ready_to_go(now):
+                    wait = (self._oldest_ns() + self.delay_ns - now) / 1e9
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0))
+                        self._wake.clear()
+                    except asyncio.TimeoutError:
+                        pass
+                    continue
+                batch = self._take_batch()
+                if not batch:
+                    break
+                instance = self.idle.popleft()
+                task = asyncio.get_running_loop().create_task(self._run(batch, instance))
+                self._running.add(task)
+                task.add_done_callback(self._running.discard)
+            self._expire_timer()
+
+    def _expire_timer(self) -> None:
+        """Wake up when the first queued deadline passes, so timeouts fire while all
+        instances are busy."""
+        deadlines = [p.deadline_ns for q in self.queues.values() for p in q if p.deadline_ns is not None]
+        if deadlines:
+            delay = max((min(deadlines) - time.monotonic_ns()) / 1e9, 0)
+            asyncio.get_running_loop().call_later(delay, self._wake_for_deadline)
+
+    def _wake_for_deadline(self) -> None:
+        self._expire(time.monotonic_ns())
+        self._wake.set()
+
+    async def _run(self, batch: list[Pending], instance: tuple[str, int]) -> None:
+        start = time.monotonic_ns()
+        try:
+            results, timing = await self.pool.execute_batch(self.model, instance, batch)
+        except TritonShmError as e:
+            results, timing = [e] * len(batch), (0, 0, 0)
+        except Exception as e:  # never leave a client waiting
+            results, timing = [TritonShmError(f"internal error: {type(e).__name__}: {e}")] * len(batch), (0, 0, 0)
+        finally:
+            self.idle.append(instance)
+            self._wake.set()
+        in_ns, infer_ns, out_ns = timing
+        rows = sum(p.rows for p in batch)
+        if any(not isinstance(r, Exception) for r in results):
+            self.stats.record_execution(rows, in_ns, infer_ns, out_ns)
+        for p, result in zip(batch, results):
+            if isinstance(result, Exception):
+                self._finish(p, result)
+            else:
+                total = time.monotonic_ns() - p.enqueued_ns
+                self.stats.record_success(p.rows, total, start - p.enqueued_ns, in_ns, infer_ns, out_ns)
+                self._finish(p, result)
+
+    def _finish(self, p: Pending, result: Any) -> None:
+        if isinstance(result, Exception):
+            reason = "REJECTED" if isinstance(result, Unavailable) else "BACKEND"
+            self.stats.record_failure(time.monotonic_ns() - p.enqueued_ns, reason)
+        if not self.preserve_ordering:
+            _resolve(p, result)
+            return
+        p.result = result
+        self._held[p.seq] = p
+        while self._released in self._held:
+            q = self._held.pop(self._released)
+            _resolve(q, q.result)
+            self._released += 1
+
+    async def close(self) -> None:
+        self._task.cancel()
+        for q in self.queues.values():
+            while q:
+                _resolve(q.popleft(), Unavailable(f"model '{self.model.name}' is being unloaded"))
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+
+def _resolve(p: Pending, result: Any) -> None:
+    if p.future.done():
+        return
+    if isinstance(result, Exception):
+        p.future.set_exception(result)
+    else:
+        p.future.set_result(result)

@@ -1,0 +1,90 @@
+"""Per-model-version inference statistics, as Triton's statistics extension reports them.
+
+One :class:`ModelStats` per loaded model version is the single source of truth: the
+statistics endpoints read it, and so do the Prometheus metrics (which are derived from
+it at scrape time, so the two always agree).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+_PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
+           "cache_miss")
+
+
+@dataclass(slots=True)
+class Duration:
+    count: int = 0
+    ns: int = 0
+
+    def add(self, ns: int, count: int = 1) -> None:
+        self.count += count
+        self.ns += ns
+
+    def as_dict(self) -> dict[str, int]:
+        return {"count": self.count, "ns": self.ns}
+
+
+@dataclass(slots=True)
+class BatchStats:
+    compute_input: Duration = field(default_factory=Duration)
+    compute_infer: Duration = field(default_factory=Duration)
+    compute_output: Duration = field(default_factory=Duration)
+
+
+@dataclass(eq=False)
+class ModelStats:
+    name: str
+    version: str
+    inference_count: int = 0      # batch elements (samples) that succeeded
+    execution_count: int = 0      # model executions
+    last_inference_ms: int = 0
+    pending: int = 0              # requests queued or executing
+    phases: dict[str, Duration] = field(default_factory=lambda: {p: Duration() for p in _PHASES})
+    batches: dict[int, BatchStats] = field(default_factory=dict)
+    # failures by reason, for nv_inference_request_failure{reason=...}
+    failures: dict[str, int] = field(default_factory=dict)
+
+    def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        """One model execution of ``batch_size`` samples (all requests of one batch)."""
+        self.execution_count += 1
+        b = self.batches.get(batch_size)
+        if b is None:
+            b = self.batches[batch_size] = BatchStats()
+        b.compute_input.add(input_ns)
+        b.compute_infer.add(infer_ns)
+        b.compute_output.add(output_ns)
+
+    def record_success(self, samples: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
+                       output_ns: int) -> None:
+        """One request answered: its end-to-end time and its share of each phase."""
+        self.inference_count += samples
+        self.last_inference_ms = int(time.time() * 1000)
+        p = self.phases
+        p["success"].add(total_ns)
+        p["queue"].add(queue_ns)
+        p["compute_input"].add(input_ns)
+        p["compute_infer"].add(infer_ns)
+        p["compute_output"].add(output_ns)
+
+    def record_failure(self, total_ns: int, reason: str) -> None:
+        self.phases["fail"].add(total_ns)
+        self.failures[reason] = self.failures.get(reason, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "version": self.version,
+            "last_inference": self.last_inference_ms,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": {p: d.as_dict() for p, d in self.phases.items()},
+            "response_stats": {},
+            "batch_stats": [
+                {"batch_size": size, "compute_input": b.compute_input.as_dict(),
+                 "compute_infer": b.compute_infer.as_dict(), "compute_output": b.compute_output.as_dict()}
+                for size, b in sorted(self.batches.items())],
+            "memory_usage": [],
+        }

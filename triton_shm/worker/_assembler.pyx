@@ -1,0 +1,69 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Batch assembler in C (csrc/assembler.c). Twin of ``assembler_py``; same API and errors.
+
+The buffers are pinned (held as typed memoryviews) for the whole copy, which runs with
+the GIL released, so other instance threads keep running.
+"""
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.stdint cimport uint8_t
+
+from ..errors import Internal
+
+
+def gather(dst, srcs) -> int:
+    """Copy every buffer of ``srcs`` back to back into ``dst``; returns the bytes written."""
+    cdef uint8_t[::1] out = memoryview(dst).cast("B")
+    views = [memoryview(s).cast("B") for s in srcs]
+    cdef Py_ssize_t n = len(views), i, total = 0
+    for v in views:
+        total += (<memoryview>v).nbytes
+    if total > out.shape[0]:
+        raise Internal(f"batch assembler: {total} bytes do not fit the {out.shape[0]}-byte buffer")
+    cdef const uint8_t **ptrs = <const uint8_t **>PyMem_Malloc(sizeof(uint8_t *) * (n + 1))
+    cdef size_t *sizes = <size_t *>PyMem_Malloc(sizeof(size_t) * (n + 1))
+    cdef const uint8_t[::1] src
+    cdef uint8_t *base = &out[0] if out.shape[0] else NULL
+    try:
+        if ptrs == NULL or sizes == NULL:
+            raise MemoryError()
+        for i in range(n):
+            src = views[i]
+            sizes[i] = src.shape[0]
+            ptrs[i] = &src[0] if src.shape[0] else NULL
+        if total:
+            with nogil:
+                tsm_gather(base, ptrs, sizes, n)
+        return total
+    finally:
+        PyMem_Free(ptrs)
+        PyMem_Free(sizes)
+
+
+def scatter(src, dsts) -> int:
+    """Copy consecutive spans of ``src`` into each buffer of ``dsts`` (their lengths
+    define the split); returns the bytes read."""
+    cdef const uint8_t[::1] inp = memoryview(src).cast("B")
+    views = [memoryview(d).cast("B") for d in dsts]
+    cdef Py_ssize_t n = len(views), i, total = 0
+    for v in views:
+        total += (<memoryview>v).nbytes
+    if total > inp.shape[0]:
+        raise Internal(f"batch assembler: destinations need {total} bytes, the batch has {inp.shape[0]}")
+    cdef uint8_t **ptrs = <uint8_t **>PyMem_Malloc(sizeof(uint8_t *) * (n + 1))
+    cdef size_t *sizes = <size_t *>PyMem_Malloc(sizeof(size_t) * (n + 1))
+    cdef uint8_t[::1] dst
+    cdef const uint8_t *base = &inp[0] if inp.shape[0] else NULL
+    try:
+        if ptrs == NULL or sizes == NULL:
+            raise MemoryError()
+        for i in range(n):
+            dst = views[i]
+            sizes[i] = dst.shape[0]
+            ptrs[i] = &dst[0] if dst.shape[0] else NULL
+        if total:
+            with nogil:
+                tsm_scatter(base, ptrs, sizes, n)
+        return total
+    finally:
+        PyMem_Free(ptrs)
+        PyMem_Free(sizes)

@@ -1,0 +1,219 @@
+"""Running batches on a model instance, inside the worker.
+
+A batch arrives as one ``infer`` message listing its requests. For backends that take a
+batch as one tensor (ONNX Runtime), the batch assembler gathers every request's input
+bytes into one contiguous buffer, the model runs once, and each output is scattered back
+into per-request blocks of the output arena or into the client's shared-memory slice.
+Python models get the list of requests, as Triton's python backend gives it.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+import traceback
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..backends.base import ModelInstance, WorkerRequest, WorkerResponse
+from ..core import codec
+from ..core.datatypes import element_size
+from ..errors import Internal, InvalidArgument, TritonShmError
+from ..ipc.arena import Block
+from . import assembler
+from .tensors import decode_input, encode_output, encode_output_into, wire_bytes
+
+if TYPE_CHECKING:
+    from .process import LoadedModel, Worker
+
+log = logging.getLogger("triton_shm.worker")
+
+
+def _error(e: BaseException, model: str) -> dict[str, Any]:
+    if isinstance(e, TritonShmError):
+        return {"error": e.to_wire()}
+    log.error("model '%s' failed:\n%s", model, traceback.format_exc())
+    return {"error": Internal(f"model '{model}' failed: {type(e).__name__}: {e}").to_wire()}
+
+
+class InstanceRunner:
+    """A model instance and the thread that feeds it batches."""
+
+    def __init__(self, worker: "Worker", model: "LoadedModel", instance: ModelInstance, name: str):
+        self.worker, self.model, self.instance, self.name = worker, model, instance, name
+        self.queue: queue.SimpleQueue[dict | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=f"instance-{name}", daemon=True)
+        self.thread.start()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.queue.put(None)
+        self.thread.join(timeout=timeout)
+        try:
+            self.instance.finalize()
+        except Exception:  # a model's finalize must not take the worker down
+            log.exception("finalize of instance %s failed", self.name)
+
+    def _run(self) -> None:
+        while (msg := self.queue.get()) is not None:
+            try:
+                self.worker.reply(msg["id"], self.run_batch(msg["requests"]))
+            except OSError:  # the front-end has gone; the control loop is ending too
+                return
+
+    # -- one batch -------------------------------------------------------------------------
+    def run_batch(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
+        name = self.model.context.name
+        if self.model.concat_batching and len(requests) > 1 and _uniform(requests):
+            try:
+                return self._run_concatenated(requests)
+            except Exception as e:  # the whole batch fails alike
+                err = _error(e, name)
+                return {"responses": [err] * len(requests), "timing": [0, 0, 0]}
+        t0 = time.perf_counter_ns()
+        decoded: list[WorkerRequest] = []
+        results: list[dict[str, Any] | None] = [None] * len(requests)
+        for i, r in enumerate(requests):
+            try:
+                decoded.append(self._decode(r))
+            except Exception as e:
+                results[i] = _error(e, name)
+        live = [i for i, r in enumerate(results) if r is None]
+        t1 = time.perf_counter_ns()
+        responses: list[WorkerResponse] = []
+        if live:
+            try:
+                responses = self.instance.execute(decoded)
+                if len(responses) != len(decoded):
+                    raise Internal(f"model '{name}' returned {len(responses)} responses for {len(decoded)} requests")
+            except Exception as e:
+                err = _error(e, name)
+                for i in live:
+                    results[i] = err
+                live = []
+        t2 = time.perf_counter_ns()
+        for i, response in zip(live, responses):
+            try:
+                if response.error is not None:
+                    raise response.error
+                results[i] = {"outputs": self._encode(requests[i], response.outputs)}
+            except Exception as e:
+                results[i] = _error(e, name)
+        t3 = time.perf_counter_ns()
+        return {"responses": results, "timing": [t1 - t0, t2 - t1, t3 - t2]}
+
+    def _decode(self, r: dict[str, Any]) -> WorkerRequest:
+        inputs, datatypes = {}, {}
+        for name, datatype, shape, desc in r["inputs"]:
+            inputs[name] = decode_input(datatype, shape, self.worker.view(desc))
+            datatypes[name] = datatype
+        return WorkerRequest(id=r.get("request_id", ""), inputs=inputs, datatypes=datatypes,
+                             requested_outputs=list(r["outputs"]), parameters=r.get("parameters") or {})
+
+    def _encode(self, r: dict[str, Any], outputs: dict[str, Any]) -> list[list[Any]]:
+        specs = self.model.output_types
+        missing = [n for n in r["outputs"] if n not in outputs]
+        if missing:
+            raise Internal(f"model '{self.model.context.name}' did not produce output(s) {missing}")
+        in_shm = r.get("shm_outputs") or {}
+        encoded: list[list[Any]] = []
+        blocks: list[Block] = []
+        try:
+            for name in r["outputs"]:
+                if name in in_shm:  # straight into the client's region
+                    rid, offset, size = in_shm[name]
+                    shape, written = encode_output_into(self.worker.regions.view(rid, offset, size), name,
+                                                        specs[name], outputs[name])
+                    encoded.append([name, specs[name], shape, ["r", rid, offset, written]])
+                    continue
+                shape, block = encode_output(self.worker.arena, name, specs[name], outputs[name])
+                blocks.append(block)
+                encoded.append([name, specs[name], shape, block.descriptor()])
+        except BaseException:
+            self._free(blocks)
+            raise
+        return encoded
+
+    def _free(self, blocks: list[Block]) -> None:
+        for b in blocks:
+            self.worker.arena.free(b.segment.id, b.offset, b.size)
+
+    # -- concatenated batches --------------------------------------------------------------
+    def _run_concatenated(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
+        t0 = time.perf_counter_ns()
+        rows = [r["inputs"][0][2][0] for r in requests]
+        total = sum(rows)
+        inputs, datatypes = {}, {}
+        for k, (name, datatype, shape, _) in enumerate(requests[0]["inputs"]):
+            views = [self.worker.view(r["inputs"][k][3]) for r in requests]
+            buf = np.empty(sum(v.nbytes for v in views), dtype=np.uint8)
+            assembler.gather(buf, views)  # BYTES too: encoded tensors concatenate
+            inputs[name] = decode_input(datatype, [total, *shape[1:]], memoryview(buf))
+            datatypes[name] = datatype
+        merged = WorkerRequest(id=requests[0].get("request_id", ""), inputs=inputs, datatypes=datatypes,
+                               requested_outputs=list(requests[0]["outputs"]),
+                               parameters=requests[0].get("parameters") or {})
+        t1 = time.perf_counter_ns()
+        (response,) = self.instance.execute([merged])
+        t2 = time.perf_counter_ns()
+        if response.error is not None:
+            err = {"error": response.error.to_wire()}
+            return {"responses": [err] * len(requests), "timing": [t1 - t0, t2 - t1, 0]}
+        results: list[dict[str, Any]] = [{"outputs": []} for _ in requests]
+        blocks: list[Block] = []
+        try:
+            for name in requests[0]["outputs"]:
+                self._scatter_output(name, response.outputs.get(name), requests, rows, results, blocks)
+        except BaseException:
+            self._free(blocks)
+            raise
+        t3 = time.perf_counter_ns()
+        return {"responses": results, "timing": [t1 - t0, t2 - t1, t3 - t2]}
+
+    def _scatter_output(self, name: str, array, requests, rows, results, blocks: list[Block]) -> None:
+        datatype = self.model.output_types[name]
+        if array is None:
+            raise Internal(f"model '{self.model.context.name}' did not produce output '{name}'")
+        shape, data = wire_bytes(name, datatype, array)
+        if not shape or shape[0] != sum(rows):
+            raise Internal(f"output '{name}' has batch dimension {shape[:1]}, expected {sum(rows)}")
+        per_row = math.prod(shape[1:])
+        if datatype == "BYTES":
+            sizes = codec.split_bytes(data, [n * per_row for n in rows])
+        else:
+            sizes = [n * per_row * element_size(datatype) for n in rows]
+        targets = []
+        for r, n, size, result in zip(requests, rows, sizes, results):
+            ref = (r.get("shm_outputs") or {}).get(name)
+            if ref is not None:
+                rid, offset, limit = ref
+                if size > limit:
+                    raise InvalidArgument(f"shared memory size specified with the request for output '{name}' "
+                                          f"({limit} bytes) should be at least {size} bytes to hold the results")
+                targets.append(self.worker.regions.view(rid, offset, size))
+                result["outputs"].append([name, datatype, [n, *shape[1:]], ["r", rid, offset, size]])
+            else:
+                block = self.worker.arena.alloc(size)
+                blocks.append(block)
+                targets.append(block.view)
+                result["outputs"].append([name, datatype, [n, *shape[1:]], block.descriptor()])
+        assembler.scatter(data, targets)
+
+
+def _uniform(requests: list[dict[str, Any]]) -> bool:
+    """Requests can be concatenated: same inputs in the same order with the same
+    per-row shape, the same requested outputs, and a batch dimension."""
+    first = requests[0]
+    sig = [(n, dt, shape[1:]) for n, dt, shape, _ in first["inputs"]]
+    if not sig or any(len(shape) == 0 for _, _, shape, _ in first["inputs"]):
+        return False
+    for r in requests[1:]:
+        if r["outputs"] != first["outputs"]:
+            return False
+        if [(n, dt, shape[1:]) for n, dt, shape, _ in r["inputs"]] != sig:
+            return False
+        if len({shape[0] for _, _, shape, _ in r["inputs"]}) != 1:
+            return False
+    return True
