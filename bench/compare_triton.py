@@ -1,52 +1,146 @@
-"""Server overhead for a small request: triton-shm vs the real Triton 2.51, one run.
+"""triton-shm vs the real Triton 2.51, driven by the real perf_analyzer, in one run.
 
-    python bench/compare_triton.py [--rounds 2] [--interval-ms 3000]
+    python bench/compare_triton.py [--scenarios small,large,batching] [--rounds 2] [--interval-ms 3000]
 
-Both servers serve the same repository (a python `add_sub` model: two FP32[16] inputs,
-their sum and difference) and are driven by the real perf_analyzer (2.50) over gRPC
-and HTTP at concurrency 1 and 8, alternating A B A B so drift hits both alike. Prints a
-markdown table of medians and ratios (triton-shm / Triton).
+Both servers serve the same repository of python-backend models (the only kind the
+reference Triton build runs) and are measured alternately, A B A B, so drift hits both
+alike. For each case it reports medians of throughput and p50/p99 latency from
+perf_analyzer, plus each server's CPU-seconds per 1,000 inferences and peak RSS (its
+whole process tree: Triton's stubs, our workers), and the ratios triton-shm / Triton.
+
+The server-side time per request comes from each server's own statistics extension
+(success ns / count over the run).
+
+Scenarios:
+  small     add_sub, two FP32[16] inputs; gRPC and HTTP at concurrency 1 and 8
+  large     identity, one 16 MiB FP32 tensor; gRPC in-band and through system shared memory
+  batching  a batch-friendly model (per-call overhead + one matmul per batch) at
+            concurrency 16, dynamic batching off and on
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import io
+import os
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from reference import ensure_reference
 
-ADD_SUB_CONFIG = """
-name: "add_sub"
-backend: "python"
-max_batch_size: 0
-input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
-output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
-"""
-ADD_SUB_PY = """
-import triton_python_backend_utils as pb_utils
+ADD_SUB = ("""
+    name: "add_sub"
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+    """, """
+    import triton_python_backend_utils as pb_utils
 
-class TritonPythonModel:
-    def execute(self, requests):
-        out = []
-        for r in requests:
-            a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b),
-                                                   pb_utils.Tensor("OUTPUT1", a - b)]))
-        return out
-"""
-SCENARIOS = [("grpc", 1), ("grpc", 8), ("http", 1), ("http", 8)]
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                a = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                b = pb_utils.get_input_tensor_by_name(r, "INPUT1").as_numpy()
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b),
+                                                       pb_utils.Tensor("OUTPUT1", a - b)]))
+            return out
+    """)
+IDENTITY = ("""
+    name: "identity"
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    """, """
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse(
+                [pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+                for r in requests]
+    """)
+# Batch-friendly: a fixed cost per execute call, then one matmul over all rows of all requests.
+MATMUL_PY = """
+    import time
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    W = np.random.default_rng(0).standard_normal((256, 256)).astype(np.float32)
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            time.sleep(0.002)  # per-call overhead (e.g. a kernel launch or a lock)
+            xs = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
+            y = np.concatenate(xs) @ W
+            out, start = [], 0
+            for x in xs:
+                out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", y[start:start + len(x)])]))
+                start += len(x)
+            return out
+    """
 
 
-def free_port_block() -> int:
+def matmul_config(name: str, batching: bool) -> str:
+    return f"""
+    name: "{name}"
+    backend: "python"
+    max_batch_size: 32
+    input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 256 ] }} ]
+    output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 256 ] }} ]
+    {"dynamic_batching { max_queue_delay_microseconds: 500 }" if batching else ""}
+    """
+
+
+@dataclass
+class Case:
+    label: str
+    model: str
+    args: list[str]   # perf_analyzer arguments besides -m/-u/-i
+    protocol: str = "grpc"
+
+
+SCENARIOS: dict[str, list[Case]] = {
+    "small": [Case(f"add_sub FP32[16], {p}, concurrency {c}", "add_sub", ["--concurrency-range", str(c)], p)
+              for p in ("grpc", "http") for c in (1, 8)],
+    "large": [
+        Case("identity 16 MiB, gRPC in-band, concurrency 1", "identity",
+             ["--shape", "INPUT0:4194304", "--concurrency-range", "1"]),
+        Case("identity 16 MiB, gRPC system shm, concurrency 1", "identity",
+             ["--shape", "INPUT0:4194304", "--concurrency-range", "1", "--shared-memory", "system",
+              "--output-shared-memory-size", str(16 << 20)]),
+    ],
+    "batching": [
+        Case("matmul 256x256, gRPC, concurrency 16, dynamic batching off", "matmul_nobatch",
+             ["--concurrency-range", "16"]),
+        Case("matmul 256x256, gRPC, concurrency 16, dynamic batching on", "matmul_batch",
+             ["--concurrency-range", "16"]),
+    ],
+}
+
+
+def build_repository(repo: Path) -> None:
+    def write(name: str, config: str, code: str) -> None:
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
+        (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
+    write("add_sub", *ADD_SUB)
+    write("identity", *IDENTITY)
+    write("matmul_nobatch", matmul_config("matmul_nobatch", False), MATMUL_PY)
+    write("matmul_batch", matmul_config("matmul_batch", True), MATMUL_PY)
+
+
+def free_port() -> int:
     while True:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -55,82 +149,142 @@ def free_port_block() -> int:
             return port
 
 
-def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
+def process_tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*/children") if Path(f"/proc/{p}").exists() else []:
+            todo += [int(c) for c in task.read_text().split()]
+    return pids
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    total, tick = 0, os.sysconf("SC_CLK_TCK")
+    for p in pids:
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=1) as r:
-                if r.status == 200:
-                    return
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime + stime
+        except (OSError, IndexError):
+            pass
+    return total / tick
+
+
+def peak_rss_mib(pids: list[int]) -> float:
+    total = 0
+    for p in pids:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
         except OSError:
-            time.sleep(0.2)
-    raise RuntimeError("server did not become ready")
+            pass
+    return total / 1024
 
 
-def start(kind: str, repo: Path, ref, log) -> tuple[subprocess.Popen, int]:
-    port = free_port_block()
-    if kind == "triton":
-        cmd, env = ref.triton_cmd(repo, port)
-    else:
-        cmd = [sys.executable, "-m", "triton_shm", "--model-repository", str(repo), "--http-port", str(port),
-               "--grpc-port", str(port + 1), "--allow-metrics", "false", "--http-address", "127.0.0.1",
-               "--grpc-address", "127.0.0.1"]
-        env = None
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
-    wait_ready(port, proc)
-    return proc, port
+class Server:
+    def __init__(self, kind: str, repo: Path, ref, log):
+        self.kind, self.port = kind, free_port()
+        if kind == "triton":
+            cmd, env = ref.triton_cmd(repo, self.port)
+        else:
+            cmd = [sys.executable, "-m", "triton_shm", "--model-repository", str(repo), "--http-port", str(self.port),
+                   "--grpc-port", str(self.port + 1), "--allow-metrics", "false", "--allow-client-shm", "true",
+                   "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]
+            env = None
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{kind} exited with {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/health/ready", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"{kind} did not become ready")
+
+    def url(self, protocol: str) -> str:
+        return f"127.0.0.1:{self.port + 1}" if protocol == "grpc" else f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
 
 
-def perf(ref, protocol: str, port: int, concurrency: int, interval_ms: int) -> dict[str, float]:
-    url = f"127.0.0.1:{port + 1}" if protocol == "grpc" else f"127.0.0.1:{port}"
+def success_ns(server: Server, model: str) -> tuple[int, int]:
+    """(count, ns) of successful requests from the statistics extension (both servers have it)."""
+    import json
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v2/models/{model}/stats", timeout=10) as r:
+        success = json.load(r)["model_stats"][0]["inference_stats"]["success"]
+    return int(success["count"]), int(success["ns"])
+
+
+def run_case(ref, server: Server, case: Case, interval_ms: int) -> dict[str, float]:
     with tempfile.NamedTemporaryFile(suffix=".csv") as f:
-        cmd = [str(ref.perf_analyzer), "-m", "add_sub", "-u", url, "-i", protocol,
-               "--concurrency-range", str(concurrency), "--measurement-interval", str(interval_ms),
-               "--stability-percentage", "50", "--max-trials", "5", "-f", f.name]
-        out = subprocess.run(cmd, env=ref.pa_env(), capture_output=True, text=True, timeout=300)
+        cmd = [str(ref.perf_analyzer), "-m", case.model, "-u", server.url(case.protocol), "-i", case.protocol,
+               "--measurement-interval", str(interval_ms), "--stability-percentage", "50", "--max-trials", "5",
+               "-f", f.name, *case.args]
+        pids = process_tree(server.proc.pid)
+        count0, ns0 = success_ns(server, case.model)
+        cpu0, t0 = cpu_seconds(pids), time.monotonic()
+        out = subprocess.run(cmd, env=ref.pa_env(), capture_output=True, text=True, timeout=600)
+        wall = time.monotonic() - t0
+        cpu = cpu_seconds(process_tree(server.proc.pid)) - cpu0
         if out.returncode != 0:
-            raise RuntimeError(f"perf_analyzer failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
+            raise RuntimeError(f"perf_analyzer failed on {server.kind}: {out.stdout[-2000:]}{out.stderr[-2000:]}")
         row = next(csv.DictReader(io.StringIO(Path(f.name).read_text())))
-    return {"throughput": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
-            "p99_us": float(row["p99 latency"])}
+    count1, ns1 = success_ns(server, case.model)
+    throughput = float(row["Inferences/Second"])
+    # perf_analyzer keeps the load on for the whole run (warm-up and every trial), so the
+    # requests served during it are about throughput x wall time.
+    return {"throughput": throughput, "p50_us": float(row["p50 latency"]), "p99_us": float(row["p99 latency"]),
+            "server_us": (ns1 - ns0) / max(count1 - count0, 1) / 1000,
+            "cpu_s_per_1k": 1000 * cpu / max(throughput * wall, 1.0),
+            "rss_mib": peak_rss_mib(process_tree(server.proc.pid))}
+
+
+def table(cases: list[Case], med: dict) -> str:
+    lines = ["| case | triton-shm infer/s | Triton infer/s | ratio | triton-shm p50 µs | Triton p50 µs | "
+             "triton-shm p99 µs | Triton p99 µs | server-side µs/request (ours / Triton) | "
+             "CPU-s/1k inf (ours / Triton) | peak RSS MiB (ours / Triton) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for case in cases:
+        a, b = med[("triton-shm", case.label)], med[("triton", case.label)]
+        lines.append(
+            f"| {case.label} | {a['throughput']:.0f} | {b['throughput']:.0f} | {a['throughput'] / b['throughput']:.2f} "
+            f"| {a['p50_us']:.0f} | {b['p50_us']:.0f} | {a['p99_us']:.0f} | {b['p99_us']:.0f} "
+            f"| {a['server_us']:.0f} / {b['server_us']:.0f} "
+            f"| {a['cpu_s_per_1k']:.2f} / {b['cpu_s_per_1k']:.2f} | {a['rss_mib']:.0f} / {b['rss_mib']:.0f} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--scenarios", default="small,large,batching")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--interval-ms", type=int, default=3000)
     args = parser.parse_args()
+    cases = [c for s in args.scenarios.split(",") for c in SCENARIOS[s]]
     ref = ensure_reference()
-    results: dict[tuple[str, str, int], list[dict[str, float]]] = {}
+    results: dict[tuple[str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
-        (repo / "add_sub" / "1").mkdir(parents=True)
-        (repo / "add_sub" / "config.pbtxt").write_text(ADD_SUB_CONFIG)
-        (repo / "add_sub" / "1" / "model.py").write_text(ADD_SUB_PY)
+        build_repository(repo)
         log = open(Path(tmp) / "servers.log", "wb")
         for _ in range(args.rounds):
             for kind in ("triton-shm", "triton"):
-                proc, port = start(kind, repo, ref, log)
+                server = Server(kind, repo, ref, log)
                 try:
-                    for protocol, conc in SCENARIOS:
-                        r = perf(ref, protocol, port, conc, args.interval_ms)
-                        results.setdefault((kind, protocol, conc), []).append(r)
-                        print(f"  {kind:10s} {protocol} c{conc}: {r['throughput']:.0f}/s p50 {r['p50_us']:.0f} µs",
-                              file=sys.stderr)
+                    for case in cases:
+                        r = run_case(ref, server, case, args.interval_ms)
+                        results.setdefault((kind, case.label), []).append(r)
+                        print(f"  {kind:10s} {case.label}: {r['throughput']:.0f}/s p50 {r['p50_us']:.0f} µs",
+                              file=sys.stderr, flush=True)
                 finally:
-                    proc.terminate()
-                    proc.wait(60)
+                    server.stop()
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
-    print("| scenario | triton-shm infer/s | Triton infer/s | ratio | triton-shm p50 µs | Triton p50 µs | ratio "
-          "| triton-shm p99 µs | Triton p99 µs |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for protocol, conc in SCENARIOS:
-        a, b = med[("triton-shm", protocol, conc)], med[("triton", protocol, conc)]
-        print(f"| python add_sub, FP32[16], {protocol}, concurrency {conc} | {a['throughput']:.0f} | "
-              f"{b['throughput']:.0f} | {a['throughput'] / b['throughput']:.2f} | {a['p50_us']:.0f} | "
-              f"{b['p50_us']:.0f} | {a['p50_us'] / b['p50_us']:.2f} | {a['p99_us']:.0f} | {b['p99_us']:.0f} |")
+    print(table(cases, med))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,27 @@
+"""Runs every benchmark in bench/ and prints the markdown recorded in docs/benchmarks.md.
+
+    python bench/run_all.py           (make bench)
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+STEPS = [
+    ("IPC round trip", ["ipc_rtt.py", "--n", "20000"]),
+    ("One memcpy", ["memcpy.py", "--mib", "16"]),
+    ("Batch assembler", ["assembler.py"]),
+    ("triton-shm vs Triton 2.51 (perf_analyzer)", ["compare_triton.py", "--rounds", "2"]),
+]
+
+
+def main() -> None:
+    for title, args in STEPS:
+        print(f"\n### {title}\n\n`python bench/{' '.join(args)}`\n", flush=True)
+        subprocess.run([sys.executable, str(HERE / args[0]), *args[1:]], check=True, cwd=HERE)
+
+
+if __name__ == "__main__":
+    main()
