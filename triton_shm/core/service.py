@@ -44,8 +44,6 @@ class InferenceService:
         extensions = list(EXTENSIONS)
         if self.shm.enabled:
             extensions.append("system_shared_memory")
-            if self.shm.gpus:
-                extensions.append("cuda_shared_memory")
         return {"name": SERVER_NAME, "version": __version__, "extensions": extensions}
 
     # -- shared memory -------------------------------------------------------------------

@@ -35,15 +35,10 @@ class Region:
     offset: int
     byte_size: int
     fd: int
-    kind: str = "system"          # "system" | "cuda"
-    device_id: int = 0
-    raw_handle: bytes = b""
     users: int = 0
     registered: bool = True
 
     def status(self) -> dict:
-        if self.kind == "cuda":
-            return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
@@ -121,8 +116,8 @@ class SharedMemoryRegistry:
             raise Unsupported("CUDA shared memory needs a GPU, and this server runs none")
         if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id not in self.gpus:
             raise InvalidArgument(f"device_id {device_id} is not a GPU this server runs (it runs {self.gpus})")
-        self._regions[name] = Region(next(self._ids), name, "", 0, byte_size, -1, kind="cuda",
-                                     device_id=device_id, raw_handle=bytes(raw_handle))
+        raise Unsupported("CUDA shared-memory tensors are not available in this build yet; use system "
+                          "shared memory")
 
     def _check_name(self, name: str) -> None:
         if not isinstance(name, str) or not name or "\x00" in name:
@@ -132,21 +127,23 @@ class SharedMemoryRegistry:
 
     # -- status and removal --------------------------------------------------------------
     def status(self, kind: str, name: str = "") -> list[dict]:
+        """Registered regions of ``kind`` ("system" or "cuda"; no CUDA region can be
+        registered in this build, so that list is empty)."""
+        regions = self._regions if kind == "system" else {}
         if name:
-            region = self._regions.get(name)
-            if region is None or region.kind != kind:
-                raise NotFound(f"Unable to find {'system' if kind == 'system' else 'cuda'} shared memory "
-                               f"region: '{name}'")
-            return [region.status()]
-        return [r.status() for r in self._regions.values() if r.kind == kind]
+            if name not in regions:
+                raise NotFound(f"Unable to find {kind} shared memory region: '{name}'")
+            return [regions[name].status()]
+        return [r.status() for r in regions.values()]
 
     def unregister(self, kind: str, name: str = "") -> None:
         """One region, or every region of ``kind``; an unknown name is not an error (as Triton)."""
         self._require_enabled()
-        names = [name] if name else [n for n, r in self._regions.items() if r.kind == kind]
-        for n in names:
+        if kind != "system":
+            return
+        for n in [name] if name else list(self._regions):
             region = self._regions.get(n)
-            if region is None or region.kind != kind:
+            if region is None:
                 continue
             del self._regions[n]
             region.registered = False

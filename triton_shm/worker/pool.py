@@ -20,7 +20,7 @@ from ..core import codec
 from ..core.datatypes import element_size
 from ..core.model_config import mc
 from ..core.types import InferResponse, OutputTensor
-from ..errors import Internal, TritonShmError, Unavailable, Unsupported
+from ..errors import Internal, TritonShmError, Unavailable
 from ..ipc import channel
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
 
@@ -393,8 +393,6 @@ class WorkerPool:
 
     @staticmethod
     def _client_region(worker: WorkerHandle, region: "Region") -> "Region":
-        if region.kind != "system":
-            raise Unsupported("tensors in CUDA shared memory are not supported by this server yet")
         worker.share_region(region)
         return region
 
