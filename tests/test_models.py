@@ -236,7 +236,7 @@ def models_server(tmp_path_factory):
     _versioned(repo, "vers_all", "version_policy: { all {} }")
     _versioned(repo, "vers_specific", "version_policy: { specific { versions: [ 1 ] } }")
 
-    srv = ServerProcess(repo, root / "server.log").start(wait_ready=False)
+    srv = ServerProcess(repo, root / "server.log", extra_args=["--exit-on-error=false"]).start(wait_ready=False)
     srv.repo = repo
     _wait_loaded(srv)
     yield srv

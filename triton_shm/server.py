@@ -7,8 +7,11 @@ import signal
 import sys
 
 from .cli import ServerOptions
+from .core.model_manager import ModelManager
 from .core.repository import ModelRepository
 from .core.service import InferenceService
+from .core.settings import install_logging
+from .core.tracing import Tracer
 from .core.shm_registry import SharedMemoryRegistry
 from .errors import TritonShmError
 from .worker.devices import parse_gpus
@@ -21,7 +24,11 @@ async def serve(options: ServerOptions) -> int:
     gpus = parse_gpus(options.gpus)
     pool = WorkerPool(gpus, options.log_verbose)
     repository = ModelRepository(options.model_repositories, gpu_count=len(gpus))
-    service = InferenceService(repository, pool, SharedMemoryRegistry(options.allow_client_shm, gpus))
+    models = ModelManager(repository, pool, mode=options.model_control_mode, poll_secs=options.repository_poll_secs,
+                          load_threads=options.model_load_thread_count)
+    service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
+                               strict_readiness=options.strict_readiness)
+    service.tracer = Tracer.from_config(options.trace_config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -30,8 +37,20 @@ async def serve(options: ServerOptions) -> int:
     await pool.start()
     runners = []
     try:
-        await repository.load_all(pool)
+        await models.start(options.load_model)
         print(repository.status_table(), flush=True)
+        failed = models.failed_models()
+        if failed and options.exit_on_error:
+            log.error("failed to load all models (start with --exit-on-error=false to serve the others): %s",
+                      "; ".join(failed))
+            return 1
+        if options.allow_metrics:  # first, so it answers once HTTP reports ready
+            from .frontend.metrics import start_metrics
+            address = options.metrics_address or options.http_address
+            runners.append(("Metrics", await start_metrics(
+                repository, address, options.metrics_port, cpu=options.allow_cpu_metrics,
+                gpu=options.allow_gpu_metrics, interval_ms=options.metrics_interval_ms, gpus=gpus)))
+            log.info("Started Metrics Service at %s:%d", address, options.metrics_port)
         if options.allow_http:
             from .frontend.http.app import start_http
             runners.append(("HTTP", await start_http(service, options.http_address, options.http_port,
@@ -42,9 +61,6 @@ async def serve(options: ServerOptions) -> int:
             from .frontend.grpc.server import start_grpc
             runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port)))
             log.info("Started GRPCInferenceService at %s:%d", options.grpc_address, options.grpc_port)
-        if options.allow_metrics:
-            log.warning("metrics are not available in this build; --metrics-port %d is not bound",
-                        options.metrics_port)
         await stop.wait()
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
     finally:
@@ -52,23 +68,28 @@ async def serve(options: ServerOptions) -> int:
         pool.begin_shutdown()
         deadline = loop.time() + options.exit_timeout_secs
         await _stop_frontends(runners, options.exit_timeout_secs)
+        try:  # in-flight requests are done or timed out: unload models (finalize runs)
+            await asyncio.wait_for(models.stop(), timeout=max(deadline - loop.time(), 1.0))
+        except asyncio.TimeoutError:
+            log.warning("models did not unload within --exit-timeout-secs; stopping workers")
         await pool.stop(timeout=max(deadline - loop.time(), 1.0))  # then workers are killed
         service.shm.close()
+        await service.tracer.close()
     return 0
 
 
 async def _stop_frontends(runners, timeout: float) -> None:
     async def stop_one(kind, runner):
-        if kind == "HTTP":
-            await runner.cleanup()
-        else:
+        if kind == "gRPC":
             await runner.stop(grace=timeout)
+        else:  # aiohttp runners: HTTP, Metrics
+            await runner.cleanup()
     await asyncio.gather(*(stop_one(k, r) for k, r in runners), return_exceptions=True)
 
 
 def run(options: ServerOptions) -> int:
-    logging.basicConfig(level=logging.DEBUG if options.log_verbose else logging.INFO,
-                        format="%(asctime)s %(levelname).1s %(name)s] %(message)s", stream=sys.stderr)
+    install_logging(info=options.log_info, warning=options.log_warning, error=options.log_error,
+                    verbose=options.log_verbose, log_format=options.log_format, log_file=options.log_file)
     try:
         import uvloop
         uvloop.install()

@@ -6,20 +6,18 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..errors import InvalidArgument, NotFound, TritonShmError, Unavailable
+from ..errors import InvalidArgument, NotFound, Unavailable
 from . import model_config as mcfg
 from .datatypes import config_to_wire
-from .scheduler import Scheduler, check_batching_config
+from .scheduler import Scheduler
 from .statistics import ModelStats
-
-if TYPE_CHECKING:
-    from ..worker.pool import WorkerPool
 
 log = logging.getLogger("triton_shm.repository")
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
+NOT_REQUESTED = ""  # on disk, never asked to load (explicit mode)
 
 
 @dataclass(slots=True)
@@ -46,9 +44,12 @@ class ModelVersion:
     stats: ModelStats | None = None
     scheduler: Scheduler | None = None
 
+    generation: int = 0   # distinguishes a reload from the version it replaces
+
     @property
     def key(self) -> str:
-        return f"{self.name}/{self.version}"
+        """The name workers know this load by: a reload runs beside the old one until it is ready."""
+        return f"{self.name}/{self.version}#{self.generation}"
 
     @property
     def ready(self) -> bool:
@@ -84,6 +85,8 @@ class ModelEntry:
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     state: str = LOADING   # used when the model failed before any version existed
     reason: str = ""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one load/unload at a time
+    fingerprint: tuple = ()  # files as last loaded (poll mode reloads on change)
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for _, v in sorted(self.versions.items()) if v.ready]
@@ -135,48 +138,6 @@ class ModelRepository:
                 found[child.name] = child
         return found
 
-    # -- loading -------------------------------------------------------------------------
-    async def load_all(self, pool: "WorkerPool") -> None:
-        found = self.scan()
-        await asyncio.gather(*(self.load_model(name, path, pool) for name, path in found.items()))
-
-    async def load_model(self, name: str, model_dir: Path, pool: "WorkerPool") -> ModelEntry:
-        entry = ModelEntry(name, model_dir)
-        self.models[name] = entry
-        try:
-            mcfg.validate_model_name(name)
-            base = mcfg.read_config(model_dir)
-            backend = mcfg.backend_of(base, model_dir)
-            mcfg.fill_defaults(base, name, backend, self.gpu_count)
-            chosen = select_versions(base, version_dirs(model_dir))
-            if not chosen:
-                raise InvalidArgument(f"model '{name}' has no version folder to load")
-        except TritonShmError as e:
-            entry.state, entry.reason = UNAVAILABLE, e.message
-            log.error("failed to load '%s': %s", name, e.message)
-            return entry
-        for v in chosen:
-            entry.versions[v] = ModelVersion(name, v, model_dir, base)
-        await asyncio.gather(*(self._load_version(entry.versions[v], base, pool) for v in chosen))
-        entry.state = READY if entry.ready_versions() else UNAVAILABLE
-        return entry
-
-    async def _load_version(self, mv: ModelVersion, base: mcfg.ModelConfig, pool: "WorkerPool") -> None:
-        try:
-            completed = await pool.auto_complete(mv, mcfg.config_to_json(base))
-            config = mcfg.config_from_json(completed, f"auto-completed config of model '{mv.name}'")
-            mcfg.check_io(config)
-            check_batching_config(config)
-            mv.set_config(config)
-            await pool.load(mv)
-            mv.stats = ModelStats(mv.name, str(mv.version))
-            mv.scheduler = Scheduler(mv, pool, mv.stats)
-            mv.state, mv.reason = READY, ""
-            log.info("successfully loaded '%s' version %d", mv.name, mv.version)
-        except TritonShmError as e:
-            mv.state, mv.reason = UNAVAILABLE, e.message
-            log.error("failed to load '%s' version %d: %s", mv.name, mv.version, e.message)
-
     # -- lookup --------------------------------------------------------------------------
     def get(self, name: str, version: str = "", *, require_ready: bool = False) -> ModelVersion:
         entry = self.models.get(name)
@@ -198,6 +159,12 @@ class ModelRepository:
             return entry.versions[max(entry.versions)]
         raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
 
+    def entry(self, name: str, model_dir: Path) -> ModelEntry:
+        entry = self.models.get(name)
+        if entry is None:
+            entry = self.models[name] = ModelEntry(name, model_dir, state=NOT_REQUESTED)
+        return entry
+
     def versions_of(self, name: str) -> list[str]:
         entry = self.models.get(name)
         return [str(v.version) for v in entry.ready_versions()] if entry else []
@@ -217,8 +184,9 @@ class ModelRepository:
         return [mv.stats.as_dict() for mv in sorted(versions, key=lambda m: (m.name, m.version))]
 
     def all_ready(self) -> bool:
-        """Every model has versions and every chosen version is READY (strict readiness)."""
-        return all(e.versions and all(v.ready for v in e.versions.values()) for e in self.models.values())
+        """Every model asked to load has all its versions READY (strict readiness)."""
+        return all(all(v.ready for v in e.versions.values()) and (e.versions or e.state == NOT_REQUESTED)
+                   for e in self.models.values())
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows: list[dict[str, str]] = []
@@ -226,7 +194,12 @@ class ModelRepository:
             entry = self.models[name]
             if not entry.versions:
                 if not ready_only:
-                    rows.append({"name": name, "version": "", "state": entry.state, "reason": entry.reason})
+                    row = {"name": name}
+                    if entry.state != NOT_REQUESTED:  # never asked to load: name only, as Triton lists it
+                        row.update(version="", state=entry.state)
+                        if entry.reason:
+                            row["reason"] = entry.reason
+                    rows.append(row)
                 continue
             for v, mv in sorted(entry.versions.items()):
                 if ready_only and not mv.ready:
@@ -241,6 +214,8 @@ class ModelRepository:
         """Model/version/status table printed at start, as Triton prints it."""
         rows = [("Model", "Version", "Status")]
         for r in self.index():
+            if "state" not in r:
+                continue  # on disk, not asked to load
             status = r["state"] if r["state"] == READY else f"{r['state']}: {r.get('reason', '')}"
             rows.append((r["name"], r["version"], status))
         widths = [max(len(row[i]) for row in rows) for i in range(3)]

@@ -41,6 +41,7 @@ class Pending:
     future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     seq: int = 0
     result: Any = None            # preserve_ordering: held until earlier requests are answered
+    trace: Any = None             # a tracing.Trace when this request is traced
 
 
 @dataclass(slots=True)
@@ -101,6 +102,7 @@ class Scheduler:
         self._held: dict[int, Pending] = {}     # finished, waiting for earlier ones
         self._task = asyncio.get_running_loop().create_task(self._dispatch())
         self._running: set[asyncio.Task] = set()
+        self._closing = False
 
     # -- admission -----------------------------------------------------------------------
     def _priority(self, request: InferRequest) -> int:
@@ -123,7 +125,10 @@ class Scheduler:
                 timeout_us = value
         return timeout_us * 1000 if timeout_us > 0 else None
 
-    async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"]) -> InferResponse:
+    async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
+                     trace: Any = None) -> InferResponse:
+        if self._closing:
+            raise Unavailable(f"model '{self.model.name}' version {self.model.version} is unloading")
         level = self._priority(request)
         policy = self.policies[level]
         queue = self.queues[level]
@@ -132,7 +137,9 @@ class Scheduler:
         now = time.monotonic_ns()
         timeout = self._timeout_ns(request, policy)
         pending = Pending(request, plan, regions, plan.batch_size or 1, level, now,
-                          now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq)
+                          now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq, trace=trace)
+        if trace is not None:
+            trace.stamp("QUEUE_START", now)
         self._seq += 1
         queue.append(pending)
         self.stats.pending += 1
@@ -243,6 +250,8 @@ class Scheduler:
         if any(not isinstance(r, Exception) for r in results):
             self.stats.record_execution(rows, in_ns, infer_ns, out_ns)
         for p, result in zip(batch, results):
+            if p.trace is not None:
+                p.trace.computed(start, timing)
             if isinstance(result, Exception):
                 self._finish(p, result)
             else:
@@ -264,13 +273,16 @@ class Scheduler:
             _resolve(q, q.result)
             self._released += 1
 
-    async def close(self) -> None:
+    async def drain(self) -> None:
+        """Refuse new requests, serve every queued and running one, then stop."""
+        self._closing = True
+        while self._running or any(self.queues.values()):
+            if self._running:
+                await asyncio.gather(*list(self._running), return_exceptions=True)
+            else:
+                self._wake.set()
+                await asyncio.sleep(0.001)
         self._task.cancel()
-        for q in self.queues.values():
-            while q:
-                _resolve(q.popleft(), Unavailable(f"model '{self.model.name}' is being unloaded"))
-        if self._running:
-            await asyncio.gather(*self._running, return_exceptions=True)
 
 
 def _resolve(p: Pending, result: Any) -> None:

@@ -5,40 +5,50 @@ adapters map those to HTTP/gRPC status once.
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..errors import NotFound, Unavailable
+from ..errors import InvalidArgument, NotFound, Unavailable
+from . import settings as log_settings
 from .model_config import config_to_json, validate_model_name
-from .repository import ModelRepository
+from .model_manager import ModelManager, decode_load_parameters
 from .shm_registry import SharedMemoryRegistry
+from .tracing import Tracer
 from .types import InferRequest, InferResponse
 from .validation import validate_request
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
-    from ..worker.pool import WorkerPool
 
 SERVER_NAME = "triton"
 # Only what really works is advertised (perf_analyzer reads this list).
 EXTENSIONS = ["model_repository", "schedule_policy", "model_configuration", "binary_tensor_data", "parameters",
-              "statistics"]
+              "statistics", "trace", "logging"]
 
 
 class InferenceService:
-    def __init__(self, repository: ModelRepository, workers: "WorkerPool", shm: SharedMemoryRegistry):
-        self.repository = repository
-        self.workers = workers
+    def __init__(self, models: ModelManager, shm: SharedMemoryRegistry, *, strict_readiness: bool = True):
+        self.models = models
+        self.repository = models.repository
+        self.workers = models.pool
         self.shm = shm
-        shm.on_close = workers.drop_region
+        shm.on_close = self.workers.drop_region
+        self.strict_readiness = strict_readiness
         self.accepting = True  # False once shutdown begins
+        self.tracer = Tracer()  # the server replaces it with one built from --trace-config
+        self.log_settings = log_settings.current()
 
     # -- health and metadata -------------------------------------------------------------
     def live(self) -> bool:
         return True
 
     def ready(self) -> bool:
-        return self.accepting and self.workers.all_alive() and self.repository.all_ready()
+        """Live, not shutting down, workers up; with strict readiness every model that
+        should be loaded is READY."""
+        if not (self.accepting and self.workers.all_alive()):
+            return False
+        return self.repository.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
         extensions = list(EXTENSIONS)
@@ -83,9 +93,46 @@ class InferenceService:
             validate_model_name(name)
         return {"model_stats": self.repository.statistics(name, version)}
 
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """Explicit mode only: (re)load ``name``; ``parameters`` may carry ``config`` (a JSON
+        model config that overrides config.pbtxt) and ``file:<version>/<file>`` contents."""
+        self.models.check_api_allowed()
+        config, files = decode_load_parameters(parameters or {})
+        await self.models.load(name, config, files)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        """Explicit mode only: waits for the model's in-flight requests, then frees it.
+        (No model has dependents until ensembles exist, so ``unload_dependents`` changes nothing.)"""
+        self.models.check_api_allowed()
+        await self.models.unload(name)
+
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """``[{"name", "version", "state", "reason"?}]`` sorted by name and version."""
         return self.repository.index(ready_only)
+
+    # -- trace and logging extensions ----------------------------------------------------
+    def _check_trace_model(self, model: str) -> None:
+        if model and model not in self.repository.models:
+            raise InvalidArgument(f"Request for unknown model : {model}")  # Triton's wording
+
+    def trace_settings(self, model: str = "") -> dict[str, Any]:
+        """``{"trace_level": [..], "trace_rate": "N", "trace_count": "N", "log_frequency": "N",
+        "trace_file", "trace_mode"}``; a model's settings fall back to the global ones."""
+        self._check_trace_model(model)
+        return self.tracer.settings(model)
+
+    def update_trace_settings(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Values are strings (``trace_level``: a list of strings); null clears a setting."""
+        self._check_trace_model(model)
+        return self.tracer.update(model, changes)
+
+    def get_log_settings(self) -> dict[str, Any]:
+        """``{"log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format"}``."""
+        return self.log_settings.to_dict()
+
+    def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Null leaves a setting as it is; ``log_file`` can not be set (501)."""
+        return self.log_settings.update(changes)
 
     # -- inference -----------------------------------------------------------------------
     async def infer(self, request: InferRequest) -> InferResponse:
@@ -94,12 +141,18 @@ class InferenceService:
             raise Unavailable("Server is shutting down")
         validate_model_name(request.model_name)
         model = self.repository.get(request.model_name, request.model_version, require_ready=True)
-        plan = validate_request(model, request)
-        if not (plan.shm_inputs or plan.shm_outputs):
-            return await model.scheduler.submit(request, plan, {})
-        regions = self.shm.acquire_all(plan)
+        trace = (self.tracer.sample(model.name, model.version, request.id, time.monotonic_ns())
+                 if self.tracer.active else None)
         try:
-            return await model.scheduler.submit(request, plan, regions)
-        finally:  # the worker has finished with the regions once it replied
-            for region in regions.values():
-                self.shm.release(region)
+            plan = validate_request(model, request)
+            if not (plan.shm_inputs or plan.shm_outputs):
+                return await model.scheduler.submit(request, plan, {}, trace)
+            regions = self.shm.acquire_all(plan)
+            try:
+                return await model.scheduler.submit(request, plan, regions, trace)
+            finally:  # the worker has finished with the regions once it replied
+                for region in regions.values():
+                    self.shm.release(region)
+        finally:
+            if trace is not None:
+                self.tracer.finish(trace)

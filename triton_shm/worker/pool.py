@@ -284,7 +284,7 @@ class WorkerPool:
     # -- model lifecycle -----------------------------------------------------------------
     @staticmethod
     def _model_message(op: str, mv: "ModelVersion", config: dict[str, Any]) -> dict[str, Any]:
-        return {"op": op, "model": mv.name, "version": mv.version, "model_dir": str(mv.model_dir),
+        return {"op": op, "key": mv.key, "model": mv.name, "version": mv.version, "model_dir": str(mv.model_dir),
                 "config": config}
 
     async def auto_complete(self, mv: "ModelVersion", config: dict[str, Any]) -> dict[str, Any]:

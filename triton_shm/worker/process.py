@@ -153,7 +153,7 @@ class Worker:
 
     def _load(self, msg: dict[str, Any]) -> dict[str, Any]:
         context = _context(msg)
-        key = f"{context.name}/{context.version}"
+        key = msg["key"]
         backend = get_backend(context.config.get("backend", ""))(context)
         model = LoadedModel(context, backend)
         try:

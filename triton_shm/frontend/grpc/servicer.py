@@ -121,6 +121,21 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         stats = self.service.model_statistics(request.name, request.version)
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
 
+    @_rpc
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
+                                  context: _Ctx) -> pb.RepositoryModelLoadResponse:
+        params = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.parameters.items()
+                  if v.WhichOneof("parameter_choice")}
+        await self.service.load_model(request.model_name, params)
+        return pb.RepositoryModelLoadResponse()
+
+    @_rpc
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
+                                    context: _Ctx) -> pb.RepositoryModelUnloadResponse:
+        dependents = request.parameters.get("unload_dependents")
+        await self.service.unload_model(request.model_name, bool(dependents and dependents.bool_param))
+        return pb.RepositoryModelUnloadResponse()
+
     # -- shared-memory extensions ---------------------------------------------------------
     @_rpc
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
@@ -167,10 +182,42 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED,
                             "ModelStreamInfer is not supported by this server yet")
 
-    RepositoryModelLoad = _unsupported("RepositoryModelLoad")
-    RepositoryModelUnload = _unsupported("RepositoryModelUnload")
-    TraceSetting = _unsupported("TraceSetting")
-    LogSettings = _unsupported("LogSettings")
+    # -- trace and logging extensions -------------------------------------------------------
+    @_rpc
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: _Ctx) -> pb.TraceSettingResponse:
+        log.debug("gRPC request: TraceSetting model '%s'", request.model_name)
+        if request.settings:
+            changes: dict[str, Any] = {}
+            for key, setting in request.settings.items():
+                values = list(setting.value)  # no value: clear the setting (tritonclient's None)
+                changes[key] = (values if key == "trace_level" else None if not values
+                                else values[0] if len(values) == 1 else values)
+            current = self.service.update_trace_settings(request.model_name, changes)
+        else:
+            current = self.service.trace_settings(request.model_name)
+        resp = pb.TraceSettingResponse()
+        for key, value in current.items():
+            resp.settings[key].value.extend(value if isinstance(value, list) else [value])
+        return resp
+
+    @_rpc
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: _Ctx) -> pb.LogSettingsResponse:
+        log.debug("gRPC request: LogSettings")
+        if request.settings:
+            changes = {key: (getattr(setting, which) if (which := setting.WhichOneof("parameter_choice")) else None)
+                       for key, setting in request.settings.items()}
+            current = self.service.update_log_settings(changes)
+        else:
+            current = self.service.get_log_settings()
+        resp = pb.LogSettingsResponse()
+        for key, value in current.items():
+            if isinstance(value, bool):
+                resp.settings[key].bool_param = value
+            elif isinstance(value, int):
+                resp.settings[key].uint32_param = value
+            else:
+                resp.settings[key].string_param = value
+        return resp
 
 
 # -- grpc.health.v1.Health/Check ----------------------------------------------------------

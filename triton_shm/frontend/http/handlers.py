@@ -5,6 +5,7 @@ Handlers raise; the error middleware in :mod:`.app` turns every exception into t
 """
 from __future__ import annotations
 
+import logging
 import zlib
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,8 @@ from .codec import decode_infer_request, encode_infer_response
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
+
+log = logging.getLogger(__name__)
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -88,6 +91,19 @@ class HttpHandlers:
         info = request.match_info
         return _json(request, self.service.model_statistics(info.get("model", ""), info.get("version", "")))
 
+    async def load_model(self, request: web.Request) -> web.Response:
+        params = _parameters(_json_object(await self._read_body(request)))
+        await self.service.load_model(request.match_info["model"], params)
+        return web.Response(status=200)
+
+    async def unload_model(self, request: web.Request) -> web.Response:
+        params = _parameters(_json_object(await self._read_body(request)))
+        dependents = params.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidArgument("'unload_dependents' must be a boolean")
+        await self.service.unload_model(request.match_info["model"], dependents)
+        return web.Response(status=200)
+
     # -- shared-memory extensions ---------------------------------------------------------
     async def shm_status(self, request: web.Request) -> web.Response:
         return _json(request, self.service.shm_status(_shm_kind(request), request.match_info.get("region", "")))
@@ -110,9 +126,21 @@ class HttpHandlers:
         self.service.unregister_shm(_shm_kind(request), request.match_info.get("region", ""))
         return web.Response(status=200)
 
-    # -- not in this build yet -----------------------------------------------------------
-    async def unsupported(self, request: web.Request) -> web.Response:
-        raise Unsupported(f"{request.method} {request.path} is not available in this build")
+    # -- trace and logging extensions -------------------------------------------------------
+    async def trace_setting(self, request: web.Request) -> web.Response:
+        log.debug("HTTP request: %s %s", request.method, request.path)
+        model = request.match_info.get("model", "")
+        if request.method == "GET":
+            return _json(request, self.service.trace_settings(model))
+        changes = _json_object(await self._read_body(request))
+        return _json(request, self.service.update_trace_settings(model, changes))
+
+    async def log_settings(self, request: web.Request) -> web.Response:
+        log.debug("HTTP request: %s %s", request.method, request.path)
+        if request.method == "GET":
+            return _json(request, self.service.get_log_settings())
+        changes = _json_object(await self._read_body(request))
+        return _json(request, self.service.update_log_settings(changes))
 
     # -- helpers -------------------------------------------------------------------------
     async def _read_body(self, request: web.Request) -> bytes:
@@ -134,8 +162,14 @@ def build_routes(h: HttpHandlers) -> list[web.RouteDef]:
         web.get("/v2", h.server_metadata),
         web.get("/v2/models/stats", h.model_stats),
         web.post("/v2/repository/index", h.repository_index),
-        web.post("/v2/repository/models/{model}/load", h.unsupported),
-        web.post("/v2/repository/models/{model}/unload", h.unsupported),
+        web.post("/v2/repository/models/{model}/load", h.load_model),
+        web.post("/v2/repository/models/{model}/unload", h.unload_model),
+        web.get("/v2/trace/setting", h.trace_setting),
+        web.post("/v2/trace/setting", h.trace_setting),
+        web.get("/v2/models/{model}/trace/setting", h.trace_setting),  # no versioned form, as in Triton
+        web.post("/v2/models/{model}/trace/setting", h.trace_setting),
+        web.get("/v2/logging", h.log_settings),
+        web.post("/v2/logging", h.log_settings),
     ]
     for kind in ("systemsharedmemory", "cudasharedmemory"):
         base = f"/v2/{kind}"
@@ -168,6 +202,13 @@ def _json_object(body: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InvalidArgument("the request JSON must be an object")
     return doc
+
+
+def _parameters(doc: dict[str, Any]) -> dict[str, Any]:
+    params = doc.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidArgument("'parameters' must be an object")
+    return params
 
 
 def _shm_kind(request: web.Request) -> str:

@@ -1,0 +1,311 @@
+"""Model lifecycle: loading, reloading and unloading models and versions, in the model
+control modes ``none``, ``poll`` and ``explicit``.
+
+Loads run off the request path (other models keep answering) and a model's loads and
+unloads are serialized by its lock. A reload loads the new versions beside the old ones
+(workers know each load by its own key) and swaps them in once every one is READY; the
+replaced versions drain their queues before their instances are freed, so no in-flight
+request fails because of a reload. A failed reload leaves the old versions serving.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import InvalidArgument, TritonShmError, Unavailable
+from . import model_config as mcfg
+from .repository import (LOADING, NOT_REQUESTED, READY, UNAVAILABLE, UNLOADING, ModelEntry, ModelRepository,
+                         ModelVersion, select_versions, version_dirs)
+from .scheduler import Scheduler, check_batching_config
+from .statistics import ModelStats
+
+if TYPE_CHECKING:
+    from ..worker.pool import WorkerPool
+
+log = logging.getLogger("triton_shm.models")
+
+MODES = ("none", "poll", "explicit")
+FILE_PREFIX = "file:"
+
+
+def fingerprint(model_dir: Path) -> tuple:
+    """What poll mode compares: every file's path, size and modification time."""
+    items = []
+    for root, dirs, files in os.walk(model_dir):
+        dirs.sort()
+        for f in sorted(files):
+            try:
+                st = os.stat(os.path.join(root, f))
+            except OSError:
+                continue
+            items.append((os.path.relpath(os.path.join(root, f), model_dir), st.st_size, st.st_mtime_ns))
+    return tuple(items)
+
+
+def write_override_files(name: str, files: dict[str, bytes]) -> Path:
+    """A private model directory holding only the given files (``"1/model.onnx"`` → bytes).
+    Every path must stay inside it: no absolute paths, no ``..``."""
+    root = Path(tempfile.mkdtemp(prefix="triton_shm_model_"))
+    model_dir = (root / name).resolve()
+    model_dir.mkdir()
+    try:
+        for rel, data in files.items():
+            if not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or ".." in Path(rel).parts:
+                raise InvalidArgument(f"invalid file override path '{rel}'")
+            target = (model_dir / rel).resolve()
+            if model_dir not in target.parents:
+                raise InvalidArgument(f"invalid file override path '{rel}'")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    except BaseException:
+        shutil.rmtree(root, ignore_errors=True)
+        raise
+    return model_dir
+
+
+class ModelManager:
+    def __init__(self, repository: ModelRepository, pool: "WorkerPool", *, mode: str = "none",
+                 poll_secs: float = 15.0, load_threads: int = 4):
+        if mode not in MODES:
+            raise ValueError(f"--model-control-mode must be one of {', '.join(MODES)}, got '{mode}'")
+        self.repository, self.pool, self.mode = repository, pool, mode
+        self.poll_secs = poll_secs
+        self._load_slots = asyncio.Semaphore(max(load_threads, 1))
+        self._generations = itertools.count(1)
+        self._poll_task: asyncio.Task | None = None
+        self._pending_changes: dict[str, tuple] = {}
+        self._temp_dirs: dict[str, Path] = {}
+
+    # -- start-up and shutdown -----------------------------------------------------------
+    async def start(self, load_models: list[str]) -> None:
+        """Load what the mode asks for at start; in poll mode, start watching."""
+        found = self.repository.scan()
+        for name, path in found.items():
+            self.repository.entry(name, path)
+        if self.mode == "explicit":
+            names = list(found) if "*" in load_models else load_models
+        else:
+            names = list(found)
+        await asyncio.gather(*(self._load_reporting(n) for n in names))
+        if self.mode == "poll":
+            self._poll_task = asyncio.get_running_loop().create_task(self._poll())
+
+    async def _load_reporting(self, name: str) -> None:
+        try:
+            await self.load(name)
+        except TritonShmError:
+            pass  # recorded in the index and the log
+
+    async def stop(self) -> None:
+        """Stop polling, then unload every model once its in-flight requests are done."""
+        if self._poll_task is not None:
+            self._poll_task.cancel()
+        await asyncio.gather(*(self.unload(name) for name in list(self.repository.models)),
+                             return_exceptions=True)
+        for root in self._temp_dirs.values():
+            shutil.rmtree(root.parent, ignore_errors=True)
+
+    # -- the API -------------------------------------------------------------------------
+    def check_api_allowed(self) -> None:
+        if self.mode != "explicit":
+            raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
+
+    async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
+        """Load or reload ``name``; raises with the reason when any chosen version fails."""
+        mcfg.validate_model_name(name)
+        if files and config_json is None:
+            raise InvalidArgument("file overrides need a 'config' parameter as well")
+        if files:
+            model_dir = write_override_files(name, files)
+        else:
+            found = self.repository.scan().get(name)
+            if found is None:
+                raise InvalidArgument(f"failed to load '{name}': no model directory '{name}' in the model "
+                                      "repository")
+            model_dir = found
+        entry = self.repository.entry(name, model_dir)
+        async with entry.lock, self._load_slots:
+            try:
+                await self._load_locked(entry, model_dir, config_json)
+            finally:
+                if files:
+                    old = self._temp_dirs.pop(name, None)
+                    if entry.model_dir == model_dir:
+                        self._temp_dirs[name] = model_dir
+                        if old is not None and old != model_dir:
+                            shutil.rmtree(old.parent, ignore_errors=True)
+                    else:
+                        shutil.rmtree(model_dir.parent, ignore_errors=True)
+                        if old is not None:
+                            self._temp_dirs[name] = old
+
+    async def _load_locked(self, entry: ModelEntry, model_dir: Path, config_json: str | None) -> None:
+        name = entry.name
+        snapshot = fingerprint(model_dir)
+        try:
+            base = self._base_config(name, model_dir, config_json)
+            chosen = select_versions(base, version_dirs(model_dir))
+            if not chosen:
+                raise InvalidArgument(f"model '{name}' has no version folder to load")
+        except TritonShmError as e:
+            if not entry.ready_versions():
+                entry.state, entry.reason = UNAVAILABLE, e.message
+            log.error("failed to load '%s': %s", name, e.message)
+            raise
+        generation = next(self._generations)
+        fresh = {v: ModelVersion(name, v, model_dir, base, generation=generation) for v in chosen}
+        if not entry.versions:
+            entry.versions.update(fresh)  # first load: show LOADING in the index
+        await asyncio.gather(*(self._load_version(mv, base) for mv in fresh.values()))
+        failed = [mv for mv in fresh.values() if not mv.ready]
+        if failed:
+            for mv in fresh.values():
+                if mv.ready:
+                    await self._retire(mv)
+            reason = "; ".join(f"version {mv.version}: {mv.reason}" for mv in failed)
+            if any(v.ready for v in entry.versions.values() if v not in fresh.values()):
+                entry.reason = reason  # a failed reload leaves the old versions serving
+            else:
+                entry.versions = {mv.version: mv for mv in fresh.values()}
+                entry.state, entry.reason = UNAVAILABLE, reason
+            raise InvalidArgument(f"load failed for model '{name}': {reason}")
+        old = entry.versions
+        entry.versions = dict(fresh)
+        entry.model_dir, entry.state, entry.reason, entry.fingerprint = model_dir, READY, "", snapshot
+        await asyncio.gather(*(self._retire(mv) for mv in old.values() if mv not in fresh.values()))
+
+    def _base_config(self, name: str, model_dir: Path, config_json: str | None) -> mcfg.ModelConfig:
+        if config_json is None:
+            base = mcfg.read_config(model_dir)
+        else:
+            import orjson
+            try:
+                data = orjson.loads(config_json)
+            except orjson.JSONDecodeError as e:
+                raise InvalidArgument(f"failed to parse the 'config' parameter of model '{name}': {e}") from None
+            if not isinstance(data, dict):
+                raise InvalidArgument(f"the 'config' parameter of model '{name}' must be a JSON object")
+            base = mcfg.config_from_json(data, f"config override of model '{name}'")
+            if base.name and base.name != name:
+                raise InvalidArgument(f"the config override names model '{base.name}', not '{name}'")
+            if model_dir.is_dir() and (model_dir / "config.pbtxt").is_file():
+                on_disk = mcfg.read_config(model_dir)
+                for field_name in ("platform", "backend"):
+                    ours, theirs = getattr(base, field_name), getattr(on_disk, field_name)
+                    if ours and theirs and ours != theirs:
+                        raise InvalidArgument(f"the config override changes the {field_name} of model '{name}' "
+                                              f"from '{theirs}' to '{ours}'")
+        backend = mcfg.backend_of(base, model_dir)
+        mcfg.fill_defaults(base, name, backend, self.repository.gpu_count)
+        return base
+
+    async def _load_version(self, mv: ModelVersion, base: mcfg.ModelConfig) -> None:
+        try:
+            completed = await self.pool.auto_complete(mv, mcfg.config_to_json(base))
+            config = mcfg.config_from_json(completed, f"auto-completed config of model '{mv.name}'")
+            mcfg.check_io(config)
+            check_batching_config(config)
+            mv.set_config(config)
+            await self.pool.load(mv)
+            mv.stats = ModelStats(mv.name, str(mv.version))
+            mv.scheduler = Scheduler(mv, self.pool, mv.stats)
+            mv.state, mv.reason = READY, ""
+            log.info("successfully loaded '%s' version %d", mv.name, mv.version)
+        except TritonShmError as e:
+            mv.state, mv.reason = UNAVAILABLE, e.message
+            log.error("failed to load '%s' version %d: %s", mv.name, mv.version, e.message)
+
+    async def _retire(self, mv: ModelVersion) -> None:
+        """Stop taking requests, let queued and running ones finish, free the instances."""
+        was_ready = mv.ready
+        mv.state, mv.reason = UNLOADING, ""
+        if mv.scheduler is not None:
+            await mv.scheduler.drain()
+        if was_ready or mv.instances:
+            try:
+                await self.pool.unload(mv)
+            except TritonShmError as e:
+                log.warning("unloading '%s' version %d: %s", mv.name, mv.version, e.message)
+        mv.state, mv.reason = UNAVAILABLE, "unloaded"
+        log.info("successfully unloaded '%s' version %d", mv.name, mv.version)
+
+    async def unload(self, name: str) -> None:
+        mcfg.validate_model_name(name)
+        entry = self.repository.models.get(name)
+        if entry is None:
+            return  # as Triton: unloading an unknown model succeeds
+        async with entry.lock:
+            await asyncio.gather(*(self._retire(mv) for mv in entry.versions.values()
+                                   if mv.state in (READY, LOADING)))
+            if entry.state != NOT_REQUESTED:
+                entry.state, entry.reason = UNAVAILABLE, "unloaded"
+            entry.fingerprint = ()
+
+    # -- poll mode -----------------------------------------------------------------------
+    async def _poll(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_secs)
+            try:
+                await self.poll_once()
+            except Exception:  # keep polling whatever one pass met
+                log.exception("model repository poll failed")
+
+    async def poll_once(self) -> None:
+        """Apply what changed on disk. A model counts as changed only once its files
+        have stayed the same for one whole poll interval, so a half-copied model is
+        never loaded."""
+        found = await asyncio.to_thread(self.repository.scan)
+        current = {name: await asyncio.to_thread(fingerprint, path) for name, path in found.items()}
+        tasks = []
+        for name, fp in current.items():
+            entry = self.repository.entry(name, found[name])
+            if fp == entry.fingerprint:
+                self._pending_changes.pop(name, None)
+                continue
+            if self._pending_changes.get(name) != fp:
+                self._pending_changes[name] = fp  # changed since last poll: wait one more interval
+                continue
+            del self._pending_changes[name]
+            log.info("model '%s' changed on disk; loading it", name)
+            tasks.append(self._load_reporting(name))
+        for name, entry in list(self.repository.models.items()):
+            if name not in current and entry.versions and any(v.ready for v in entry.versions.values()):
+                log.info("model '%s' was removed from the repository; unloading it", name)
+                tasks.append(self.unload(name))
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- reporting -----------------------------------------------------------------------
+    def failed_models(self) -> list[str]:
+        return [f"{e.name}: {e.reason or '; '.join(v.reason for v in e.versions.values() if not v.ready)}"
+                for e in self.repository.models.values()
+                if e.state != NOT_REQUESTED and not all(v.ready for v in e.versions.values()) or
+                (e.state == UNAVAILABLE and not e.versions)]
+
+
+def decode_load_parameters(parameters: dict[str, Any]) -> tuple[str | None, dict[str, bytes]]:
+    """``config`` (a JSON string) and ``file:<path>`` contents (base64 text or raw bytes)."""
+    config = parameters.get("config")
+    if config is not None and not isinstance(config, str):
+        raise InvalidArgument("the 'config' parameter must be a JSON string")
+    files: dict[str, bytes] = {}
+    for key, value in parameters.items():
+        if not key.startswith(FILE_PREFIX):
+            continue
+        path = key[len(FILE_PREFIX):]
+        if isinstance(value, (bytes, bytearray)):
+            files[path] = bytes(value)
+        elif isinstance(value, str):
+            try:
+                files[path] = base64.b64decode(value, validate=True)
+            except ValueError:
+                raise InvalidArgument(f"parameter '{key}' must be base64-encoded file content") from None
+        else:
+            raise InvalidArgument(f"parameter '{key}' must be file content")
+    return config, files

@@ -1,0 +1,369 @@
+"""Triton's trace extension: trace settings (global and per model), sampling, recording
+and the trace file.
+
+Settings are Triton's: ``trace_level`` (``OFF`` | ``TIMESTAMPS`` and/or ``TENSORS``),
+``trace_rate`` (trace every Nth request), ``trace_count`` (traces left to take, -1 =
+unlimited; it counts down), ``log_frequency`` (write every N traces to ``<file>.<index>``;
+0 = all to ``<file>``, finished at shutdown), ``trace_file`` and ``trace_mode`` (start-up
+only). A model's settings override some keys and take the others from the global ones;
+clearing a key (null) of a model falls back to the global value, of the global settings to
+the start-up value.
+
+Only TIMESTAMPS are recorded (TENSORS is accepted and reported, but no tensors are
+written). While every level is OFF the inference path pays one attribute check
+(``Tracer.active``).
+
+The file is Triton's JSON array; each trace is one object
+``{"id", "model_name", "model_version", "request_id"?, "timestamps": [{"name", "ns"}]}``
+(Triton spreads one trace over several objects with the same ``id``; tools that merge by
+``id``, such as Triton's ``trace_summary.py``, read both). Timestamps are
+``time.monotonic_ns()`` (Triton's steady clock). Writes happen in one background thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from typing import Any, Iterable
+
+import orjson
+
+from ..errors import InvalidArgument, Unsupported
+
+log = logging.getLogger(__name__)
+
+LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
+MODES = ("triton",)
+DEFAULTS: dict[str, Any] = {"trace_level": ("OFF",), "trace_rate": 1000, "trace_count": -1, "log_frequency": 0}
+_KEYS = tuple(DEFAULTS)
+_STREAM_CHUNK = 256  # log_frequency 0: traces buffered before an append to the file
+
+
+# -- values ---------------------------------------------------------------------------------
+def _parse_int(key: str, value: Any) -> int:
+    if not isinstance(value, str):
+        raise InvalidArgument(f"'{key}' must be a string, got: {orjson.dumps(value).decode()}")
+    text = value.strip()
+    try:
+        number = int(text, 10)
+    except ValueError:
+        raise InvalidArgument(f"Unable to parse '{key}', got: {value}") from None
+    if key == "trace_count":
+        if number < -1:
+            raise InvalidArgument(f"Unable to parse 'trace_count'. Expecting value >= -1, got: {value}")
+    elif number < 0:
+        raise InvalidArgument(f"Unable to parse '{key}', got: {value}")
+    if key == "trace_rate" and number == 0:
+        raise InvalidArgument("Attempting to set invalid trace setting :sample rate must be non-zero")
+    if number >= 2**32:
+        raise InvalidArgument(f"Unable to parse '{key}', got: {value}")
+    return number
+
+
+def _parse_level(value: Any) -> tuple[str, ...] | None:
+    """None: no change (an empty list, as in Triton)."""
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise InvalidArgument("'trace_level' must be an array of strings")
+    if not value:
+        return None
+    for v in value:
+        if v not in LEVELS:
+            raise InvalidArgument(f"Unknown trace level '{v}', expecting one of OFF, TIMESTAMPS, TENSORS")
+    if "OFF" in value:
+        if len(value) != 1:
+            raise InvalidArgument("Expect only one trace level 'OFF' is specified")
+        return ("OFF",)
+    return tuple(level for level in LEVELS if level in value)
+
+
+def parse_changes(changes: dict[str, Any]) -> dict[str, Any]:
+    """Wire values → ``{key: parsed value or None (clear)}``; unknown keys and
+    ``trace_mode`` are ignored, as Triton does."""
+    if "trace_file" in changes:
+        raise Unsupported("trace file location can not be updated through network protocol")
+    parsed: dict[str, Any] = {}
+    for key in _KEYS:
+        if key not in changes:
+            continue
+        value = changes[key]
+        if value is None:
+            parsed[key] = None
+        elif key == "trace_level":
+            level = _parse_level(value)
+            if level is not None:
+                parsed[key] = level
+        else:
+            parsed[key] = _parse_int(key, value)
+    return parsed
+
+
+# -- settings ------------------------------------------------------------------------------
+class TraceSetting:
+    """Effective settings of one scope (global or a model with overrides) and its
+    sampling state."""
+
+    __slots__ = ("level", "timestamps", "rate", "count", "log_frequency", "_seen")
+
+    def __init__(self, values: dict[str, Any]):
+        self.level: tuple[str, ...] = values["trace_level"]
+        self.timestamps = "TIMESTAMPS" in self.level
+        self.rate: int = values["trace_rate"]
+        self.count: int = values["trace_count"]
+        self.log_frequency: int = values["log_frequency"]
+        self._seen = 0
+
+    def values(self) -> dict[str, Any]:
+        return {"trace_level": self.level, "trace_rate": self.rate, "trace_count": self.count,
+                "log_frequency": self.log_frequency}
+
+    def sample(self) -> bool:
+        if not self.timestamps or self.count == 0:
+            return False
+        self._seen += 1
+        if self._seen % self.rate:
+            return False
+        if self.count > 0:
+            self.count -= 1
+        return True
+
+
+class Trace:
+    """Timestamps of one sampled request."""
+
+    __slots__ = ("id", "model_name", "model_version", "request_id", "stamps", "log_frequency")
+
+    def __init__(self, trace_id: int, model_name: str, model_version: int, request_id: str,
+                 log_frequency: int, start_ns: int):
+        self.id, self.model_name, self.model_version = trace_id, model_name, model_version
+        self.request_id, self.log_frequency = request_id, log_frequency
+        self.stamps: list[tuple[str, int]] = [("REQUEST_START", start_ns)]
+
+    def stamp(self, name: str, ns: int | None = None) -> None:
+        self.stamps.append((name, time.monotonic_ns() if ns is None else ns))
+
+    def computed(self, start_ns: int, timing: tuple[int, int, int]) -> None:
+        """The batch ran from ``start_ns`` until now; ``timing`` is the worker's
+        (input, infer, output) durations."""
+        end = time.monotonic_ns()
+        input_end = min(start_ns + timing[0], end)
+        output_start = min(input_end + timing[1], end)
+        self.stamps += [("COMPUTE_START", start_ns), ("COMPUTE_INPUT_END", input_end),
+                        ("COMPUTE_OUTPUT_START", output_start), ("COMPUTE_END", end)]
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"id": self.id, "model_name": self.model_name, "model_version": self.model_version}
+        if self.request_id:
+            doc["request_id"] = self.request_id
+        doc["timestamps"] = [{"name": name, "ns": ns} for name, ns in self.stamps]
+        return doc
+
+
+# -- the trace file ---------------------------------------------------------------------------
+class TraceFile:
+    """Triton's TraceFile: one JSON array in ``path`` built up across appends and closed
+    at shutdown, plus whole arrays in ``path.0``, ``path.1``, ... Called in one thread."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.index = 0
+        self._stream = None
+
+    def append(self, docs: list[bytes]) -> None:
+        if self._stream is None:
+            self._stream = open(self.path, "wb")
+            self._stream.write(b"[")
+        else:
+            self._stream.write(b",")
+        self._stream.write(b",".join(docs))
+        self._stream.flush()
+
+    def write_indexed(self, docs: list[bytes]) -> None:
+        path = f"{self.path}.{self.index}"
+        self.index += 1
+        with open(path, "wb") as f:
+            f.write(b"[" + b",".join(docs) + b"]")
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.write(b"]")
+            self._stream.close()
+            self._stream = None
+
+
+class Tracer:
+    """Trace settings of the server and the recorder of sampled requests."""
+
+    def __init__(self, startup: dict[str, Any] | None = None, file: str = "", mode: str = "triton"):
+        self.startup = {**DEFAULTS, **(startup or {})}
+        self.file, self.mode = file, mode
+        self._global_values = dict(self.startup)
+        self._overrides: dict[str, dict[str, Any]] = {}
+        self._global = TraceSetting(self._global_values)
+        self._models: dict[str, TraceSetting] = {}
+        self.active = False        # the hot-path check: some scope traces TIMESTAMPS
+        self._next_id = 1
+        self._indexed: list[bytes] = []   # log_frequency > 0: traces for the next <file>.<index>
+        self._streamed: list[bytes] = []  # log_frequency 0: traces for <file>
+        self._writer = TraceFile(file) if file else None
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._warned_no_file = False
+        self._refresh()
+
+    @classmethod
+    def from_config(cls, items: Iterable[str]) -> "Tracer":
+        startup, file, mode = parse_trace_config(items)
+        return cls(startup, file, mode)
+
+    # -- settings ----------------------------------------------------------------------------
+    def _refresh(self) -> None:
+        self._models = {name: TraceSetting({**self._global_values, **over})
+                        for name, over in self._overrides.items()}
+        self.active = self._global.timestamps or any(s.timestamps for s in self._models.values())
+        if self.active and self._writer is None and not self._warned_no_file:
+            self._warned_no_file = True
+            log.warning("tracing is on but no trace file was given at start-up (--trace-config file=PATH): "
+                        "traces are sampled but not written")
+
+    def _setting(self, model: str) -> TraceSetting:
+        return self._models.get(model) or self._global
+
+    def settings(self, model: str = "") -> dict[str, Any]:
+        """Triton's HTTP form: ``{"trace_level": [..], "trace_rate": "1000", ...}``."""
+        s = self._setting(model) if model else self._global
+        return {"trace_level": list(s.level), "trace_rate": str(s.rate), "trace_count": str(s.count),
+                "log_frequency": str(s.log_frequency), "trace_file": self.file, "trace_mode": self.mode}
+
+    def update(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
+        """Apply wire values (strings / lists of strings / null) to a model's or the
+        global settings; all or nothing. Returns the new effective settings."""
+        parsed = parse_changes(changes)
+        if parsed:
+            if model:
+                over = dict(self._overrides.get(model, {}))
+                for key, value in parsed.items():
+                    if value is None:
+                        over.pop(key, None)
+                    else:
+                        over[key] = value
+                if over:
+                    self._overrides[model] = over
+                else:
+                    self._overrides.pop(model, None)
+            else:
+                for key, value in parsed.items():
+                    self._global_values[key] = self.startup[key] if value is None else value
+                self._global = TraceSetting(self._global_values)
+            self._refresh()
+            log.info("trace settings updated%s: %s", f" for model '{model}'" if model else "",
+                     {k: v for k, v in self.settings(model).items() if k in parsed})
+        return self.settings(model)
+
+    # -- recording ------------------------------------------------------------------------
+    def sample(self, model_name: str, model_version: int, request_id: str, start_ns: int) -> Trace | None:
+        """A Trace if this request is to be traced (call only while ``active``)."""
+        setting = self._models.get(model_name) or self._global
+        if not setting.sample():
+            return None
+        trace_id, self._next_id = self._next_id, self._next_id + 1
+        return Trace(trace_id, model_name, model_version, request_id, setting.log_frequency, start_ns)
+
+    def finish(self, trace: Trace) -> None:
+        trace.stamp("REQUEST_END")
+        if self._writer is None:
+            return
+        doc = orjson.dumps(trace.to_json())
+        if trace.log_frequency > 0:
+            self._indexed.append(doc)
+            if len(self._indexed) >= trace.log_frequency:
+                docs, self._indexed = self._indexed, []
+                self._submit(self._writer.write_indexed, docs)
+        else:
+            self._streamed.append(doc)
+            if len(self._streamed) >= _STREAM_CHUNK:
+                docs, self._streamed = self._streamed, []
+                self._submit(self._writer.append, docs)
+
+    def _submit(self, fn, docs: list[bytes]) -> concurrent.futures.Future:
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
+        future = self._executor.submit(fn, docs)
+        future.add_done_callback(_log_write_error)
+        return future
+
+    def _flush_all(self) -> None:
+        """Write what is buffered and finish the file (in the writer thread's order)."""
+        writer = self._writer
+        if writer is None:
+            return
+        if self._indexed:
+            docs, self._indexed = self._indexed, []
+            self._submit(writer.write_indexed, docs)
+        if self._streamed:
+            docs, self._streamed = self._streamed, []
+            self._submit(writer.append, docs)
+        if self._executor is not None:
+            self._executor.submit(writer.close).add_done_callback(_log_write_error)
+            self._executor.shutdown(wait=True)
+            self._executor = None
+
+    async def close(self) -> None:
+        """At shutdown: write every buffered trace."""
+        if self._writer is None:
+            return
+        await asyncio.get_running_loop().run_in_executor(None, self._flush_all)
+        log.info("trace file %s written", self.file)
+
+
+def _log_write_error(future: concurrent.futures.Future) -> None:
+    error = future.exception()
+    if error is not None:
+        log.error("failed to write traces: %s", error)
+
+
+# -- --trace-config ------------------------------------------------------------------------------
+_CLI_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count", "log_frequency": "log_frequency",
+             "log-frequency": "log_frequency"}
+
+
+def parse_trace_config(items: Iterable[str]) -> tuple[dict[str, Any], str, str]:
+    """Triton's ``--trace-config [<mode>,]<key>=<value>`` flags → (start-up settings,
+    file, mode). Raises ValueError."""
+    startup: dict[str, Any] = {}
+    levels: list[str] = []
+    mode, files = "triton", {}
+    for item in items:
+        scope, _, setting = item.rpartition(",")
+        key, sep, value = setting.partition("=")
+        key, value = key.strip(), value.strip()
+        if not sep or not key:
+            raise ValueError(f"--trace-config: expected [<mode>,]<setting>=<value>, got '{item}'")
+        if scope:
+            if key == "file":
+                files[scope] = value
+                continue
+            if scope not in ("triton", "opentelemetry"):
+                raise ValueError(f"--trace-config: unknown trace mode '{scope}' in '{item}'")
+            if scope != "triton":
+                continue  # settings of a mode this server does not run
+        if key == "mode":
+            mode = value.lower()
+        elif key == "file":
+            files["triton"] = value
+        elif key == "level":
+            levels.append(value.upper())
+        elif key in _CLI_KEYS:
+            try:
+                startup[_CLI_KEYS[key]] = _parse_int(_CLI_KEYS[key], value)
+            except InvalidArgument as e:
+                raise ValueError(f"--trace-config {item}: {e.message}") from None
+        else:
+            raise ValueError(f"--trace-config: unknown setting '{key}' in '{item}'")
+    if mode not in MODES:
+        raise ValueError(f"--trace-config mode={mode}: only 'triton' trace mode is supported by this server")
+    if levels:
+        try:
+            startup["trace_level"] = _parse_level(levels) or DEFAULTS["trace_level"]
+        except InvalidArgument as e:
+            raise ValueError(f"--trace-config: {e.message}") from None
+    return startup, files.get(mode, ""), mode

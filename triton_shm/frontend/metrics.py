@@ -1,0 +1,246 @@
+"""Prometheus metrics on the metrics port, under Triton's names, labels and HELP texts,
+so dashboards and ``perf_analyzer --collect-metrics`` written for tritonserver work.
+
+Per-model series are derived from each loaded version's :class:`ModelStats` at scrape
+time (nothing is counted twice), so ``/metrics`` and the statistics endpoint always
+agree. CPU and GPU readings are sampled every ``--metrics-interval-ms`` by a background
+task and the latest readings are served.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Callable, Iterable
+
+from aiohttp import web
+
+from ..core.system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
+
+if TYPE_CHECKING:
+    from ..core.repository import ModelRepository, ModelVersion
+    from ..core.statistics import ModelStats
+
+log = logging.getLogger("triton_shm.metrics")
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Triton always exports these failure reasons (at 0 until they happen).
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+def _us(phase: str) -> Callable[["ModelStats"], int]:
+    return lambda s: s.phases[phase].ns // 1000
+
+
+# name, type, HELP (Triton 2.51's texts), value from ModelStats
+_MODEL_SERIES: tuple[tuple[str, str, str, Callable[["ModelStats"], int]], ...] = (
+    ("nv_inference_request_success", "counter",
+     "Number of successful inference requests, all batch sizes", lambda s: s.phases["success"].count),
+    ("nv_inference_request_failure", "counter",
+     "Number of failed inference requests, all batch sizes", None),  # by reason, below
+    ("nv_inference_count", "counter",
+     "Number of inferences performed (does not include cached requests)", lambda s: s.inference_count),
+    ("nv_inference_exec_count", "counter",
+     "Number of model executions performed (does not include cached requests)", lambda s: s.execution_count),
+    # Triton adds only successful requests' durations (failed ones are not included).
+    ("nv_inference_request_duration_us", "counter",
+     "Cumulative inference request duration in microseconds (includes cached requests)", _us("success")),
+    ("nv_inference_queue_duration_us", "counter",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)", _us("queue")),
+    ("nv_inference_compute_input_duration_us", "counter",
+     "Cumulative compute input duration in microseconds (does not include cached requests)",
+     _us("compute_input")),
+    ("nv_inference_compute_infer_duration_us", "counter",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)",
+     _us("compute_infer")),
+    ("nv_inference_compute_output_duration_us", "counter",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+     _us("compute_output")),
+)
+
+_PENDING = ("nv_inference_pending_request_count", "gauge",
+            "Instantaneous number of pending requests awaiting execution per-model.")
+
+_CPU_SERIES = (
+    ("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]", "utilization"),
+    ("nv_cpu_memory_total_bytes", "gauge", "CPU total memory (RAM), in bytes", "memory_total_bytes"),
+    ("nv_cpu_memory_used_bytes", "gauge", "CPU used memory (RAM), in bytes", "memory_used_bytes"),
+)
+
+_GPU_SERIES = (
+    ("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)", "utilization"),
+    ("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes", "memory_total_bytes"),
+    ("nv_gpu_memory_used_bytes", "gauge", "GPU used memory, in bytes", "memory_used_bytes"),
+    ("nv_gpu_power_usage", "gauge", "GPU power usage in watts", "power_usage_w"),
+    ("nv_gpu_power_limit", "gauge", "GPU power management limit in watts", "power_limit_w"),
+    ("nv_energy_consumption", "counter", "GPU energy consumption in joules since the Triton Server started",
+     "energy_j"),
+)
+
+
+# -- text exposition format --------------------------------------------------------------
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\"", "\\\"").replace("\n", "\\n")
+
+
+def _labels(**labels: str) -> str:
+    # sorted like prometheus-cpp (Triton) prints them: model, reason, version
+    return "{" + ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(labels.items())) + "}"
+
+
+def _number(value: float | int) -> str:
+    if isinstance(value, int):
+        return str(value)
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def _family(out: list[str], name: str, kind: str, help_text: str, samples: Iterable[tuple[str, float | int]]) -> None:
+    out.append(f"# HELP {name} {help_text}")
+    out.append(f"# TYPE {name} {kind}")
+    out.extend(f"{name}{labels} {_number(value)}" for labels, value in samples)
+
+
+def _queued(mv: "ModelVersion") -> int:
+    """Requests waiting in the scheduler's queues (Triton: enqueued, not yet handed to
+    the backend). Falls back to queued+executing if there is no scheduler to ask."""
+    scheduler = mv.scheduler
+    queues = getattr(scheduler, "queues", None)
+    if queues is None:
+        return mv.stats.pending if mv.stats else 0
+    return sum(len(q) for q in queues.values())
+
+
+def loaded_versions(repository: "ModelRepository") -> list["ModelVersion"]:
+    """The versions Triton has metrics for: the loaded (ready) ones, as the statistics
+    endpoint lists them."""
+    versions = [mv for e in repository.models.values() for mv in e.versions.values() if mv.stats and mv.ready]
+    return sorted(versions, key=lambda m: (m.name, m.version))
+
+
+def render_model_metrics(out: list[str], versions: list["ModelVersion"]) -> None:
+    if not versions:
+        return
+    for name, kind, help_text, value in _MODEL_SERIES:
+        if value is not None:
+            samples = [(_labels(model=mv.name, version=str(mv.version)), value(mv.stats)) for mv in versions]
+        else:  # failures, by reason
+            samples = []
+            for mv in versions:
+                failures = mv.stats.failures
+                for reason in sorted(set(FAILURE_REASONS) | set(failures)):
+                    samples.append((_labels(model=mv.name, reason=reason, version=str(mv.version)),
+                                    failures.get(reason, 0)))
+        _family(out, name, kind, help_text, samples)
+    _family(out, *_PENDING, [(_labels(model=mv.name, version=str(mv.version)), _queued(mv)) for mv in versions])
+
+
+def render_cpu_metrics(out: list[str], reading: CpuReading | None) -> None:
+    if reading is None:
+        return
+    for name, kind, help_text, attr in _CPU_SERIES:
+        _family(out, name, kind, help_text, [("", getattr(reading, attr))])
+
+
+def render_gpu_metrics(out: list[str], readings: list[GpuReading]) -> None:
+    if not readings:
+        return
+    for name, kind, help_text, attr in _GPU_SERIES:
+        samples = [(_labels(gpu_uuid=r.uuid), getattr(r, attr)) for r in readings if getattr(r, attr) is not None]
+        if samples:
+            _family(out, name, kind, help_text, samples)
+
+
+# -- the metrics service -----------------------------------------------------------------
+class MetricsCollector:
+    """Holds the latest CPU/GPU readings and renders the whole page."""
+
+    def __init__(self, repository: "ModelRepository", *, cpu: bool = True, gpu: bool = True,
+                 gpus: list[int] | None = None):
+        self.repository = repository
+        self.cpu = CpuSampler() if cpu else None
+        if self.cpu is not None and not self.cpu.available:
+            log.info("CPU metrics are not available: no /proc/stat or /proc/meminfo")
+            self.cpu = None
+        self.gpu = NvmlSampler(gpus) if gpu else None
+        if self.gpu is not None and not self.gpu.available:
+            self.gpu.close()
+            self.gpu = None
+        self.cpu_reading: CpuReading | None = None
+        self.gpu_readings: list[GpuReading] = []
+
+    @property
+    def samples_system(self) -> bool:
+        return self.cpu is not None or self.gpu is not None
+
+    def sample(self) -> None:
+        """Blocking reads of /proc and NVML (run it off the event loop)."""
+        if self.cpu is not None:
+            self.cpu_reading = self.cpu.sample()
+        if self.gpu is not None:
+            self.gpu_readings = self.gpu.sample()
+
+    def render(self) -> str:
+        out: list[str] = []
+        render_model_metrics(out, loaded_versions(self.repository))
+        render_cpu_metrics(out, self.cpu_reading)
+        render_gpu_metrics(out, self.gpu_readings)
+        return "\n".join(out) + "\n" if out else ""
+
+    def close(self) -> None:
+        if self.gpu is not None:
+            self.gpu.close()
+            self.gpu = None
+
+
+async def _sample_forever(collector: MetricsCollector, interval_s: float) -> None:
+    while True:
+        try:
+            await asyncio.to_thread(collector.sample)
+        except Exception:  # noqa: BLE001 - a bad reading must not stop the sampler
+            log.exception("metrics sampling failed")
+        await asyncio.sleep(interval_s)
+
+
+def create_metrics_app(collector: MetricsCollector, interval_ms: float = 2000) -> web.Application:
+    async def metrics(_request: web.Request) -> web.Response:
+        return web.Response(body=collector.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+
+    async def sampler(_app: web.Application):
+        task = None
+        if collector.samples_system:
+            collector.sample()  # first readings before the port answers
+            task = asyncio.get_running_loop().create_task(
+                _sample_forever(collector, max(interval_ms, 1.0) / 1000.0))
+        yield
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        collector.close()
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.cleanup_ctx.append(sampler)
+    return app
+
+
+async def start_metrics(repository: "ModelRepository", host: str, port: int, *, cpu: bool = True,
+                        gpu: bool = True, interval_ms: float = 2000, gpus: list[int] | None = None
+                        ) -> web.AppRunner:
+    """Serve ``GET /metrics`` on ``host:port``; stop it with ``await runner.cleanup()``
+    (which also stops the sampler)."""
+    collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus)
+    runner = web.AppRunner(create_metrics_app(collector, interval_ms), access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner
