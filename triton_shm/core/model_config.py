@@ -22,6 +22,7 @@ DEFAULT_MODEL_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py"}
 PLATFORM_TO_BACKEND = {"onnxruntime_onnx": "onnxruntime"}
 BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "python": "python"}
 SUPPORTED_BACKENDS = frozenset(DEFAULT_MODEL_FILENAME)
+ENSEMBLE = "ensemble"
 
 _INT64_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDescriptor.TYPE_SINT64,
                 FieldDescriptor.TYPE_FIXED64, FieldDescriptor.TYPE_SFIXED64}
@@ -101,7 +102,10 @@ def config_from_json(data: dict[str, Any], source: str = "model config") -> Mode
 
 
 def backend_of(config: ModelConfig, model_dir: Path) -> str:
-    """Resolve the backend from `backend`, `platform`, or the model file present."""
+    """Resolve the backend from `backend`, `platform`, or the model file present
+    (``"ensemble"`` for ensembles, which run in the front-end's scheduler)."""
+    if config.platform == ENSEMBLE:
+        return ENSEMBLE
     if config.backend:
         backend = config.backend
     elif config.platform:
@@ -129,6 +133,10 @@ def fill_defaults(config: ModelConfig, name: str, backend: str, gpu_count: int) 
         raise InvalidArgument(f"model name in config.pbtxt ('{config.name}') does not match the "
                               f"directory name '{name}'")
     config.name = name
+    if backend == ENSEMBLE:
+        if not config.HasField("version_policy"):
+            config.version_policy.latest.num_versions = 1
+        return
     config.backend = backend
     if backend != "python" and not config.platform:
         config.platform = BACKEND_PLATFORM[backend]

@@ -23,6 +23,7 @@ from ..errors import InvalidArgument, TritonShmError, Unavailable
 from . import model_config as mcfg
 from .repository import (LOADING, NOT_REQUESTED, READY, UNAVAILABLE, UNLOADING, ModelEntry, ModelRepository,
                          ModelVersion, select_versions, version_dirs)
+from .ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
 from .scheduler import Scheduler, check_batching_config
 from .statistics import ModelStats
 
@@ -93,7 +94,10 @@ class ModelManager:
             names = list(found) if "*" in load_models else load_models
         else:
             names = list(found)
-        await asyncio.gather(*(self._load_reporting(n) for n in names))
+        # Ensembles check their composing models, so those load first.
+        ensembles = {n for n in names if n in found and _is_ensemble(found[n])}
+        await asyncio.gather(*(self._load_reporting(n) for n in names if n not in ensembles))
+        await asyncio.gather(*(self._load_reporting(n) for n in ensembles))
         if self.mode == "poll":
             self._poll_task = asyncio.get_running_loop().create_task(self._poll())
 
@@ -131,6 +135,11 @@ class ModelManager:
                                       "repository")
             model_dir = found
         entry = self.repository.entry(name, model_dir)
+        if config_json is None and _is_ensemble(model_dir):
+            # Loading an ensemble loads its composing models that are not loaded yet.
+            for step_model in composing_models(mcfg.read_config(model_dir)):
+                if step_model != name and not self.repository.versions_of(step_model):
+                    await self.load(step_model)
         async with entry.lock, self._load_slots:
             try:
                 await self._load_locked(entry, model_dir, config_json)
@@ -207,6 +216,8 @@ class ModelManager:
         return base
 
     async def _load_version(self, mv: ModelVersion, base: mcfg.ModelConfig) -> None:
+        if base.platform == mcfg.ENSEMBLE:
+            return self._load_ensemble(mv, base)
         try:
             completed = await self.pool.auto_complete(mv, mcfg.config_to_json(base))
             config = mcfg.config_from_json(completed, f"auto-completed config of model '{mv.name}'")
@@ -216,6 +227,20 @@ class ModelManager:
             await self.pool.load(mv)
             mv.stats = ModelStats(mv.name, str(mv.version))
             mv.scheduler = Scheduler(mv, self.pool, mv.stats)
+            mv.state, mv.reason = READY, ""
+            log.info("successfully loaded '%s' version %d", mv.name, mv.version)
+        except TritonShmError as e:
+            mv.state, mv.reason = UNAVAILABLE, e.message
+            log.error("failed to load '%s' version %d: %s", mv.name, mv.version, e.message)
+
+    def _load_ensemble(self, mv: ModelVersion, config: mcfg.ModelConfig) -> None:
+        """Ensembles run in the front-end: check the DAG against the loaded models."""
+        try:
+            mcfg.check_io(config)
+            validate_ensemble(config, self.repository)
+            mv.set_config(config)
+            mv.stats = ModelStats(mv.name, str(mv.version))
+            mv.scheduler = EnsembleScheduler(mv, self.repository, mv.stats)
             mv.state, mv.reason = READY, ""
             log.info("successfully loaded '%s' version %d", mv.name, mv.version)
         except TritonShmError as e:
@@ -236,8 +261,11 @@ class ModelManager:
         mv.state, mv.reason = UNAVAILABLE, "unloaded"
         log.info("successfully unloaded '%s' version %d", mv.name, mv.version)
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, unload_dependents: bool = False) -> None:
         mcfg.validate_model_name(name)
+        if unload_dependents:
+            for ensemble in ensemble_dependents(self.repository, name):
+                await self.unload(ensemble)
         entry = self.repository.models.get(name)
         if entry is None:
             return  # as Triton: unloading an unknown model succeeds
@@ -287,6 +315,13 @@ class ModelManager:
                 for e in self.repository.models.values()
                 if e.state != NOT_REQUESTED and not all(v.ready for v in e.versions.values()) or
                 (e.state == UNAVAILABLE and not e.versions)]
+
+
+def _is_ensemble(model_dir: Path) -> bool:
+    try:
+        return mcfg.read_config(model_dir).platform == mcfg.ENSEMBLE
+    except TritonShmError:
+        return False
 
 
 def decode_load_parameters(parameters: dict[str, Any]) -> tuple[str | None, dict[str, bytes]]:
