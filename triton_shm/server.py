@@ -4,7 +4,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 
 from .cli import ServerOptions
 from .core.model_manager import ModelManager

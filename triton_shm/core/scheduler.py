@@ -133,6 +133,7 @@ class Scheduler:
         policy = self.policies[level]
         queue = self.queues[level]
         if policy.max_queue_size and len(queue) >= policy.max_queue_size:
+            self.stats.record_failure(0, "REJECTED")
             raise Unavailable(f"Exceeds maximum queue size for model '{self.model.name}'")
         now = time.monotonic_ns()
         timeout = self._timeout_ns(request, policy)
@@ -236,8 +237,10 @@ class Scheduler:
 
     async def _run(self, batch: list[Pending], instance: tuple[str, int]) -> None:
         start = time.monotonic_ns()
+        executed = False  # the model ran (even if every request failed), as Triton counts executions
         try:
             results, timing = await self.pool.execute_batch(self.model, instance, batch)
+            executed = True
         except TritonShmError as e:
             results, timing = [e] * len(batch), (0, 0, 0)
         except Exception as e:  # never leave a client waiting
@@ -246,9 +249,8 @@ class Scheduler:
             self.idle.append(instance)
             self._wake.set()
         in_ns, infer_ns, out_ns = timing
-        rows = sum(p.rows for p in batch)
-        if any(not isinstance(r, Exception) for r in results):
-            self.stats.record_execution(rows, in_ns, infer_ns, out_ns)
+        if executed:
+            self.stats.record_execution(sum(p.rows for p in batch), in_ns, infer_ns, out_ns)
         for p, result in zip(batch, results):
             if p.trace is not None:
                 p.trace.computed(start, timing)

@@ -39,6 +39,8 @@ class CpuSampler:
         with open(os.path.join(self.proc, "stat"), "rb") as f:
             fields = f.readline().split()
         # cpu user nice system idle iowait irq softirq steal guest guest_nice
+        if not fields or fields[0] != b"cpu" or len(fields) < 5:
+            raise ValueError("unexpected /proc/stat format")
         values = [int(v) for v in fields[1:9]]
         values += [0] * (8 - len(values))
         idle = values[3] + values[4]
@@ -122,7 +124,8 @@ class NvmlSampler:
             self._nvml = None
             return
         if not self._handles:
-            log.info("GPU metrics: no GPU to report")
+            log.info("GPU metrics: NVML sees no GPU that this server serves")
+            return
         for uuid, handle in self._handles:
             energy = ctypes.c_ulonglong(0)
             if self._nvml.nvmlDeviceGetTotalEnergyConsumption(handle, ctypes.byref(energy)) == _NVML_SUCCESS:

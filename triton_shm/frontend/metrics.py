@@ -34,7 +34,7 @@ def _us(phase: str) -> Callable[["ModelStats"], int]:
 
 
 # name, type, HELP (Triton 2.51's texts), value from ModelStats
-_MODEL_SERIES: tuple[tuple[str, str, str, Callable[["ModelStats"], int]], ...] = (
+_MODEL_SERIES: tuple[tuple[str, str, str, Callable[["ModelStats"], int] | None], ...] = (
     ("nv_inference_request_success", "counter",
      "Number of successful inference requests, all batch sizes", lambda s: s.phases["success"].count),
     ("nv_inference_request_failure", "counter",
