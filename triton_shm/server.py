@@ -4,14 +4,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 
 from .cli import ServerOptions
 from .core.model_manager import ModelManager
 from .core.repository import ModelRepository
 from .core.service import InferenceService
 from .core.settings import install_logging
-from .core.tracing import Tracer
 from .core.shm_registry import SharedMemoryRegistry
+from .core.tracing import Tracer
 from .errors import TritonShmError
 from .worker.devices import parse_gpus
 from .worker.pool import WorkerPool
@@ -87,8 +88,12 @@ async def _stop_frontends(runners, timeout: float) -> None:
 
 
 def run(options: ServerOptions) -> int:
-    install_logging(info=options.log_info, warning=options.log_warning, error=options.log_error,
-                    verbose=options.log_verbose, log_format=options.log_format, log_file=options.log_file)
+    try:
+        install_logging(info=options.log_info, warning=options.log_warning, error=options.log_error,
+                        verbose=options.log_verbose, log_format=options.log_format, log_file=options.log_file)
+    except OSError as e:
+        print(f"error: cannot open --log-file '{options.log_file}': {e.strerror}", file=sys.stderr)
+        return 1
     try:
         import uvloop
         uvloop.install()

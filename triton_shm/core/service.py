@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 SERVER_NAME = "triton"
 # Only what really works is advertised (perf_analyzer reads this list).
-EXTENSIONS = ["model_repository", "schedule_policy", "model_configuration", "binary_tensor_data", "parameters",
-              "statistics", "trace", "logging"]
+EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
+              "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
 
 
 class InferenceService:
@@ -101,10 +101,10 @@ class InferenceService:
         await self.models.load(name, config, files)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        """Explicit mode only: waits for the model's in-flight requests, then frees it.
-        (No model has dependents until ensembles exist, so ``unload_dependents`` changes nothing.)"""
+        """Explicit mode only: waits for the model's in-flight requests, then frees it;
+        with ``unload_dependents`` the ensembles that use it are unloaded first."""
         self.models.check_api_allowed()
-        await self.models.unload(name)
+        await self.models.unload(name, unload_dependents)
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """``[{"name", "version", "state", "reason"?}]`` sorted by name and version."""

@@ -190,7 +190,7 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             changes: dict[str, Any] = {}
             for key, setting in request.settings.items():
                 values = list(setting.value)  # no value: clear the setting (tritonclient's None)
-                changes[key] = (values if key == "trace_level" else None if not values
+                changes[key] = (None if not values else values if key == "trace_level"
                                 else values[0] if len(values) == 1 else values)
             current = self.service.update_trace_settings(request.model_name, changes)
         else:
