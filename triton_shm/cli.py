@@ -125,6 +125,10 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
 
 
 def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] == "perf":  # `triton-shm perf ...`: the load generator, not the server
+        from .perf.cli import main as perf_main
+        sys.exit(perf_main(args[1:]))
     options = parse_args(argv)
     from .server import run
     sys.exit(run(options))

@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -54,6 +54,9 @@ class WorkerRequest:
     datatypes: dict[str, str]          # name -> V2 datatype ("FP32", "BYTES", ...)
     requested_outputs: list[str]       # empty = every output in the config
     parameters: dict[str, ParamValue] = field(default_factory=dict)
+    # Decoupled models only: send(response or None, final) delivers a response at any
+    # time, from any thread; the request is complete once final is True.
+    sender: Callable[[WorkerResponse | None, bool], None] | None = None
 
 
 @dataclass(slots=True)

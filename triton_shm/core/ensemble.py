@@ -112,8 +112,9 @@ class EnsembleScheduler:
         self._closing = False
 
     async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
-                     trace: object = None) -> InferResponse:
-        """``trace`` is accepted for the Scheduler interface; steps are traced by their own models."""
+                     trace: object = None, stream: object = None) -> InferResponse:
+        """Same interface as Scheduler.submit; steps are traced by their own models, and an
+        ensemble is never decoupled (``stream`` is unused)."""
         if self._closing:
             raise Unavailable(f"ensemble '{self.model.name}' is unloading")
         if plan.shm_inputs or plan.shm_outputs:

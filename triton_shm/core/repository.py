@@ -59,6 +59,10 @@ class ModelVersion:
     def max_batch_size(self) -> int:
         return self.config.max_batch_size
 
+    @property
+    def decoupled(self) -> bool:
+        return self.config.model_transaction_policy.decoupled
+
     def set_config(self, config: mcfg.ModelConfig) -> None:
         self.config = config
         self.inputs = {t.name: TensorSpec(t.name, config_to_wire(mcfg.data_type_name(t.data_type)),

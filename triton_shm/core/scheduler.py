@@ -42,6 +42,7 @@ class Pending:
     seq: int = 0
     result: Any = None            # preserve_ordering: held until earlier requests are answered
     trace: Any = None             # a tracing.Trace when this request is traced
+    stream: Any = None            # decoupled models: asyncio.Queue of (response | error | None, final)
 
 
 @dataclass(slots=True)
@@ -126,7 +127,9 @@ class Scheduler:
         return timeout_us * 1000 if timeout_us > 0 else None
 
     async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
-                     trace: Any = None) -> InferResponse:
+                     trace: Any = None, stream: asyncio.Queue | None = None) -> InferResponse | None:
+        """Queue a request and wait until its batch has executed. The response, or for a
+        decoupled model None: its responses go to ``stream``."""
         if self._closing:
             raise Unavailable(f"model '{self.model.name}' version {self.model.version} is unloading")
         level = self._priority(request)
@@ -138,7 +141,8 @@ class Scheduler:
         now = time.monotonic_ns()
         timeout = self._timeout_ns(request, policy)
         pending = Pending(request, plan, regions, plan.batch_size or 1, level, now,
-                          now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq, trace=trace)
+                          now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq, trace=trace,
+                          stream=stream)
         if trace is not None:
             trace.stamp("QUEUE_START", now)
         self._seq += 1
@@ -176,7 +180,7 @@ class Scheduler:
             return [next(q for q in self.queues.values() if q).popleft()]
         queued = self._queued_rows()
         reachable = [s for s in self.preferred if s <= queued]
-        target = reachable[-1] if reachable and queued < self.max_rows else self.max_rows
+        target = reachable[-1] if reachable else self.max_rows
         batch: list[Pending] = []
         rows = 0
         for level in sorted(self.queues):

@@ -5,11 +5,12 @@ adapters map those to HTTP/gRPC status once.
 """
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from .. import __version__
-from ..errors import InvalidArgument, NotFound, Unavailable
+from ..errors import InvalidArgument, NotFound, Unavailable, Unsupported
 from . import settings as log_settings
 from .model_config import config_to_json, validate_model_name
 from .model_manager import ModelManager, decode_load_parameters
@@ -20,6 +21,7 @@ from .validation import validate_request
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
+    from .repository import ModelVersion
 
 SERVER_NAME = "triton"
 # Only what really works is advertised (perf_analyzer reads this list).
@@ -137,19 +139,57 @@ class InferenceService:
     # -- inference -----------------------------------------------------------------------
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run one request. The caller must call ``response.release()`` when done with it."""
+        model = self._model_for(request)
+        if model.decoupled:
+            raise Unsupported(f"model '{model.name}' is decoupled (it may send any number of responses): use "
+                              "the gRPC stream (ModelStreamInfer) or the generate_stream endpoint")
+        return await self._infer(model, request)
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[tuple[InferResponse | None, bool]]:
+        """Every response of one request as ``(response or None, final)``; the last has
+        ``final`` True (its response may be None: a decoupled model may end with no
+        response). Works for every model; the caller releases each response."""
+        model = self._model_for(request)
+        if not model.decoupled:
+            yield await self._infer(model, request), True
+            return
+        queue: asyncio.Queue = asyncio.Queue()
+        run = asyncio.ensure_future(self._infer(model, request, queue))
+        try:
+            while True:
+                get = asyncio.ensure_future(queue.get())
+                await asyncio.wait({get, run}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    run.result()  # refused before it ran (e.g. queue full): raise that
+                    get = asyncio.ensure_future(queue.get())  # executed: responses follow
+                item, final = await get
+                if isinstance(item, Exception):
+                    raise item
+                yield item, final
+                if final:
+                    break
+        finally:
+            if not run.done():
+                run.cancel()
+
+    def _model_for(self, request: InferRequest) -> "ModelVersion":
         if not self.accepting:
             raise Unavailable("Server is shutting down")
         validate_model_name(request.model_name)
-        model = self.repository.get(request.model_name, request.model_version, require_ready=True)
+        return self.repository.get(request.model_name, request.model_version, require_ready=True)
+
+    async def _infer(self, model: "ModelVersion", request: InferRequest,
+                     stream: asyncio.Queue | None = None) -> InferResponse:
         trace = (self.tracer.sample(model.name, model.version, request.id, time.monotonic_ns())
                  if self.tracer.active else None)
         try:
             plan = validate_request(model, request)
             if not (plan.shm_inputs or plan.shm_outputs):
-                return await model.scheduler.submit(request, plan, {}, trace)
+                return await model.scheduler.submit(request, plan, {}, trace, stream)
             regions = self.shm.acquire_all(plan)
             try:
-                return await model.scheduler.submit(request, plan, regions, trace)
+                return await model.scheduler.submit(request, plan, regions, trace, stream)
             finally:  # the worker has finished with the regions once it replied
                 for region in regions.values():
                     self.shm.release(region)

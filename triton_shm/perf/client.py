@@ -32,10 +32,6 @@ class StreamingUnsupported(PerfError):
     pass
 
 
-def _json_ints(d: Any) -> Any:
-    return d
-
-
 class _Base:
     protocol = ""
 

@@ -90,6 +90,7 @@ class Window:
     errors: int
     cpu_s: float
     server: ServerSnapshot | None
+    sent: int = 0                 # requests sent during the window
 
     @property
     def requests(self) -> int:
@@ -125,7 +126,8 @@ class Result:
     client_cpu_pct: float
     stable: bool
     server: ServerSnapshot | None
-    send_rate: float = 0.0        # request-rate mode: requests actually sent per second
+    send_rate: float = 0.0        # requests actually sent per second
+    first_error: str | None = None
 
     @property
     def latency_us(self) -> float:

@@ -8,6 +8,7 @@ Python models get the list of requests, as Triton's python backend gives it.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import queue
@@ -59,12 +60,15 @@ class InstanceRunner:
     def _run(self) -> None:
         while (msg := self.queue.get()) is not None:
             try:
-                self.worker.reply(msg["id"], self.run_batch(msg["requests"]))
+                self.worker.reply(msg["id"], self.run_batch(msg["requests"], msg["id"]))
             except OSError:  # the front-end has gone; the control loop is ending too
                 return
 
     # -- one batch -------------------------------------------------------------------------
-    def run_batch(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
+    def run_batch(self, requests: list[dict[str, Any]], msg_id: int = 0) -> dict[str, Any]:
+        """Execute one batch; the reply has one entry per request. For a decoupled model
+        the entries only say the execution finished: responses travel as ``stream``
+        messages tagged with ``msg_id`` and the request's index."""
         name = self.model.context.name
         if self.model.concat_batching and len(requests) > 1 and _uniform(requests):
             try:
@@ -77,7 +81,10 @@ class InstanceRunner:
         results: list[dict[str, Any] | None] = [None] * len(requests)
         for i, r in enumerate(requests):
             try:
-                decoded.append(self._decode(r))
+                wr = self._decode(r)
+                if self.model.decoupled:
+                    wr.sender = functools.partial(self._stream, msg_id, i, r)
+                decoded.append(wr)
             except Exception as e:
                 results[i] = _error(e, name)
         live = [i for i, r in enumerate(results) if r is None]
@@ -98,7 +105,8 @@ class InstanceRunner:
             try:
                 if response.error is not None:
                     raise response.error
-                results[i] = {"outputs": self._encode(requests[i], response.outputs)}
+                results[i] = {"decoupled": True} if self.model.decoupled else \
+                    {"outputs": self._encode(requests[i], response.outputs)}
             except Exception as e:
                 results[i] = _error(e, name)
         t3 = time.perf_counter_ns()
@@ -112,16 +120,31 @@ class InstanceRunner:
         return WorkerRequest(id=r.get("request_id", ""), inputs=inputs, datatypes=datatypes,
                              requested_outputs=list(r["outputs"]), parameters=r.get("parameters") or {})
 
-    def _encode(self, r: dict[str, Any], outputs: dict[str, Any]) -> list[list[Any]]:
+    def _stream(self, msg_id: int, index: int, r: dict[str, Any], response: WorkerResponse | None,
+                final: bool) -> None:
+        """One response of a decoupled model's request, sent as it is produced."""
+        body: dict[str, Any] = {"op": "stream", "id": msg_id, "index": index, "final": final}
+        if response is not None:
+            try:
+                if response.error is not None:
+                    raise response.error
+                body["outputs"] = self._encode(r, response.outputs, partial=True)
+            except Exception as e:
+                body.update(_error(e, self.model.context.name))
+        self.worker.send(body)
+
+    def _encode(self, r: dict[str, Any], outputs: dict[str, Any], partial: bool = False) -> list[list[Any]]:
+        """``partial``: a decoupled response may carry only some of the requested outputs."""
         specs = self.model.output_types
-        missing = [n for n in r["outputs"] if n not in outputs]
+        names = [n for n in r["outputs"] if n in outputs] if partial else r["outputs"]
+        missing = [n for n in names if n not in outputs]
         if missing:
             raise Internal(f"model '{self.model.context.name}' did not produce output(s) {missing}")
         in_shm = r.get("shm_outputs") or {}
         encoded: list[list[Any]] = []
         blocks: list[Block] = []
         try:
-            for name in r["outputs"]:
+            for name in names:
                 if name in in_shm:  # straight into the client's region
                     rid, offset, size = in_shm[name]
                     shape, written = encode_output_into(self.worker.regions.view(rid, offset, size), name,

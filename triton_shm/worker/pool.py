@@ -14,7 +14,7 @@ import os
 import socket
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..core import codec
 from ..core.datatypes import element_size
@@ -43,6 +43,8 @@ class WorkerHandle:
         self.arena: Arena | None = None
         self.outputs = SegmentMap()
         self._pending: dict[int, asyncio.Future] = {}
+        # decoupled batches: message id -> handler of its "stream" messages (None = worker died)
+        self._streams: dict[int, Callable[[dict[str, Any] | None], None]] = {}
         self._ids = itertools.count(1)
         self._releases: list[list[int]] = []
         self._flush_scheduled = False
@@ -143,6 +145,9 @@ class WorkerHandle:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(error)
+        streams, self._streams = self._streams, {}
+        for handler in streams.values():
+            handler(None)
         self._releases.clear()
         self._cleanup_memory()
         if self.on_death is not None:
@@ -162,11 +167,16 @@ class WorkerHandle:
         except (BrokenPipeError, ConnectionError):
             raise Unavailable(f"worker '{self.name}' is not running") from None
 
-    async def call(self, message: dict[str, Any], fds: list[int] | None = None) -> dict[str, Any]:
+    async def call(self, message: dict[str, Any], fds: list[int] | None = None,
+                   on_stream: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any]:
+        """Send and wait for the reply. ``on_stream`` receives the ``stream`` messages
+        that carry this message's id (decoupled responses), until it drops itself."""
         msg_id = next(self._ids)
         message["id"] = msg_id
         fut = self._loop.create_future()
         self._pending[msg_id] = fut
+        if on_stream is not None:
+            self._streams[msg_id] = on_stream
         try:
             self._send(message, fds)
             reply = await fut
@@ -192,6 +202,10 @@ class WorkerHandle:
                 fut = self._pending.get(msg.get("id"))
                 if fut is not None and not fut.done():
                     fut.set_result(msg)
+            elif op == "stream":
+                handler = self._streams.get(msg.get("id"))
+                if handler is not None:
+                    handler(msg)
             elif op == "segment" and len(fds) == 1:
                 self.outputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
             elif op == "drop":
@@ -346,9 +360,11 @@ class WorkerPool:
             raise Unavailable(f"model '{mv.name}' is not available: worker '{worker_name}' is restarting")
         arena = worker.arena
         blocks: list[Block] = []
+        on_stream = self._stream_handler(worker, mv, batch) if mv.decoupled else None
         try:
             messages = [self._request_message(worker, p, blocks) for p in batch]
-            reply = await worker.call({"op": "infer", "model": mv.key, "instance": index, "requests": messages})
+            reply = await worker.call({"op": "infer", "model": mv.key, "instance": index, "requests": messages},
+                                      on_stream=on_stream)
         finally:
             if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
                 for b in blocks:
@@ -356,10 +372,16 @@ class WorkerPool:
         responses = reply.get("responses")
         if not isinstance(responses, list) or len(responses) != len(batch):
             raise Internal(f"worker '{worker_name}' answered a batch of {len(batch)} with a malformed reply")
-        results: list[InferResponse | Exception] = []
-        for p, r in zip(batch, responses):
+        results: list[InferResponse | Exception | None] = []
+        for i, (p, r) in enumerate(zip(batch, responses)):
             if "error" in r:
-                results.append(TritonShmError.from_wire(r["error"]))
+                error = TritonShmError.from_wire(r["error"])
+                if on_stream is not None:  # the request ends here: its stream gets the error
+                    on_stream({"id": reply.get("id"), "index": i, "error": r["error"], "final": True})
+                results.append(error)
+                continue
+            if on_stream is not None:
+                results.append(None)  # executed; its responses arrive on its stream
                 continue
             try:
                 results.append(self._response(worker, mv, p, r["outputs"]))
@@ -367,6 +389,42 @@ class WorkerPool:
                 results.append(e)
         timing = reply.get("timing") or (0, 0, 0)
         return results, (int(timing[0]), int(timing[1]), int(timing[2]))
+
+    def _stream_handler(self, worker: WorkerHandle, mv: "ModelVersion",
+                        batch: list["Pending"]) -> Callable[[dict[str, Any] | None], None]:
+        """Routes a decoupled batch's responses to each request's stream queue, until
+        every request has had its final response."""
+        open_requests = set(range(len(batch)))
+
+        def handle(msg: dict[str, Any] | None) -> None:
+            if msg is None:  # the worker died
+                for i in sorted(open_requests):
+                    batch[i].stream.put_nowait(
+                        (Unavailable(f"worker '{worker.name}' exited while model '{mv.name}' was responding"), True))
+                open_requests.clear()
+                return
+            i = msg.get("index")
+            if i not in open_requests:
+                return  # unknown index or already final: a worker is not trusted
+            final = bool(msg.get("final"))
+            if "error" in msg:
+                item: InferResponse | Exception | None = TritonShmError.from_wire(msg["error"])
+            elif "outputs" in msg:
+                try:
+                    item = self._response(worker, mv, batch[i], msg["outputs"])
+                except TritonShmError as e:
+                    item = e
+            else:
+                item = None
+            batch[i].stream.put_nowait((item, final))
+            if final or isinstance(item, Exception):
+                open_requests.discard(i)
+                if isinstance(item, Exception) and not final:
+                    batch[i].stream.put_nowait((None, True))
+            if not open_requests:
+                worker._streams.pop(msg.get("id"), None)
+
+        return handle
 
     def _request_message(self, worker: WorkerHandle, p: "Pending", blocks: list[Block]) -> dict[str, Any]:
         """Descriptors of one request: in-band inputs copied once into the worker's arena,

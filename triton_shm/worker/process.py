@@ -40,6 +40,9 @@ class LoadedModel:
         self.output_types = {o["name"]: config_to_wire(o["data_type"]) for o in context.config.get("output", [])}
         # one model execution over the concatenated rows of a whole batch
         self.concat_batching = backend.concat_batching and int(context.config.get("max_batch_size", 0)) > 0
+        self.decoupled = bool((context.config.get("model_transaction_policy") or {}).get("decoupled", False))
+        if self.decoupled:
+            self.concat_batching = False
 
 
 def _context(msg: dict[str, Any]) -> ModelContext:

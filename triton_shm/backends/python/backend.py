@@ -174,11 +174,6 @@ class PythonBackend(Backend):
         return self._model_class
 
     def create_instance(self, spec: InstanceSpec) -> ModelInstance:
-        if pb_utils.using_decoupled_model_transaction_policy(self.context.config):
-            raise Unsupported(
-                f"Python model '{self.context.name}' is decoupled (model_transaction_policy "
-                "{ decoupled: true }); triton-shm's python backend does not support decoupled "
-                "models yet")
         return PythonModelInstance(self.context, spec, self._class())
 
 
@@ -191,6 +186,7 @@ class PythonModelInstance(ModelInstance):
         self._loop: asyncio.AbstractEventLoop | None = None
         config = context.config
         self._all_outputs = [o["name"] for o in config.get("output", []) or [] if "name" in o]
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.args = {
             "model_config": json.dumps(config),
             "model_instance_kind": _KIND_ARG.get(spec.kind, "CPU"),
@@ -248,10 +244,15 @@ class PythonModelInstance(ModelInstance):
             else:
                 inputs.append(pb_utils.Tensor(name, array))
         requested = list(r.requested_outputs) if r.requested_outputs else list(self._all_outputs)
-        return pb_utils.InferenceRequest(
+        request = pb_utils.InferenceRequest(
             request_id=r.id, correlation_id=0, inputs=inputs,
             requested_output_names=requested, model_name=self.context.name,
             model_version=self.context.version, flags=0, parameters=dict(r.parameters))
+        if r.sender is not None:
+            sender = r.sender
+            request._response_sender = pb_utils.InferenceResponseSender(
+                lambda resp, final: sender(None if resp is None else self._response(r, resp), final))
+        return request
 
     def _fail_all(self, n: int, message: str) -> list[WorkerResponse]:
         return [WorkerResponse(error=Internal(message)) for _ in range(n)]
@@ -274,6 +275,11 @@ class PythonModelInstance(ModelInstance):
             log.error("execute of Python model '%s' raised:\n%s", self.spec.name, traceback.format_exc())
             return self._fail_all(n, label + _describe(e))
 
+        if self.decoupled:  # responses went (or will go) through each request's sender
+            if result is not None:
+                log.warning("decoupled model '%s' returned %s from execute(); it should return None",
+                            self.spec.name, type(result).__name__)
+            return [WorkerResponse() for _ in requests]
         if not isinstance(result, (list, tuple)):
             got = "None" if result is None else type(result).__name__
             return self._fail_all(

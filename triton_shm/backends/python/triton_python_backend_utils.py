@@ -28,6 +28,7 @@ import enum
 import json
 import logging
 import struct
+import threading
 from typing import Any, Iterable
 
 import numpy as np
@@ -340,6 +341,7 @@ class InferenceRequest:
             parameters = {}
         self._parameters = parameters if isinstance(parameters, str) else _compact_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
+        self._response_sender: InferenceResponseSender | None = None
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -378,10 +380,12 @@ class InferenceRequest:
                 "supported by triton-shm yet")
         self._release_flags = flags
 
-    def get_response_sender(self):
-        raise TritonModelException(
-            "get_response_sender() is for decoupled models, which triton-shm's python "
-            "backend does not support yet; return a list of InferenceResponse from execute()")
+    def get_response_sender(self) -> "InferenceResponseSender":
+        if self._response_sender is None:
+            raise TritonModelException(
+                "get_response_sender() is only for decoupled models (model_transaction_policy "
+                "{ decoupled: true }); return a list of InferenceResponse from execute()")
+        return self._response_sender
 
     def exec(self, *args, **kwargs):
         raise TritonModelException(
@@ -394,6 +398,32 @@ class InferenceRequest:
     def __repr__(self) -> str:
         return (f"InferenceRequest(request_id={self._request_id!r}, "
                 f"inputs={[t.name() for t in self._inputs]})")
+
+
+class InferenceResponseSender:
+    """Sends the responses of one request of a decoupled model: zero or more
+    ``send(response)`` calls, from any thread, then one with
+    ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (with or without a response)."""
+
+    def __init__(self, deliver):
+        self._deliver = deliver  # deliver(InferenceResponse | None, final: bool)
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def send(self, response: "InferenceResponse | None" = None, flags: int = 0) -> None:
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException("send() takes an InferenceResponse")
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException("send() needs a response unless flags has TRITONSERVER_RESPONSE_COMPLETE_FINAL")
+        with self._lock:
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            self._closed = final
+            self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return False
 
 
 class InferenceResponse:
@@ -656,7 +686,8 @@ class ModelConfig:
 
 
 __all__ = [
-    "Tensor", "InferenceRequest", "InferenceResponse", "TritonError", "TritonModelException",
+    "Tensor", "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "TritonError",
+    "TritonModelException",
     "Logger", "LogLevel", "MetricFamily", "Metric", "ModelConfig",
     "get_input_tensor_by_name", "get_output_tensor_by_name", "get_input_config_by_name",
     "get_output_config_by_name", "using_decoupled_model_transaction_policy",

@@ -1,13 +1,13 @@
 """inference.GRPCInferenceService on grpc.aio, translating to InferenceService calls.
 
-Each RPC is a thin translation; errors are mapped once in ``_rpc``. RPCs the server
-cannot serve yet answer UNIMPLEMENTED with a message that names them.
+Each RPC is a thin translation; errors are mapped once in ``_rpc``.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
 from google.protobuf import json_format
@@ -42,14 +42,6 @@ def _rpc(fn: _Handler[_R]) -> _Handler[_R]:
             await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
         raise AssertionError("unreachable: context.abort raises")
     return wrapper
-
-
-def _unsupported(name: str) -> Callable[..., Awaitable[None]]:
-    async def handler(self: Any, request: Any, context: _Ctx) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                            f"{name} is not supported by this server yet")
-    handler.__name__ = name
-    return handler
 
 
 def _tensor_metadata(tensors: list[dict[str, Any]]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
@@ -178,9 +170,58 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- not served yet --------------------------------------------------------------------
-    async def ModelStreamInfer(self, request_iterator: Any, context: _Ctx) -> None:
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                            "ModelStreamInfer is not supported by this server yet")
+    async def ModelStreamInfer(self, request_iterator: Any, context: _Ctx) -> AsyncIterator[Any]:
+        """Bidirectional stream: each request is served concurrently and may get any
+        number of responses (decoupled models). Errors travel in ``error_message`` and
+        the stream stays open, as in Triton."""
+        out: asyncio.Queue = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        async def read() -> None:
+            try:
+                async for msg in request_iterator:
+                    task = asyncio.ensure_future(self._serve_stream_request(msg, out))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                if tasks:
+                    await asyncio.gather(*list(tasks), return_exceptions=True)
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.ensure_future(read())
+        try:
+            while (item := await out.get()) is not None:
+                yield item
+        finally:  # the client went away or the stream ended: stop what is still running
+            reader.cancel()
+            for task in list(tasks):
+                task.cancel()
+
+    async def _serve_stream_request(self, msg: pb.ModelInferRequest, out: asyncio.Queue) -> None:
+        try:
+            request = decode_infer_request(msg)
+            # tritonclient asks for an explicit last response, flagged triton_final_response
+            flag_final = request.parameters.get("triton_enable_empty_final_response") is True
+            async for response, final in self.service.infer_stream(request):
+                if response is None:
+                    if final and flag_final:
+                        reply = pb.ModelInferResponse(model_name=request.model_name,
+                                                      model_version=request.model_version, id=request.id)
+                        reply.parameters["triton_final_response"].bool_param = True
+                        out.put_nowait(pb.ModelStreamInferResponse(infer_response=reply))
+                    continue
+                try:
+                    reply = encode_infer_response(response)
+                finally:
+                    response.release()
+                if flag_final:
+                    reply.parameters["triton_final_response"].bool_param = final
+                out.put_nowait(pb.ModelStreamInferResponse(infer_response=reply))
+        except TritonShmError as e:
+            out.put_nowait(pb.ModelStreamInferResponse(error_message=e.message))
+        except Exception as e:  # noqa: BLE001 - the stream must get an answer
+            log.exception("stream request failed")
+            out.put_nowait(pb.ModelStreamInferResponse(error_message=f"{type(e).__name__}: {e}"))
 
     # -- trace and logging extensions -------------------------------------------------------
     @_rpc

@@ -217,7 +217,7 @@ def _parse_input(item: Any, model_name: str, request_id: str) -> tuple[InputTens
 
     tensor = InputTensor(name=name, datatype=datatype, shape=shape, parameters=params)
     if has_data:
-        tensor.data = _json_to_wire(name, datatype, shape, item["data"], model_name, request_id)
+        tensor.data = json_to_wire(name, datatype, shape, item["data"], model_name, request_id)
         return tensor, None
     if "binary_data_size" in params:
         nbytes = params.pop("binary_data_size")  # framing only; the core sees the data
@@ -227,7 +227,7 @@ def _parse_input(item: Any, model_name: str, request_id: str) -> tuple[InputTens
     return tensor, None  # shared memory: resolved by another layer from the parameters
 
 
-def _json_to_wire(
+def json_to_wire(
     name: str, datatype: str, shape: list[int], data: Any, model_name: str, request_id: str
 ) -> bytes:
     """JSON ``data`` (flat or nested, row-major) to the tensor's wire bytes."""
@@ -338,7 +338,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
             else:
                 if params:
                     entry["parameters"] = params
-                entry["data"] = _wire_to_json(out)
+                entry["data"] = wire_to_json(out)
         outputs.append(entry)
 
     doc: dict[str, Any] = {}
@@ -355,7 +355,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     return b"".join([header, *blobs]), len(header)
 
 
-def _wire_to_json(out: OutputTensor) -> Any:
+def wire_to_json(out: OutputTensor) -> Any:
     """Output data as a flat JSON-serialisable value (a numpy array or a list)."""
     count = math.prod(out.shape)
     try:

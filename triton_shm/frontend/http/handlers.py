@@ -13,8 +13,10 @@ import orjson
 from aiohttp import web
 from aiohttp.web_response import ContentCoding
 
-from ...errors import InvalidArgument, Unsupported
+from ...core.types import InferRequest
+from ...errors import InvalidArgument, TritonShmError, Unsupported
 from .codec import decode_infer_request, encode_infer_response
+from .generate import decode_generate_request, encode_generate_response
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
@@ -90,6 +92,39 @@ class HttpHandlers:
     async def model_stats(self, request: web.Request) -> web.Response:
         info = request.match_info
         return _json(request, self.service.model_statistics(info.get("model", ""), info.get("version", "")))
+
+    async def generate(self, request: web.Request) -> web.Response:
+        infer_request = await self._generate_request(request)
+        response = await self.service.infer(infer_request)
+        try:
+            doc = encode_generate_response(response)
+        finally:
+            response.release()
+        return _json(request, doc)
+
+    async def generate_stream(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events, one per response; an error ends the stream as an event."""
+        infer_request = await self._generate_request(request)
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await stream.prepare(request)
+        try:
+            async for response, _final in self.service.infer_stream(infer_request):
+                if response is None:
+                    continue
+                try:
+                    doc = encode_generate_response(response)
+                finally:
+                    response.release()
+                await stream.write(b"data: " + orjson.dumps(doc) + b"\n\n")
+        except TritonShmError as e:
+            await stream.write(b"data: " + orjson.dumps({"error": e.message}) + b"\n\n")
+        await stream.write_eof()
+        return stream
+
+    async def _generate_request(self, request: web.Request) -> InferRequest:
+        model, version = _model(request)
+        metadata = self.service.model_metadata(model, version)
+        return decode_generate_request(model, version, await self._read_body(request), metadata)
 
     async def load_model(self, request: web.Request) -> web.Response:
         params = _parameters(_json_object(await self._read_body(request)))
@@ -187,6 +222,8 @@ def build_routes(h: HttpHandlers) -> list[web.RouteDef]:
             web.get(prefix + "/config", h.model_config),
             web.get(prefix + "/stats", h.model_stats),
             web.post(prefix + "/infer", h.infer),
+            web.post(prefix + "/generate", h.generate),
+            web.post(prefix + "/generate_stream", h.generate_stream),
         ]
     return routes
 
