@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument, TritonShmError, Unavailable
 from . import model_config as mcfg
-from .repository import (LOADING, NOT_REQUESTED, READY, UNAVAILABLE, UNLOADING, ModelEntry, ModelRepository,
-                         ModelVersion, select_versions, version_dirs)
+from .repository import (LOADING, NOT_REQUESTED, READY, UNAVAILABLE, UNLOADED, UNLOADING, ModelEntry,
+                         ModelRepository, ModelVersion, select_versions, version_dirs)
 from .ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
 from .scheduler import Scheduler, check_batching_config
 from .statistics import ModelStats
@@ -104,8 +104,11 @@ class ModelManager:
     async def _load_reporting(self, name: str) -> None:
         try:
             await self.load(name)
-        except TritonShmError:
-            pass  # recorded in the index and the log
+        except TritonShmError as e:  # recorded in the index (and so seen by --exit-on-error)
+            entry = self.repository.models.get(name)
+            if entry is None:  # it never got as far as an entry, e.g. no such model
+                log.error("failed to load '%s': %s", name, e.message)
+                self.repository.models[name] = ModelEntry(name, Path(), state=UNAVAILABLE, reason=e.message)
 
     async def stop(self) -> None:
         """Stop polling, then unload every model once its in-flight requests are done."""
@@ -141,19 +144,25 @@ class ModelManager:
                 if step_model != name and not self.repository.versions_of(step_model):
                     await self.load(step_model)
         async with entry.lock, self._load_slots:
+            loaded = False
             try:
                 await self._load_locked(entry, model_dir, config_json)
+                loaded = True
             finally:
-                if files:
-                    old = self._temp_dirs.pop(name, None)
-                    if entry.model_dir == model_dir:
-                        self._temp_dirs[name] = model_dir
-                        if old is not None and old != model_dir:
-                            shutil.rmtree(old.parent, ignore_errors=True)
-                    else:
-                        shutil.rmtree(model_dir.parent, ignore_errors=True)
-                        if old is not None:
-                            self._temp_dirs[name] = old
+                self._settle_temp_dir(name, model_dir if files else None, loaded)
+
+    def _settle_temp_dir(self, name: str, new_dir: Path | None, loaded: bool) -> None:
+        """Keep a file-override directory while its model serves from it; remove the
+        one it replaced, or the new one when the load failed."""
+        if not loaded:
+            if new_dir is not None:
+                shutil.rmtree(new_dir.parent, ignore_errors=True)
+            return
+        old = self._temp_dirs.pop(name, None)
+        if new_dir is not None:
+            self._temp_dirs[name] = new_dir
+        if old is not None and old != new_dir:
+            shutil.rmtree(old.parent, ignore_errors=True)
 
     async def _load_locked(self, entry: ModelEntry, model_dir: Path, config_json: str | None) -> None:
         name = entry.name
@@ -166,6 +175,7 @@ class ModelManager:
         except TritonShmError as e:
             if not entry.ready_versions():
                 entry.state, entry.reason = UNAVAILABLE, e.message
+            entry.fingerprint = snapshot  # poll mode retries only once the files change
             log.error("failed to load '%s': %s", name, e.message)
             raise
         generation = next(self._generations)
@@ -178,6 +188,7 @@ class ModelManager:
             for mv in fresh.values():
                 if mv.ready:
                     await self._retire(mv)
+            entry.fingerprint = snapshot  # poll mode retries only once the files change
             reason = "; ".join(f"version {mv.version}: {mv.reason}" for mv in failed)
             if any(v.ready for v in entry.versions.values() if v not in fresh.values()):
                 entry.reason = reason  # a failed reload leaves the old versions serving
@@ -258,7 +269,7 @@ class ModelManager:
                 await self.pool.unload(mv)
             except TritonShmError as e:
                 log.warning("unloading '%s' version %d: %s", mv.name, mv.version, e.message)
-        mv.state, mv.reason = UNAVAILABLE, "unloaded"
+        mv.state, mv.reason = UNAVAILABLE, UNLOADED
         log.info("successfully unloaded '%s' version %d", mv.name, mv.version)
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
@@ -273,8 +284,9 @@ class ModelManager:
             await asyncio.gather(*(self._retire(mv) for mv in entry.versions.values()
                                    if mv.state in (READY, LOADING)))
             if entry.state != NOT_REQUESTED:
-                entry.state, entry.reason = UNAVAILABLE, "unloaded"
+                entry.state, entry.reason = UNAVAILABLE, UNLOADED
             entry.fingerprint = ()
+            self._settle_temp_dir(name, None, loaded=True)
 
     # -- poll mode -----------------------------------------------------------------------
     async def _poll(self) -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidArgument, NotFound, Unavailable
+from ..errors import InvalidArgument, NotFound
 from . import model_config as mcfg
 from .datatypes import config_to_wire
 from .scheduler import Scheduler
@@ -18,6 +18,7 @@ log = logging.getLogger("triton_shm.repository")
 
 READY, UNAVAILABLE, LOADING, UNLOADING = "READY", "UNAVAILABLE", "LOADING", "UNLOADING"
 NOT_REQUESTED = ""  # on disk, never asked to load (explicit mode)
+UNLOADED = "unloaded"  # the reason of a model or version that was unloaded on purpose
 
 
 @dataclass(slots=True)
@@ -158,10 +159,10 @@ class ModelRepository:
         if ready:
             return ready[-1]
         if require_ready:
-            raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
+            raise NotFound(f"Request for unknown model: '{name}' has no available versions")
         if entry.versions:
             return entry.versions[max(entry.versions)]
-        raise Unavailable(f"Request for unknown model: '{name}' has no available versions")
+        raise NotFound(f"Request for unknown model: '{name}' has no available versions")
 
     def entry(self, name: str, model_dir: Path) -> ModelEntry:
         entry = self.models.get(name)
@@ -188,9 +189,13 @@ class ModelRepository:
         return [mv.stats.as_dict() for mv in sorted(versions, key=lambda m: (m.name, m.version))]
 
     def all_ready(self) -> bool:
-        """Every model asked to load has all its versions READY (strict readiness)."""
-        return all(all(v.ready for v in e.versions.values()) and (e.versions or e.state == NOT_REQUESTED)
-                   for e in self.models.values())
+        """Every model that should be loaded has all its versions READY (strict
+        readiness); models never asked for, or unloaded on purpose, do not count."""
+        def settled(e: ModelEntry) -> bool:
+            if e.state == NOT_REQUESTED or (e.state == UNAVAILABLE and e.reason == UNLOADED):
+                return True
+            return bool(e.versions) and all(v.ready for v in e.versions.values())
+        return all(settled(e) for e in self.models.values())
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         rows: list[dict[str, str]] = []

@@ -178,9 +178,15 @@ class GrpcStream:
         try:
             async for resp in self._call:
                 rid = resp.infer_response.id
-                fut = self._pending.pop(rid, None)
-                if fut is None and self._pending:
+                final = resp.infer_response.parameters.get("triton_final_response")
+                if final is not None and not final.bool_param and not resp.error_message:
+                    continue  # decoupled model: more responses follow; time until the final one
+                if rid:
+                    fut = self._pending.pop(rid, None)
+                elif self._pending:  # an error without an id: the oldest request
                     _, fut = self._pending.popitem(last=False)
+                else:
+                    fut = None
                 if fut is None or fut.done():
                     continue
                 if resp.error_message:

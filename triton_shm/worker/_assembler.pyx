@@ -2,12 +2,32 @@
 """Batch assembler in C (csrc/assembler.c). Twin of ``assembler_py``; same API and errors.
 
 The buffers are pinned (held as typed memoryviews) for the whole copy, which runs with
-the GIL released, so other instance threads keep running.
+the GIL released, so other instance threads keep running. Copies are guarded: a
+client region truncated under the copy raises InvalidArgument instead of a SIGBUS.
 """
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from libc.stdint cimport uint8_t
 
-from ..errors import Internal
+from ..errors import Internal, InvalidArgument
+
+GUARDED = tsm_install_sigbus_guard() == 0
+_FAULT = "a client's shared-memory region shrank while it was being read or written"
+
+
+def copy(dst, src) -> int:
+    """Copy ``src`` into the start of ``dst``; returns the bytes copied."""
+    cdef uint8_t[::1] out = memoryview(dst).cast("B")
+    cdef const uint8_t[::1] inp = memoryview(src).cast("B")
+    cdef size_t n = inp.shape[0]
+    cdef int rc = 0
+    if <Py_ssize_t>n > out.shape[0]:
+        raise Internal(f"copy of {n} bytes into a {out.shape[0]}-byte buffer")
+    if n:
+        with nogil:
+            rc = tsm_guarded_copy(&out[0], &inp[0], n)
+    if rc != 0:
+        raise InvalidArgument(_FAULT)
+    return n
 
 
 def gather(dst, srcs) -> int:
@@ -23,6 +43,7 @@ def gather(dst, srcs) -> int:
     cdef size_t *sizes = <size_t *>PyMem_Malloc(sizeof(size_t) * (n + 1))
     cdef const uint8_t[::1] src
     cdef uint8_t *base = &out[0] if out.shape[0] else NULL
+    cdef int rc
     try:
         if ptrs == NULL or sizes == NULL:
             raise MemoryError()
@@ -30,9 +51,12 @@ def gather(dst, srcs) -> int:
             src = views[i]
             sizes[i] = src.shape[0]
             ptrs[i] = &src[0] if src.shape[0] else NULL
+        rc = 0
         if total:
             with nogil:
-                tsm_gather(base, ptrs, sizes, n)
+                rc = tsm_gather(base, ptrs, sizes, n)
+        if rc != 0:
+            raise InvalidArgument(_FAULT)
         return total
     finally:
         PyMem_Free(ptrs)
@@ -53,6 +77,7 @@ def scatter(src, dsts) -> int:
     cdef size_t *sizes = <size_t *>PyMem_Malloc(sizeof(size_t) * (n + 1))
     cdef uint8_t[::1] dst
     cdef const uint8_t *base = &inp[0] if inp.shape[0] else NULL
+    cdef int rc
     try:
         if ptrs == NULL or sizes == NULL:
             raise MemoryError()
@@ -60,9 +85,12 @@ def scatter(src, dsts) -> int:
             dst = views[i]
             sizes[i] = dst.shape[0]
             ptrs[i] = &dst[0] if dst.shape[0] else NULL
+        rc = 0
         if total:
             with nogil:
-                tsm_scatter(base, ptrs, sizes, n)
+                rc = tsm_scatter(base, ptrs, sizes, n)
+        if rc != 0:
+            raise InvalidArgument(_FAULT)
         return total
     finally:
         PyMem_Free(ptrs)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from ..core.codec import NO_EXTENSIONS
-from .assembler_py import gather, scatter
+from .assembler_py import GUARDED, copy, gather, scatter
 
 USING_EXTENSION = False
 if not NO_EXTENSIONS:
     try:
-        from ._assembler import gather, scatter  # type: ignore  # noqa: F811
+        from ._assembler import GUARDED, copy, gather, scatter  # type: ignore  # noqa: F811
         USING_EXTENSION = True
     except ImportError:  # not built: the pure-Python twin serves
         pass
 
-__all__ = ["gather", "scatter", "USING_EXTENSION"]
+__all__ = ["GUARDED", "copy", "gather", "scatter", "USING_EXTENSION"]

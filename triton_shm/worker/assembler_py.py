@@ -1,7 +1,22 @@
-"""Batch assembler, pure Python. Twin of the C extension ``_assembler``."""
+"""Batch assembler, pure Python. Twin of the C extension ``_assembler``.
+
+Unlike the C version it cannot catch a SIGBUS: a client that truncates its region
+during the copy takes the worker down (it is restarted). ``GUARDED`` says which.
+"""
 from __future__ import annotations
 
 from ..errors import Internal
+
+GUARDED = False
+
+
+def copy(dst, src) -> int:
+    """Copy ``src`` into the start of ``dst``; returns the bytes copied."""
+    out, inp = memoryview(dst).cast("B"), memoryview(src).cast("B")
+    if inp.nbytes > out.nbytes:
+        raise Internal(f"copy of {inp.nbytes} bytes into a {out.nbytes}-byte buffer")
+    out[:inp.nbytes] = inp
+    return inp.nbytes
 
 
 def gather(dst, srcs) -> int:

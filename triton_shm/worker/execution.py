@@ -115,7 +115,7 @@ class InstanceRunner:
     def _decode(self, r: dict[str, Any]) -> WorkerRequest:
         inputs, datatypes = {}, {}
         for name, datatype, shape, desc in r["inputs"]:
-            inputs[name] = decode_input(datatype, shape, self.worker.view(desc))
+            inputs[name] = decode_input(datatype, shape, self.worker.input_bytes(desc))
             datatypes[name] = datatype
         return WorkerRequest(id=r.get("request_id", ""), inputs=inputs, datatypes=datatypes,
                              requested_outputs=list(r["outputs"]), parameters=r.get("parameters") or {})

@@ -25,6 +25,7 @@ from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc import channel
 from ..ipc.arena import Arena, Segment, SegmentMap
 from ..core.datatypes import config_to_wire
+from . import assembler
 from .execution import InstanceRunner
 from .regions import RegionMap
 
@@ -76,6 +77,17 @@ class Worker:
             _, rid, offset, size = desc
             return self.regions.view(int(rid), int(offset), int(size))
         return self.inputs.view(desc)
+
+    def input_bytes(self, desc: list) -> memoryview:
+        """What a model may hold on to: arena bytes in place; a client region's bytes
+        copied once, with a guarded copy, since the client may shrink its region at any
+        time and a later read would fault."""
+        view = self.view(desc)
+        if desc and desc[0] == "r":
+            private = bytearray(view.nbytes)
+            assembler.copy(private, view)
+            return memoryview(private)
+        return view
 
     def _share_segment(self, seg: Segment) -> None:
         self.send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])

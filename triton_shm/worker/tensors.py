@@ -7,6 +7,7 @@ from ..core import codec
 from ..core.datatypes import element_size, from_numpy, numpy_dtype
 from ..errors import Internal, InvalidArgument
 from ..ipc.arena import Arena, Block
+from . import assembler
 
 
 def decode_input(datatype: str, shape: list[int], view: memoryview) -> np.ndarray:
@@ -64,5 +65,5 @@ def encode_output_into(target: memoryview, name: str, datatype: str, array) -> t
     if data.nbytes > target.nbytes:
         raise InvalidArgument(f"shared memory size specified with the request for output '{name}' "
                               f"({target.nbytes} bytes) should be at least {data.nbytes} bytes to hold the results")
-    target[:data.nbytes] = data
+    assembler.copy(target, data)  # guarded: the client may shrink its region meanwhile
     return shape, data.nbytes

@@ -1,0 +1,279 @@
+"""``triton-shm perf`` (python -m triton_shm.perf) against a real server process: both
+protocols, concurrency and request-rate modes, system shared memory, the CSV, and every
+bad-input path (clear one-line message, non-zero exit, no traceback)."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .harness import ServerProcess, free_port
+from .models import onnx_add_sub, python_identity, write_model
+
+pytestmark = pytest.mark.timeout(120)
+
+SHORT = ["--measurement-interval", "500", "--max-trials", "3"]
+ROOT = Path(__file__).resolve().parent.parent
+
+FAIL_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse(error=pb_utils.TritonError("perf test failure"))
+                for _ in requests]
+"""
+
+
+def _repo(repo: Path) -> Path:
+    onnx_add_sub(repo / "add_sub" / "1" / "model.onnx")
+    (repo / "add_sub" / "config.pbtxt").write_text(
+        'name: "add_sub"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
+        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
+        ' { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n')
+    python_identity(repo, "identity_fp32", "FP32", dims="[ 16 ]")       # static shape
+    python_identity(repo, "identity_dyn", "FP32")                         # dims [ -1 ]
+    write_model(repo, "failing", config="""
+        name: "failing"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        """, model_py=FAIL_PY)
+    return repo
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> ServerProcess:
+    root = tmp_path_factory.mktemp("perf_server")
+    srv = ServerProcess(_repo(root / "models"), root / "server.log", extra_args=["--allow-client-shm=true"]).start()
+    yield srv
+    srv.stop()
+
+
+def perf(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "triton_shm.perf", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def url(server: ServerProcess, proto: str) -> str:
+    return server.grpc_url if proto == "grpc" else server.http_url
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def assert_clean_failure(p: subprocess.CompletedProcess, *needles: str) -> None:
+    assert p.returncode != 0, p.stdout + p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    for n in needles:
+        assert n in p.stderr, f"{n!r} not in stderr:\n{p.stderr}"
+
+
+def shm_status(server: ServerProcess) -> list:
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/systemsharedmemory/status", timeout=5) as r:
+        return json.loads(r.read())
+
+
+def our_shm_files() -> set[str]:
+    return {n for n in os.listdir("/dev/shm") if n.startswith("triton_shm_perf_")}
+
+
+# ------------------------------------------------------------------------------- happy paths
+
+@pytest.mark.parametrize("proto", ["grpc", "http"])
+def test_concurrency_range_csv(server, proto, tmp_path):
+    out = tmp_path / "perf.csv"
+    p = perf("-m", "identity_fp32", "-i", proto, "-u", url(server, proto), "--concurrency-range", "1:2",
+             *SHORT, "-f", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = read_csv(out)
+    assert [r["Concurrency"] for r in rows] == ["1", "2"]
+    for r in rows:
+        assert float(r["Inferences/Second"]) > 0
+        for col in ("p50 latency", "p90 latency", "p95 latency", "p99 latency", "Avg latency",
+                    "Server Queue", "Server Compute Input", "Server Compute Infer", "Server Compute Output"):
+            assert col in r and r[col] != ""
+        assert 0 < float(r["p50 latency"]) <= float(r["p99 latency"])
+        assert float(r["Server Compute Infer"]) > 0                    # server split from statistics deltas
+        assert float(r["Server Compute Infer"]) < float(r["Avg latency"])
+        assert r["Errors"] == "0"
+    assert "Request concurrency: 1" in p.stdout and "Avg request latency" in p.stdout
+    assert "Inferences/Second vs. Client Average Batch Latency" in p.stdout
+    assert "[concurrency 1] window 1/3" in p.stderr                     # progress on stderr
+
+
+def test_request_rate_poisson_batched_json_input(server, tmp_path):
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"data": [{"INPUT0": list(range(16)), "INPUT1": [1.0] * 16},
+                                         {"INPUT0": {"content": [2.0] * 16, "shape": [16]}, "INPUT1": [0.5] * 16}]}))
+    out = tmp_path / "rate.csv"
+    p = perf("-m", "add_sub", "-u", server.grpc_url, "-b", "2", "--request-rate-range", "40:80:40",
+             "--request-distribution", "poisson", "--input-data", str(data), "--percentile", "95",
+             *SHORT, "-f", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = read_csv(out)
+    assert [r["Request Rate"] for r in rows] == ["40", "80"]
+    assert all(float(r["Inferences/Second"]) > 0 for r in rows)
+    # two inferences per request (-b 2), roughly at the asked rate
+    assert 0.4 * 2 * 80 < float(rows[1]["Inferences/Second"]) < 2.0 * 2 * 80
+    assert "p95 latency (selected by --percentile)" in p.stdout
+    assert "Client p95 Batch Latency" in p.stdout
+
+
+@pytest.mark.parametrize("proto", ["grpc", "http"])
+def test_system_shared_memory(server, proto, tmp_path):
+    before = our_shm_files()
+    out = tmp_path / "shm.csv"
+    p = perf("-m", "add_sub", "-i", proto, "-u", url(server, proto), "--shared-memory", "system",
+             "--output-shared-memory-size", "4096", "--concurrency-range", "2", *SHORT, "-f", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert float(read_csv(out)[0]["Inferences/Second"]) > 0
+    assert shm_status(server) == []                                     # unregistered at the end
+    assert our_shm_files() - before == set()                            # and removed locally
+
+
+def test_triton_shm_perf_subcommand(server):
+    p = subprocess.run([sys.executable, "-m", "triton_shm", "perf", "-m", "identity_fp32", "-u", server.grpc_url,
+                        "--measurement-interval", "300", "--max-trials", "3"],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Concurrency: 1, throughput:" in p.stdout
+
+
+# ------------------------------------------------------------------------------- errors
+
+def test_unknown_model(server):
+    p = perf("-m", "no_such_model", "-u", server.grpc_url, *SHORT)
+    assert_clean_failure(p, "no_such_model", "not available")
+
+
+@pytest.mark.parametrize("proto", ["grpc", "http"])
+def test_server_unreachable(proto):
+    p = perf("-m", "identity_fp32", "-i", proto, "-u", f"127.0.0.1:{free_port()}", *SHORT)
+    assert_clean_failure(p, "cannot reach the server")
+
+
+def test_dynamic_shape_needs_shape_flag(server, tmp_path):
+    p = perf("-m", "identity_dyn", "-u", server.grpc_url, *SHORT)
+    assert_clean_failure(p, "INPUT0", "--shape")
+    p = perf("-m", "identity_dyn", "-u", server.grpc_url, "--shape", "INPUT0:8", "--input-data", "zero",
+             "--measurement-interval", "300", "--max-trials", "3")
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["-b", "0"], "-b"),
+    (["--concurrency-range", "4:2"], "below start"),
+    (["--concurrency-range", "a:b"], "start[:end[:step]]"),
+    (["--request-rate-range", "0"], "positive"),
+    (["--concurrency-range", "1", "--request-rate-range", "10"], "cannot be used together"),
+    (["--request-distribution", "uniform"], "invalid choice"),
+    (["-i", "tcp"], "invalid choice"),
+    (["--shared-memory", "cuda"], "not supported"),
+    (["--streaming", "-i", "http"], "--streaming needs -i grpc"),
+    (["--percentile", "150"], "percentile"),
+    (["--measurement-interval", "-5"], "positive"),
+    (["--input-data", "/nonexistent/data.json"], "--input-data"),
+    (["--shape", "INPUT0"], "--shape"),
+    (["--shape", "NOPE:4"], "NOPE"),
+    (["-b", "2"], "does not support batching"),
+])
+def test_bad_flags(server, args, needle):
+    p = perf("-m", "identity_fp32", "-u", server.grpc_url, *args, *SHORT)
+    assert_clean_failure(p, needle)
+
+
+def test_plot_without_matplotlib_is_clear(server, tmp_path):
+    try:
+        import matplotlib  # noqa: F401
+        pytest.skip("matplotlib is installed")
+    except ImportError:
+        pass
+    p = perf("-m", "identity_fp32", "-u", server.grpc_url, "--plot", str(tmp_path / "x.png"), *SHORT)
+    assert_clean_failure(p, "matplotlib")
+
+
+def test_streaming(server, tmp_path):
+    """Over one ModelStreamInfer stream when the server has it; a clear error when it answers
+    UNIMPLEMENTED."""
+    out = tmp_path / "stream.csv"
+    p = perf("-m", "identity_fp32", "-u", server.grpc_url, "--streaming", "--concurrency-range", "2", *SHORT,
+             "-f", str(out))
+    if "UNIMPLEMENTED" in p.stderr:
+        assert_clean_failure(p, "does not support gRPC streaming", "run without --streaming")
+    else:
+        assert p.returncode == 0, p.stdout + p.stderr
+        row = read_csv(out)[0]
+        assert float(row["Inferences/Second"]) > 0 and row["Errors"] == "0"
+
+
+def test_request_errors_are_counted(server, tmp_path):
+    out = tmp_path / "fail.csv"
+    p = perf("-m", "failing", "-u", server.grpc_url, "--measurement-interval", "300", "--max-trials", "3",
+             "-f", str(out))
+    assert_clean_failure(p, "perf test failure", "request(s) failed")
+    assert int(read_csv(out)[0]["Errors"]) > 0
+
+
+@pytest.mark.parametrize("proto", ["grpc", "http"])
+def test_server_going_down_mid_run(proto, tmp_path):
+    root = tmp_path
+    srv = ServerProcess(_repo(root / "models"), root / "server.log", extra_args=["--allow-client-shm=true"]).start()
+    before = our_shm_files()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "triton_shm.perf", "-m", "identity_fp32", "-i", proto,
+                                 "-u", url(srv, proto), "--concurrency-range", "2", "--measurement-interval", "300",
+                                 "--max-trials", "100", "-s", "0.001", "--shared-memory", "system"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+        time.sleep(2.0)
+        srv.stop()
+        _, err = proc.communicate(timeout=30)
+    finally:
+        srv.stop()
+    assert proc.returncode == 1, err
+    assert "Traceback" not in err, err
+    assert "lost the connection" in err or "statistics request" in err, err
+    assert our_shm_files() - before == set()
+
+
+def test_interrupt_cleans_up_shared_memory(server):
+    before = our_shm_files()
+    proc = subprocess.Popen([sys.executable, "-m", "triton_shm.perf", "-m", "identity_fp32", "-u", server.grpc_url,
+                             "--concurrency-range", "2", "--measurement-interval", "300", "--max-trials", "100",
+                             "-s", "0.001", "--shared-memory", "system"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err, err
+    assert shm_status(server) == []
+    assert our_shm_files() - before == set()
+
+
+# ------------------------------------------------------------------------------- units
+
+def test_parse_range_and_stability():
+    from triton_shm.perf.cli import parse_range
+    from triton_shm.perf.measure import Window, is_stable, percentile
+    assert parse_range("--c", "1:4:2", True) == [1, 3]
+    assert parse_range("--c", "3", True) == [3]
+    assert parse_range("--r", "10:20:5", False) == [10, 15, 20]
+    assert percentile(list(range(1, 101)), 50) == 50 and percentile(list(range(1, 101)), 99) == 99
+    w = lambda n, lat: Window(1.0, [lat] * n, 0, 0.1, None)  # noqa: E731
+    assert is_stable([w(100, 1000), w(102, 1010), w(99, 990)], 10, None)
+    assert not is_stable([w(100, 1000), w(150, 1010), w(99, 990)], 10, None)
+    assert not is_stable([w(100, 1000), w(100, 1000)], 10, None)
