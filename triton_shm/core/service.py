@@ -10,17 +10,18 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from .. import __version__
-from ..errors import InvalidArgument, NotFound, Unavailable, Unsupported
+from ..errors import InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
 from . import settings as log_settings
 from .model_config import config_to_json, validate_model_name
 from .model_manager import ModelManager, decode_load_parameters
 from .shm_registry import SharedMemoryRegistry
 from .tracing import Tracer
-from .types import InferRequest, InferResponse
+from .types import InferRequest, InferResponse, InputTensor, RequestedOutput
 from .validation import validate_request
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
+    from ..worker.pool import WorkerHandle
     from .repository import ModelVersion
 
 SERVER_NAME = "triton"
@@ -37,6 +38,7 @@ class InferenceService:
         self.shm = shm
         shm.on_close = self.workers.drop_region
         self.strict_readiness = strict_readiness
+        self.workers.bls_handler = self._serve_bls
         self.accepting = True  # False once shutdown begins
         self.tracer = Tracer()  # the server replaces it with one built from --trace-config
         self.log_settings = log_settings.current()
@@ -172,6 +174,37 @@ class InferenceService:
         finally:
             if not run.done():
                 run.cancel()
+
+    async def _serve_bls(self, worker: "WorkerHandle", msg: dict[str, Any]) -> None:
+        """A model's BLS call: run it like any request and stage each response's
+        outputs in the calling worker's input arena."""
+        bid = msg.get("bid")
+
+        def reply(body: dict[str, Any]) -> None:
+            body.update(op="bls_reply", bid=bid)
+            try:
+                worker.send(body)
+            except Unavailable:
+                pass  # the calling worker has gone
+
+        try:
+            inputs = [InputTensor(n, dt, list(shape), worker.outputs.view(desc)) for n, dt, shape, desc in msg["inputs"]]
+            request = InferRequest(model_name=str(msg.get("model", "")), model_version=str(msg.get("version", "")),
+                                   id=str(msg.get("request_id", "")), parameters=dict(msg.get("parameters") or {}),
+                                   inputs=inputs, outputs=[RequestedOutput(n) for n in msg.get("outputs") or []])
+            async for response, final in self.infer_stream(request):
+                if response is None:
+                    reply({"final": final})
+                    continue
+                try:
+                    outputs = [[o.name, o.datatype, o.shape, worker.stage(o.data)] for o in response.outputs]
+                finally:
+                    response.release()
+                reply({"outputs": outputs, "final": final})
+        except TritonShmError as e:
+            reply({"error": e.to_wire(), "final": True})
+        except (KeyError, TypeError, ValueError) as e:
+            reply({"error": InvalidArgument(f"malformed BLS request: {e}").to_wire(), "final": True})
 
     def _model_for(self, request: InferRequest) -> "ModelVersion":
         if not self.accepting:

@@ -155,6 +155,7 @@ class GrpcStream:
         self._pending: OrderedDict[str, asyncio.Future] = OrderedDict()
         self._ids = itertools.count()
         self._failure: Exception | None = None
+        self._write_lock = asyncio.Lock()  # grpc.aio allows one write in flight per call
         self._reader = asyncio.get_running_loop().create_task(self._read())
 
     def _translate(self, e: Any) -> Exception:
@@ -209,7 +210,8 @@ class GrpcStream:
         fut = asyncio.get_running_loop().create_future()
         self._pending[r.id] = fut
         try:
-            await self._call.write(r)
+            async with self._write_lock:
+                await self._call.write(r)
         except Exception as e:  # noqa: BLE001
             self._pending.pop(r.id, None)
             await asyncio.sleep(0)  # let the reader record the real status

@@ -14,7 +14,7 @@ import os
 import socket
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..core import codec
 from ..core.datatypes import element_size
@@ -52,6 +52,8 @@ class WorkerHandle:
         self.regions: set[int] = set()
         self.generation = 0
         self.on_death = None  # callback(handle) set by the pool
+        self.on_bls = None    # callback(handle, message) for a model's BLS call, set by the pool
+        self._staged: dict[tuple, Block] = {}  # input-arena blocks lent to the worker (BLS replies)
         self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- process lifecycle ---------------------------------------------------------------
@@ -78,15 +80,15 @@ class WorkerHandle:
         log.info("started worker '%s' (pid %d)", self.name, self.proc.pid)
 
     def _share_segment(self, seg: Segment) -> None:
-        self._send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])
+        self.send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])
 
     def _drop_segment(self, seg_id: int) -> None:
-        self._send({"op": "drop", "seg": seg_id})
+        self.send({"op": "drop", "seg": seg_id})
 
     def share_region(self, region: "Region") -> None:
         """Pass a client region's fd to the worker the first time a request uses it."""
         if region.id not in self.regions:
-            self._send({"op": "region", "rid": region.id, "offset": region.offset, "size": region.byte_size},
+            self.send({"op": "region", "rid": region.id, "offset": region.offset, "size": region.byte_size},
                        [region.fd])
             self.regions.add(region.id)
 
@@ -94,7 +96,7 @@ class WorkerHandle:
         if region.id in self.regions:
             self.regions.discard(region.id)
             try:
-                self._send({"op": "region_drop", "rid": region.id})
+                self.send({"op": "region_drop", "rid": region.id})
             except Unavailable:
                 pass
 
@@ -149,12 +151,13 @@ class WorkerHandle:
         for handler in streams.values():
             handler(None)
         self._releases.clear()
+        self._staged.clear()
         self._cleanup_memory()
         if self.on_death is not None:
             self.on_death(self)
 
     # -- messaging -----------------------------------------------------------------------
-    def _send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         if self.sock is None:
             raise Unavailable(f"worker '{self.name}' is not running")
         if self._releases and message.get("op") != "release":
@@ -178,7 +181,7 @@ class WorkerHandle:
         if on_stream is not None:
             self._streams[msg_id] = on_stream
         try:
-            self._send(message, fds)
+            self.send(message, fds)
             reply = await fut
         finally:
             self._pending.pop(msg_id, None)
@@ -210,12 +213,32 @@ class WorkerHandle:
                 self.outputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
             elif op == "drop":
                 self.outputs.drop(int(msg["seg"]))
+            elif op == "bls" and self.on_bls is not None:
+                self.on_bls(self, msg)
+            elif op == "bls_release":
+                self._release_staged(msg.get("blocks") or [])
             elif op == "hello":
                 pass
             else:
                 for fd in fds:
                     os.close(fd)
                 log.warning("unexpected message from worker '%s': %s", self.name, op)
+
+    def stage(self, data) -> list[int]:
+        """Copy bytes into this worker's input arena for it to read (a BLS reply); the
+        worker hands the block back with ``bls_release``."""
+        view = memoryview(data).cast("B")
+        block = self.arena.alloc(view.nbytes)
+        block.view[:] = view
+        desc = block.descriptor()
+        self._staged[tuple(desc)] = block
+        return desc
+
+    def _release_staged(self, descriptors: list) -> None:
+        for desc in descriptors:  # only blocks we lent: the worker is not trusted
+            block = self._staged.pop(tuple(desc) if isinstance(desc, list) else (), None)
+            if block is not None and self.arena is not None:
+                self.arena.free(block.segment.id, block.offset, block.size)
 
     def release(self, descriptors: list[list[int]]) -> None:
         """Give output blocks back to the worker (batched into its next message)."""
@@ -249,6 +272,9 @@ class WorkerPool:
         self._placements: dict[str, list["ModelVersion"]] = {name: [] for name in self.workers}
         self._restarts: dict[str, int] = {name: 0 for name in self.workers}
         self._closing = False
+        # serves a model's BLS call: async (worker, message) -> None, set by the service
+        self.bls_handler: Callable[[WorkerHandle, dict[str, Any]], Awaitable[None]] | None = None
+        self._bls_tasks: set[asyncio.Task] = set()
 
     @property
     def gpu_count(self) -> int:
@@ -257,7 +283,14 @@ class WorkerPool:
     async def start(self) -> None:
         for w in self.workers.values():
             w.on_death = self._on_death
+            w.on_bls = self._on_bls
             w.start()
+
+    def _on_bls(self, worker: WorkerHandle, msg: dict[str, Any]) -> None:
+        if self.bls_handler is not None:
+            task = asyncio.get_running_loop().create_task(self.bls_handler(worker, msg))
+            self._bls_tasks.add(task)
+            task.add_done_callback(self._bls_tasks.discard)
 
     def all_alive(self) -> bool:
         return all(w.alive for w in self.workers.values())

@@ -25,7 +25,9 @@ from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc import channel
 from ..ipc.arena import Arena, Segment, SegmentMap
 from ..core.datatypes import config_to_wire
+from ..backends.python import triton_python_backend_utils as pb_utils
 from . import assembler
+from .bls import BlsClient
 from .execution import InstanceRunner
 from .regions import RegionMap
 
@@ -59,6 +61,8 @@ class Worker:
         self.regions = RegionMap()
         self.arena = Arena(OUTPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
         self.models: dict[str, LoadedModel] = {}
+        self.bls = BlsClient(self)
+        pb_utils._set_bls_client(self.bls)
         self.loader = ThreadPoolExecutor(max_workers=4, thread_name_prefix="loader")
 
     # -- sending -------------------------------------------------------------------------
@@ -140,6 +144,8 @@ class Worker:
             self.regions.add(int(msg["rid"]), int(msg["offset"]), int(msg["size"]), fds[0])
         elif op == "region_drop":
             self.regions.drop(int(msg["rid"]))
+        elif op == "bls_reply":
+            self.bls.deliver(msg)
         elif op == "ping":
             self.reply(msg["id"], {})
         elif op == "auto_complete":
@@ -194,6 +200,7 @@ class Worker:
         return {}
 
     def shutdown(self) -> None:
+        self.bls.fail_all("the server is shutting down")
         for model in list(self.models.values()):
             for runner in model.runners:
                 runner.stop()

@@ -318,9 +318,8 @@ def _compact_json(value) -> str:
 class InferenceRequest:
     """A request handed to ``TritonPythonModel.execute``.
 
-    The constructor also accepts the keywords Triton's BLS form takes
-    (``model_name``, ``requested_output_names``, ``inputs``, ...), but ``exec`` /
-    ``async_exec`` are not supported yet.
+    Built by a model with ``model_name``, ``inputs`` and ``requested_output_names``, it is
+    a BLS request: ``exec()`` / ``await async_exec()`` run it on another model.
     """
 
     def __init__(self, request_id: str = "", correlation_id: int | str = 0,
@@ -387,17 +386,40 @@ class InferenceRequest:
                 "{ decoupled: true }); return a list of InferenceResponse from execute()")
         return self._response_sender
 
-    def exec(self, *args, **kwargs):
-        raise TritonModelException(
-            "BLS (InferenceRequest.exec) is not supported by triton-shm's python backend yet")
+    def exec(self, decoupled: bool = False, timeout: float | None = None):
+        """BLS: run this request on ``model_name`` through the server. Returns an
+        InferenceResponse, or with ``decoupled=True`` an iterator of them."""
+        if _bls_client is None:
+            raise TritonModelException("BLS is only available inside the server's worker processes")
+        if not self._model_name:
+            raise TritonModelException("a BLS InferenceRequest needs a model_name")
+        responses = _bls_client.infer(self, decoupled, timeout)
+        if decoupled:
+            return responses
+        result = None
+        for response in responses:
+            result = result or response
+        return result or InferenceResponse(error=TritonError("no response", TritonError.INTERNAL))
 
-    def async_exec(self, *args, **kwargs):
-        raise TritonModelException(
-            "BLS (InferenceRequest.async_exec) is not supported by triton-shm's python backend yet")
+    def async_exec(self, decoupled: bool = False, timeout: float | None = None):
+        """Awaitable form of :meth:`exec` for ``async def execute``."""
+        import asyncio
+        loop = asyncio.get_running_loop()
+        if decoupled:
+            return loop.run_in_executor(None, lambda: list(self.exec(True, timeout)))
+        return loop.run_in_executor(None, self.exec, False, timeout)
 
     def __repr__(self) -> str:
         return (f"InferenceRequest(request_id={self._request_id!r}, "
                 f"inputs={[t.name() for t in self._inputs]})")
+
+
+_bls_client = None  # set by the worker process (triton_shm.worker.bls.BlsClient)
+
+
+def _set_bls_client(client) -> None:
+    global _bls_client
+    _bls_client = client
 
 
 class InferenceResponseSender:

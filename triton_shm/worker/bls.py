@@ -1,0 +1,106 @@
+"""BLS: Python models calling other models (``pb_utils.InferenceRequest.exec``).
+
+The call goes to the front-end over the worker's control channel and through the
+server's own scheduler, so batching applies and any loaded model can be reached.
+Tensor bytes never travel in the messages: the request's inputs are written into this
+worker's output arena (which the front-end maps), and the front-end writes each
+response's outputs into its input arena for this worker. Outputs are copied out before
+their blocks are handed back (``bls_release``).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import queue
+import threading
+from typing import TYPE_CHECKING, Any, Iterator
+
+import numpy as np
+
+from ..backends.python import triton_python_backend_utils as pb_utils
+from .tensors import decode_input, encode_output
+
+if TYPE_CHECKING:
+    from .process import Worker
+
+_PB_CODES = {
+    "UNKNOWN": pb_utils.TritonError.UNKNOWN, "INTERNAL": pb_utils.TritonError.INTERNAL,
+    "NOT_FOUND": pb_utils.TritonError.NOT_FOUND, "INVALID_ARG": pb_utils.TritonError.INVALID_ARG,
+    "UNAVAILABLE": pb_utils.TritonError.UNAVAILABLE, "UNSUPPORTED": pb_utils.TritonError.UNSUPPORTED,
+    "ALREADY_EXISTS": pb_utils.TritonError.ALREADY_EXISTS, "CANCELLED": pb_utils.TritonError.CANCELLED,
+}
+
+
+class BlsClient:
+    def __init__(self, worker: "Worker"):
+        self.worker = worker
+        self._ids = itertools.count(1)
+        self._waiters: dict[int, queue.SimpleQueue] = {}
+        self._lock = threading.Lock()
+
+    # called on the control thread
+    def deliver(self, msg: dict[str, Any]) -> None:
+        waiter = self._waiters.get(msg.get("bid"))
+        if waiter is not None:
+            waiter.put(msg)
+
+    def fail_all(self, message: str) -> None:
+        for waiter in list(self._waiters.values()):
+            waiter.put({"error": {"code": "UNAVAILABLE", "message": message}, "final": True})
+
+    # called on model threads
+    def infer(self, request: "pb_utils.InferenceRequest", decoupled: bool,
+              timeout: float | None) -> Iterator["pb_utils.InferenceResponse"]:
+        bid = next(self._ids)
+        waiter: queue.SimpleQueue = queue.SimpleQueue()
+        blocks = []
+        try:
+            inputs = []
+            for t in request.inputs():
+                datatype = pb_utils._ENUM_TO_WIRE[t.triton_dtype()]
+                shape, block = encode_output(self.worker.arena, t.name(), datatype, t.as_numpy())
+                blocks.append(block)
+                inputs.append([t.name(), datatype, shape, block.descriptor()])
+            version = request._model_version
+            self._waiters[bid] = waiter
+            self.worker.send({"op": "bls", "bid": bid, "model": request.model_name(),
+                              "version": str(version) if version and version > 0 else "",
+                              "request_id": request.request_id(), "inputs": inputs,
+                              "outputs": list(request._requested_output_names),
+                              "parameters": json.loads(request.parameters())})
+            while True:
+                try:
+                    msg = waiter.get(timeout=timeout)
+                except queue.Empty:
+                    yield pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                        f"BLS request to model '{request.model_name()}' timed out", pb_utils.TritonError.UNAVAILABLE))
+                    return
+                response = self._response(msg)
+                if response is not None:
+                    yield response
+                if msg.get("final", True):
+                    return
+        finally:
+            self._waiters.pop(bid, None)
+            for b in blocks:
+                self.worker.arena.free(b.segment.id, b.offset, b.size)
+
+    def _response(self, msg: dict[str, Any]) -> "pb_utils.InferenceResponse | None":
+        if "error" in msg:
+            err = msg["error"]
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                str(err.get("message", "")), _PB_CODES.get(err.get("code"), pb_utils.TritonError.INTERNAL)))
+        outputs = msg.get("outputs")
+        if outputs is None:
+            return None
+        tensors, staged = [], []
+        try:
+            for name, datatype, shape, desc in outputs:
+                staged.append(desc)
+                array = decode_input(datatype, shape, self.worker.view(desc))
+                array = array.copy() if array.dtype != np.object_ else array  # the block goes back below
+                code = pb_utils._WIRE_TO_ENUM[datatype]
+                tensors.append(pb_utils.Tensor(name, array, code if datatype in ("BF16", "BYTES") else None))
+        finally:
+            self.worker.send({"op": "bls_release", "blocks": staged})
+        return pb_utils.InferenceResponse(tensors)
