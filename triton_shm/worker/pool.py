@@ -33,6 +33,7 @@ log = logging.getLogger("triton_shm.workers")
 
 INPUT_CHUNK = 64 << 20
 RESTART_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0)
+RELEASE_DELAY = 0.002  # seconds freed output blocks may wait for a message to ride on
 
 
 class WorkerHandle:
@@ -160,8 +161,8 @@ class WorkerHandle:
     def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         if self.sock is None:
             raise Unavailable(f"worker '{self.name}' is not running")
-        if self._releases and message.get("op") != "release":
-            self._flush_releases()
+        if self._releases:  # piggyback freed output blocks: no message of their own
+            message["release"], self._releases = self._releases, []
         try:
             channel.send(self.sock, message, fds)
         except BlockingIOError:
@@ -245,19 +246,17 @@ class WorkerHandle:
         if not self.alive:
             return
         self._releases.extend(descriptors)
-        if not self._flush_scheduled:
+        if not self._flush_scheduled:  # when no other message goes soon, send them alone
             self._flush_scheduled = True
-            self._loop.call_soon(self._flush_releases)
+            self._loop.call_later(RELEASE_DELAY, self._flush_releases)
 
     def _flush_releases(self) -> None:
         self._flush_scheduled = False
-        if not self._releases or self.sock is None:
-            return
-        blocks, self._releases = self._releases, []
-        try:
-            channel.send(self.sock, {"op": "release", "blocks": blocks})
-        except OSError:
-            pass  # worker gone: its arena went with it
+        if self._releases and self.sock is not None:
+            try:
+                self.send({"op": "release"})
+            except TritonShmError:
+                pass  # worker gone: its arena went with it
 
 
 def _instance_kind(group) -> str:

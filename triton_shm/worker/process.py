@@ -120,6 +120,8 @@ class Worker:
         self.shutdown()
 
     def _dispatch(self, msg: dict[str, Any], fds: list[int]) -> None:
+        for seg_id, offset, size in msg.get("release") or ():  # freed output blocks ride along
+            self.arena.free(seg_id, offset, size)
         op = msg.get("op")
         if op == "infer":
             model = self.models.get(msg["model"])
@@ -130,8 +132,7 @@ class Worker:
                 raise InvalidArgument(f"no instance {idx} of model '{msg['model']}'")
             model.runners[idx].queue.put(msg)
         elif op == "release":
-            for seg_id, offset, size in msg["blocks"]:
-                self.arena.free(seg_id, offset, size)
+            pass  # handled above
         elif op == "segment":
             if len(fds) != 1:
                 raise Internal("segment message without exactly one fd")
