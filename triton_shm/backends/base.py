@@ -57,6 +57,7 @@ class WorkerRequest:
     # Decoupled models only: send(response or None, final) delivers a response at any
     # time, from any thread; the request is complete once final is True.
     sender: Callable[[WorkerResponse | None, bool], None] | None = None
+    is_cancelled: Callable[[], bool] | None = None  # decoupled: the client has gone
 
 
 @dataclass(slots=True)

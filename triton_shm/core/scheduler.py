@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidArgument, TritonShmError, Unavailable
 from .model_config import mc
 from .statistics import ModelStats
-from .types import InferRequest, InferResponse
+from .types import InferRequest, InferResponse, ResponseStream
 
 if TYPE_CHECKING:
     from ..worker.pool import WorkerPool
@@ -42,7 +42,7 @@ class Pending:
     seq: int = 0
     result: Any = None            # preserve_ordering: held until earlier requests are answered
     trace: Any = None             # a tracing.Trace when this request is traced
-    stream: Any = None            # decoupled models: asyncio.Queue of (response | error | None, final)
+    stream: Any = None            # decoupled models: a types.ResponseStream
 
 
 @dataclass(slots=True)
@@ -127,7 +127,7 @@ class Scheduler:
         return timeout_us * 1000 if timeout_us > 0 else None
 
     async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
-                     trace: Any = None, stream: asyncio.Queue | None = None) -> InferResponse | None:
+                     trace: Any = None, stream: ResponseStream | None = None) -> InferResponse | None:
         """Queue a request and wait until its batch has executed. The response, or for a
         decoupled model None: its responses go to ``stream``."""
         if self._closing:
@@ -150,7 +150,18 @@ class Scheduler:
         self.stats.pending += 1
         self._wake.set()
         try:
-            return await pending.future
+            client_timeout = request.parameters.get("timeout")
+            if not client_timeout or pending.deadline_ns is None or not pending.reject_on_timeout:
+                return await pending.future
+            # A timeout the client asked for bounds the whole request: a model that hangs
+            # does not hold the client (its instance stays busy until the model returns).
+            # The config's default timeout, as in Triton, bounds only the time in the queue.
+            remaining = max(pending.deadline_ns - time.monotonic_ns(), 0) / 1e9
+            try:
+                return await asyncio.wait_for(asyncio.shield(pending.future), remaining)
+            except asyncio.TimeoutError:
+                pending.future.cancel()
+                raise Unavailable("Request timeout expired") from None
         finally:
             self.stats.pending -= 1
 
@@ -292,7 +303,9 @@ class Scheduler:
 
 
 def _resolve(p: Pending, result: Any) -> None:
-    if p.future.done():
+    if p.future.done():  # the caller stopped waiting (timeout, disconnect): free what it missed
+        if isinstance(result, InferResponse):
+            result.release()
         return
     if isinstance(result, Exception):
         p.future.set_exception(result)

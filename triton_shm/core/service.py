@@ -16,7 +16,7 @@ from .model_config import config_to_json, validate_model_name
 from .model_manager import ModelManager, decode_load_parameters
 from .shm_registry import SharedMemoryRegistry
 from .tracing import Tracer
-from .types import InferRequest, InferResponse, InputTensor, RequestedOutput
+from .types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
 from .validation import validate_request
 
 if TYPE_CHECKING:
@@ -155,8 +155,10 @@ class InferenceService:
         if not model.decoupled:
             yield await self._infer(model, request), True
             return
-        queue: asyncio.Queue = asyncio.Queue()
-        run = asyncio.ensure_future(self._infer(model, request, queue))
+        stream = ResponseStream(asyncio.Queue())
+        queue = stream.queue
+        run = asyncio.ensure_future(self._infer(model, request, stream))
+        final = False
         try:
             while True:
                 get = asyncio.ensure_future(queue.get())
@@ -172,6 +174,8 @@ class InferenceService:
                 if final:
                     break
         finally:
+            if not final and stream.cancel is not None:
+                stream.cancel()  # the consumer went away: the model's sender sees is_cancelled()
             if not run.done():
                 run.cancel()
 
@@ -213,7 +217,7 @@ class InferenceService:
         return self.repository.get(request.model_name, request.model_version, require_ready=True)
 
     async def _infer(self, model: "ModelVersion", request: InferRequest,
-                     stream: asyncio.Queue | None = None) -> InferResponse:
+                     stream: ResponseStream | None = None) -> InferResponse:
         trace = (self.tracer.sample(model.name, model.version, request.id, time.monotonic_ns())
                  if self.tracer.active else None)
         try:

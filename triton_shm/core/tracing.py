@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import time
 from typing import Any, Iterable
 
@@ -181,8 +182,10 @@ class TraceFile:
     def write_indexed(self, docs: list[bytes]) -> None:
         path = f"{self.path}.{self.index}"
         self.index += 1
-        with open(path, "wb") as f:
+        partial = f"{path}.partial"
+        with open(partial, "wb") as f:
             f.write(b"[" + b",".join(docs) + b"]")
+        os.replace(partial, path)  # readers never see half a file
 
     def close(self) -> None:
         if self._stream is not None:

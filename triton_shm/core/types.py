@@ -7,6 +7,7 @@ Tensor payloads are kept in their wire encoding (little-endian, row-major, BYTES
 """
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
@@ -75,3 +76,11 @@ class InferResponse:
         if self._release is not None:
             release, self._release = self._release, None
             release()
+
+
+@dataclass(eq=False)
+class ResponseStream:
+    """Where a decoupled model's responses go: ``(response | error | None, final)``
+    items, and how to tell the model the client is gone (set once the request runs)."""
+    queue: "asyncio.Queue"
+    cancel: Callable[[], None] | None = None

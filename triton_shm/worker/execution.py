@@ -84,6 +84,7 @@ class InstanceRunner:
                 wr = self._decode(r)
                 if self.model.decoupled:
                     wr.sender = functools.partial(self._stream, msg_id, i, r)
+                    wr.is_cancelled = functools.partial(self.worker.cancelled.__contains__, (msg_id, i))
                 decoded.append(wr)
             except Exception as e:
                 results[i] = _error(e, name)
@@ -124,6 +125,8 @@ class InstanceRunner:
                 final: bool) -> None:
         """One response of a decoupled model's request, sent as it is produced."""
         body: dict[str, Any] = {"op": "stream", "id": msg_id, "index": index, "final": final}
+        if final:
+            self.worker.cancelled.discard((msg_id, index))
         if response is not None:
             try:
                 if response.error is not None:

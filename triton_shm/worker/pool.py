@@ -8,6 +8,7 @@ requests fail with UNAVAILABLE, it is restarted and its models are loaded again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -175,8 +176,7 @@ class WorkerHandle:
                    on_stream: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any]:
         """Send and wait for the reply. ``on_stream`` receives the ``stream`` messages
         that carry this message's id (decoupled responses), until it drops itself."""
-        msg_id = next(self._ids)
-        message["id"] = msg_id
+        msg_id = message.setdefault("id", self.next_id())
         fut = self._loop.create_future()
         self._pending[msg_id] = fut
         if on_stream is not None:
@@ -224,6 +224,16 @@ class WorkerHandle:
                 for fd in fds:
                     os.close(fd)
                 log.warning("unexpected message from worker '%s': %s", self.name, op)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def cancel(self, msg_id: int, index: int) -> None:
+        """The client of request ``index`` of batch ``msg_id`` is gone (decoupled models)."""
+        try:
+            self.send({"op": "cancel", "id": msg_id, "index": index})
+        except TritonShmError:
+            pass  # the worker is gone too
 
     def stage(self, data) -> list[int]:
         """Copy bytes into this worker's input arena for it to read (a BLS reply); the
@@ -393,10 +403,14 @@ class WorkerPool:
         arena = worker.arena
         blocks: list[Block] = []
         on_stream = self._stream_handler(worker, mv, batch) if mv.decoupled else None
+        msg_id = worker.next_id()
+        if on_stream is not None:
+            for i, p in enumerate(batch):
+                p.stream.cancel = functools.partial(worker.cancel, msg_id, i)
         try:
             messages = [self._request_message(worker, p, blocks) for p in batch]
-            reply = await worker.call({"op": "infer", "model": mv.key, "instance": index, "requests": messages},
-                                      on_stream=on_stream)
+            reply = await worker.call({"op": "infer", "id": msg_id, "model": mv.key, "instance": index,
+                                       "requests": messages}, on_stream=on_stream)
         finally:
             if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
                 for b in blocks:
@@ -431,7 +445,7 @@ class WorkerPool:
         def handle(msg: dict[str, Any] | None) -> None:
             if msg is None:  # the worker died
                 for i in sorted(open_requests):
-                    batch[i].stream.put_nowait(
+                    batch[i].stream.queue.put_nowait(
                         (Unavailable(f"worker '{worker.name}' exited while model '{mv.name}' was responding"), True))
                 open_requests.clear()
                 return
@@ -448,11 +462,11 @@ class WorkerPool:
                     item = e
             else:
                 item = None
-            batch[i].stream.put_nowait((item, final))
+            batch[i].stream.queue.put_nowait((item, final))
             if final or isinstance(item, Exception):
                 open_requests.discard(i)
                 if isinstance(item, Exception) and not final:
-                    batch[i].stream.put_nowait((None, True))
+                    batch[i].stream.queue.put_nowait((None, True))
             if not open_requests:
                 worker._streams.pop(msg.get("id"), None)
 

@@ -62,6 +62,7 @@ class Worker:
         self.arena = Arena(OUTPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
         self.models: dict[str, LoadedModel] = {}
         self.bls = BlsClient(self)
+        self.cancelled: set[tuple[int, int]] = set()  # (batch message id, request index) of gone clients
         pb_utils._set_bls_client(self.bls)
         self.loader = ThreadPoolExecutor(max_workers=4, thread_name_prefix="loader")
 
@@ -145,6 +146,8 @@ class Worker:
             self.regions.add(int(msg["rid"]), int(msg["offset"]), int(msg["size"]), fds[0])
         elif op == "region_drop":
             self.regions.drop(int(msg["rid"]))
+        elif op == "cancel":
+            self.cancelled.add((msg.get("id"), msg.get("index")))
         elif op == "bls_reply":
             self.bls.deliver(msg)
         elif op == "ping":

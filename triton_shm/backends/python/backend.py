@@ -251,7 +251,9 @@ class PythonModelInstance(ModelInstance):
         if r.sender is not None:
             sender = r.sender
             request._response_sender = pb_utils.InferenceResponseSender(
-                lambda resp, final: sender(None if resp is None else self._response(r, resp), final))
+                lambda resp, final: sender(None if resp is None else self._response(r, resp), final),
+                r.is_cancelled)
+            request._is_cancelled = r.is_cancelled
         return request
 
     def _fail_all(self, n: int, message: str) -> list[WorkerResponse]:

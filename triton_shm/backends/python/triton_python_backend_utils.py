@@ -341,6 +341,7 @@ class InferenceRequest:
         self._parameters = parameters if isinstance(parameters, str) else _compact_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._response_sender: InferenceResponseSender | None = None
+        self._is_cancelled = None  # set by the server for decoupled requests
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -370,7 +371,8 @@ class InferenceRequest:
         return self._model_name
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client has gone away (decoupled models, over a stream)."""
+        return bool(self._is_cancelled and self._is_cancelled())
 
     def set_release_flags(self, flags: int) -> None:
         if flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
@@ -427,8 +429,9 @@ class InferenceResponseSender:
     ``send(response)`` calls, from any thread, then one with
     ``flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL`` (with or without a response)."""
 
-    def __init__(self, deliver):
+    def __init__(self, deliver, is_cancelled=None):
         self._deliver = deliver  # deliver(InferenceResponse | None, final: bool)
+        self._is_cancelled = is_cancelled
         self._lock = threading.Lock()
         self._closed = False
 
@@ -445,7 +448,8 @@ class InferenceResponseSender:
             self._deliver(response, final)
 
     def is_cancelled(self) -> bool:
-        return False
+        """True once the client has gone away (e.g. closed its stream)."""
+        return bool(self._is_cancelled and self._is_cancelled())
 
 
 class InferenceResponse:
