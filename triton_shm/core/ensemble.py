@@ -51,6 +51,9 @@ def validate_ensemble(config, repository: "ModelRepository") -> None:
         except TritonShmError as e:
             raise InvalidArgument(f"ensemble '{name}' step {i}: composing model '{step.model_name}' is not "
                                   f"available: {e.message}") from None
+        if model.decoupled:
+            raise InvalidArgument(f"ensemble '{name}' step {i}: model '{step.model_name}' is decoupled; ensembles "
+                                  "with decoupled steps are not supported yet")
         for model_input, tensor in step.input_map.items():
             spec = model.inputs.get(model_input)
             if spec is None:

@@ -142,7 +142,14 @@ class ModelManager:
             # Loading an ensemble loads its composing models that are not loaded yet.
             for step_model in composing_models(mcfg.read_config(model_dir)):
                 if step_model != name and not self.repository.versions_of(step_model):
-                    await self.load(step_model)
+                    try:
+                        await self.load(step_model)
+                    except TritonShmError as e:
+                        reason = f"composing model '{step_model}' is not available: {e.message}"
+                        if not entry.ready_versions():
+                            entry.state, entry.reason = UNAVAILABLE, reason
+                        log.error("failed to load ensemble '%s': %s", name, reason)
+                        raise InvalidArgument(f"failed to load ensemble '{name}': {reason}") from None
         async with entry.lock, self._load_slots:
             loaded = False
             try:

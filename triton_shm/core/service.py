@@ -148,9 +148,11 @@ class InferenceService:
         return await self._infer(model, request)
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[tuple[InferResponse | None, bool]]:
-        """Every response of one request as ``(response or None, final)``; the last has
-        ``final`` True (its response may be None: a decoupled model may end with no
-        response). Works for every model; the caller releases each response."""
+        """Every response of one request as ``(item, final)``: ``item`` is a response, a
+        TritonShmError (a decoupled model may send errors and go on), or None; the last
+        has ``final`` True (a decoupled model may end with no response). Errors before
+        the model runs are raised. Works for every model; the caller releases each
+        response."""
         model = self._model_for(request)
         if not model.decoupled:
             yield await self._infer(model, request), True
@@ -168,8 +170,6 @@ class InferenceService:
                     run.result()  # refused before it ran (e.g. queue full): raise that
                     get = asyncio.ensure_future(queue.get())  # executed: responses follow
                 item, final = await get
-                if isinstance(item, Exception):
-                    raise item
                 yield item, final
                 if final:
                     break
@@ -197,8 +197,8 @@ class InferenceService:
                                    id=str(msg.get("request_id", "")), parameters=dict(msg.get("parameters") or {}),
                                    inputs=inputs, outputs=[RequestedOutput(n) for n in msg.get("outputs") or []])
             async for response, final in self.infer_stream(request):
-                if response is None:
-                    reply({"final": final})
+                if response is None or isinstance(response, TritonShmError):
+                    reply({"final": final, **({"error": response.to_wire()} if response is not None else {})})
                     continue
                 try:
                     outputs = [[o.name, o.datatype, o.shape, worker.stage(o.data)] for o in response.outputs]

@@ -463,10 +463,8 @@ class WorkerPool:
             else:
                 item = None
             batch[i].stream.queue.put_nowait((item, final))
-            if final or isinstance(item, Exception):
+            if final:  # an error response does not end the request: only the final flag does
                 open_requests.discard(i)
-                if isinstance(item, Exception) and not final:
-                    batch[i].stream.queue.put_nowait((None, True))
             if not open_requests:
                 worker._streams.pop(msg.get("id"), None)
 

@@ -203,6 +203,9 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             # tritonclient asks for an explicit last response, flagged triton_final_response
             flag_final = request.parameters.get("triton_enable_empty_final_response") is True
             async for response, final in self.service.infer_stream(request):
+                if isinstance(response, TritonShmError):  # an error is a response of its own (final or not)
+                    out.put_nowait(pb.ModelStreamInferResponse(error_message=response.message))
+                    continue
                 if response is None:
                     if final and flag_final:
                         reply = pb.ModelInferResponse(model_name=request.model_name,

@@ -109,6 +109,9 @@ class HttpHandlers:
         await stream.prepare(request)
         try:
             async for response, _final in self.service.infer_stream(infer_request):
+                if isinstance(response, TritonShmError):
+                    await stream.write(b"data: " + orjson.dumps({"error": response.message}) + b"\n\n")
+                    continue
                 if response is None:
                     continue
                 try:
