@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from .harness import ServerProcess
-from .models import onnx_add_sub, python_identity, write_model
+from .models import add_sub_onnx_model, python_identity
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
 ALL_DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -15,13 +15,7 @@ ALL_DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16",
 
 def build_core_repository(repo: Path) -> Path:
     """The models most tests use."""
-    onnx_add_sub(repo / "add_sub" / "1" / "model.onnx")
-    (repo / "add_sub" / "config.pbtxt").write_text(
-        'name: "add_sub"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
-        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
-        ' { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n')
+    add_sub_onnx_model(repo)
     for dt in ALL_DATATYPES:
         python_identity(repo, f"identity_{dt.lower()}", dt)
     return repo

@@ -81,3 +81,50 @@ def python_identity(repo: Path, name: str, datatype: str, dims: str = "[ -1 ]", 
         input [ {{ name: "INPUT0" data_type: {config_type} dims: {dims} }} ]
         output [ {{ name: "OUTPUT0" data_type: {config_type} dims: {dims} }} ]
         """, model_py=IDENTITY_PY)
+
+
+# A Python model that reports what reached it: request.parameters(), the requested
+# output names and the request id.
+ECHO_CONFIG = """
+    name: "echo"
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
+    output [
+      { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] },
+      { name: "REQUESTED" data_type: TYPE_STRING dims: [ 1 ] },
+      { name: "REQUEST_ID" data_type: TYPE_STRING dims: [ 1 ] }
+    ]
+    """
+
+ECHO_PY = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            params = request.parameters()
+            if not isinstance(params, str):
+                params = json.dumps(params)
+            names = sorted(request.requested_output_names())
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("PARAMS", np.array([params.encode()], dtype=np.object_)),
+                pb_utils.Tensor("REQUESTED", np.array([json.dumps(names).encode()], dtype=np.object_)),
+                pb_utils.Tensor("REQUEST_ID", np.array([request.request_id().encode()], dtype=np.object_)),
+            ]))
+        return responses
+"""
+
+
+def add_sub_onnx_model(repo: Path) -> None:
+    """``add_sub``: the ONNX add/sub model over FP32[16] inputs with max_batch_size 8."""
+    onnx_add_sub(repo / "add_sub" / "1" / "model.onnx")
+    (repo / "add_sub" / "config.pbtxt").write_text(
+        'name: "add_sub"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
+        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
+        ' { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n')

@@ -22,43 +22,9 @@ from tritonclient.utils import InferenceServerException
 
 from .conftest import build_core_repository
 from .harness import ServerProcess
-from .models import write_model
+from .models import ECHO_CONFIG, ECHO_PY, write_model
 
 pytestmark = pytest.mark.timeout(120)
-
-ECHO_CONFIG = """
-    name: "echo"
-    backend: "python"
-    max_batch_size: 0
-    input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
-    output [
-      { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] },
-      { name: "REQUESTED" data_type: TYPE_STRING dims: [ 1 ] },
-      { name: "REQUEST_ID" data_type: TYPE_STRING dims: [ 1 ] }
-    ]
-    """
-
-ECHO_PY = """
-import json
-import numpy as np
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        responses = []
-        for request in requests:
-            params = request.parameters()
-            if not isinstance(params, str):
-                params = json.dumps(params)
-            names = sorted(request.requested_output_names())
-            responses.append(pb_utils.InferenceResponse([
-                pb_utils.Tensor("PARAMS", np.array([params.encode()], dtype=np.object_)),
-                pb_utils.Tensor("REQUESTED", np.array([json.dumps(names).encode()], dtype=np.object_)),
-                pb_utils.Tensor("REQUEST_ID", np.array([request.request_id().encode()], dtype=np.object_)),
-            ]))
-        return responses
-"""
-
 
 def build_repository(repo):
     build_core_repository(repo)

@@ -8,14 +8,12 @@ write their own uniquely named model folders into its repository, so they do not
 depend on each other's order."""
 from __future__ import annotations
 
-import base64
 import http.client
 import json
 import os
 import re
 import shutil
 import signal
-import subprocess
 import threading
 import time
 import urllib.parse

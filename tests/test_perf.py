@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from .harness import ServerProcess, free_port
-from .models import onnx_add_sub, python_identity, write_model
+from .models import add_sub_onnx_model, python_identity, write_model
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -34,13 +34,7 @@ class TritonPythonModel:
 
 
 def _repo(repo: Path) -> Path:
-    onnx_add_sub(repo / "add_sub" / "1" / "model.onnx")
-    (repo / "add_sub" / "config.pbtxt").write_text(
-        'name: "add_sub"\nplatform: "onnxruntime_onnx"\nmax_batch_size: 8\n'
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
-        ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
-        ' { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n')
+    add_sub_onnx_model(repo)
     python_identity(repo, "identity_fp32", "FP32", dims="[ 16 ]")       # static shape
     python_identity(repo, "identity_dyn", "FP32")                         # dims [ -1 ]
     write_model(repo, "failing", config="""
