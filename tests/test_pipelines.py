@@ -477,6 +477,31 @@ def build_pipeline_models(repo: Path) -> None:
     write_model(repo, "pipeline", config=PIPELINE_CONFIG)
 
 
+HANG_CONFIG = """
+    name: "hang"
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+    """
+
+# Hangs for X seconds (a stuck model), then echoes.
+HANG_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            time.sleep(float(x[0]))
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]))
+        return out
+"""
+
+
 def build_repository(repo: Path) -> Path:
     build_pipeline_models(repo)
     for name in ("slow_a", "slow_b"):
@@ -484,6 +509,7 @@ def build_repository(repo: Path) -> Path:
     write_model(repo, "join", config=JOIN_CONFIG, model_py=JOIN_PY)
     write_model(repo, "diamond", config=DIAMOND_CONFIG)
     write_model(repo, "repeat", config=REPEAT_CONFIG, model_py=REPEAT_PY)
+    write_model(repo, "hang", config=HANG_CONFIG, model_py=HANG_PY)
     for name, config, py in [("bls_sync", BLS_SYNC_CONFIG, BLS_SYNC_PY), ("bls_async", BLS_ASYNC_CONFIG, BLS_ASYNC_PY),
                              ("bls_missing", BLS_MISSING_CONFIG, BLS_MISSING_PY),
                              ("bls_decoupled", BLS_DECOUPLED_CONFIG, BLS_DECOUPLED_PY),
@@ -1143,3 +1169,21 @@ def test_explicit_ensemble_load_and_unload_dependents(explicit_server):
     assert not g.is_model_ready("pipeline")
     with pytest.raises(InferenceServerException):
         infer_pipeline(srv, "grpc", x)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_hung_model_is_bounded_by_the_request_timeout(server, protocol):
+    """A model stuck in execute: the client's timeout parameter ends its wait with a clear
+    error, and the server keeps serving other models meanwhile."""
+    mod = httpclient if protocol == "http" else grpcclient
+    client = mod.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
+    x = np.array([3.0], dtype=np.float32)
+    t0 = time.monotonic()
+    with pytest.raises(InferenceServerException) as err:
+        client.infer("hang", [make_input(protocol, "X", x, "FP32")], timeout=300_000)  # 0.3 s, in µs
+    assert time.monotonic() - t0 < 2.0
+    assert "timeout" in err.value.message().lower()
+    y = np.full((1, 16), 1, dtype=np.float32)
+    ok = client.infer("add_sub", [make_input(protocol, "INPUT0", y, "FP32"), make_input(protocol, "INPUT1", y, "FP32")])
+    np.testing.assert_allclose(ok.as_numpy("OUTPUT0"), y * 2)
+    client.close()

@@ -234,31 +234,25 @@ class ModelManager:
         return base
 
     async def _load_version(self, mv: ModelVersion, base: mcfg.ModelConfig) -> None:
-        if base.platform == mcfg.ENSEMBLE:
-            return self._load_ensemble(mv, base)
+        """Load one version; its state and reason say how it went."""
+        ensemble = base.platform == mcfg.ENSEMBLE
         try:
-            completed = await self.pool.auto_complete(mv, mcfg.config_to_json(base))
-            config = mcfg.config_from_json(completed, f"auto-completed config of model '{mv.name}'")
-            mcfg.check_io(config)
-            check_batching_config(config)
-            mv.set_config(config)
-            await self.pool.load(mv)
-            mv.stats = ModelStats(mv.name, str(mv.version))
-            mv.scheduler = Scheduler(mv, self.pool, mv.stats)
-            mv.state, mv.reason = READY, ""
-            log.info("successfully loaded '%s' version %d", mv.name, mv.version)
-        except TritonShmError as e:
-            mv.state, mv.reason = UNAVAILABLE, e.message
-            log.error("failed to load '%s' version %d: %s", mv.name, mv.version, e.message)
-
-    def _load_ensemble(self, mv: ModelVersion, config: mcfg.ModelConfig) -> None:
-        """Ensembles run in the front-end: check the DAG against the loaded models."""
-        try:
-            mcfg.check_io(config)
-            validate_ensemble(config, self.repository)
+            if ensemble:  # runs in the front-end: check the DAG against the loaded models
+                config = base
+                mcfg.check_io(config)
+                validate_ensemble(config, self.repository)
+            else:
+                completed = await self.pool.auto_complete(mv, mcfg.config_to_json(base))
+                config = mcfg.config_from_json(completed, f"auto-completed config of model '{mv.name}'")
+                mcfg.check_io(config)
+                check_batching_config(config)
             mv.set_config(config)
             mv.stats = ModelStats(mv.name, str(mv.version))
-            mv.scheduler = EnsembleScheduler(mv, self.repository, mv.stats)
+            if ensemble:
+                mv.scheduler = EnsembleScheduler(mv, self.repository, mv.stats)
+            else:
+                await self.pool.load(mv)
+                mv.scheduler = Scheduler(mv, self.pool, mv.stats)
             mv.state, mv.reason = READY, ""
             log.info("successfully loaded '%s' version %d", mv.name, mv.version)
         except TritonShmError as e:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from aiohttp import web
 
 from ..core.system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
+from .http.app import serve_app
 
 if TYPE_CHECKING:
     from ..core.repository import ModelRepository, ModelVersion
@@ -235,12 +236,4 @@ async def start_metrics(repository: "ModelRepository", host: str, port: int, *, 
     """Serve ``GET /metrics`` on ``host:port``; stop it with ``await runner.cleanup()``
     (which also stops the sampler)."""
     collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus)
-    runner = web.AppRunner(create_metrics_app(collector, interval_ms), access_log=None, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    try:
-        await site.start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner
+    return await serve_app(create_metrics_app(collector, interval_ms), host, port, shutdown_timeout=1.0)

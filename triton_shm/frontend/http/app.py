@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 import orjson
 from aiohttp import web
@@ -78,11 +78,15 @@ async def start_http(
     """Serve on ``host:port``; the caller stops it with ``await runner.cleanup()``, which
     lets in-flight requests finish for up to ``shutdown_timeout`` seconds."""
     app = create_app(service, max_input_size=max_input_size)
-    runner = web.AppRunner(app, access_log=None, auto_decompress=False, shutdown_timeout=shutdown_timeout)
+    return await serve_app(app, host, port, auto_decompress=False, shutdown_timeout=shutdown_timeout)
+
+
+async def serve_app(app: web.Application, host: str, port: int, **runner_options: Any) -> web.AppRunner:
+    """Run an aiohttp app on ``host:port``; stop it with ``await runner.cleanup()``."""
+    runner = web.AppRunner(app, access_log=None, **runner_options)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
     try:
-        await site.start()
+        await web.TCPSite(runner, host, port).start()
     except BaseException:
         await runner.cleanup()
         raise
