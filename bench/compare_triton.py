@@ -30,6 +30,7 @@ import sys
 import tempfile
 import textwrap
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,8 +216,11 @@ class Server:
 def success_ns(server: Server, model: str) -> tuple[int, int]:
     """(count, ns) of successful requests from the statistics extension (both servers have it)."""
     import json
-    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v2/models/{model}/stats", timeout=10) as r:
-        success = json.load(r)["model_stats"][0]["inference_stats"]["success"]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v2/models/{model}/stats", timeout=10) as r:
+            success = json.load(r)["model_stats"][0]["inference_stats"]["success"]
+    except urllib.error.HTTPError:  # a server without the statistics extension (a baseline)
+        return 0, 0
     return int(success["count"]), int(success["ns"])
 
 

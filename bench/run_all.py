@@ -18,6 +18,7 @@ STEPS = [
     ("Ensemble vs three client calls", ["ensemble.py"]),
     ("Model load and reload", ["model_load.py"]),
     ("triton-shm perf vs perf_analyzer", ["perf_accuracy.py"]),
+    ("ONNX models vs FastAPI baseline", ["compare_onnx.py"]),
 ]
 
 

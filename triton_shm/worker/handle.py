@@ -1,0 +1,262 @@
+"""The front-end's handle on one worker process: start it, talk to it over its control
+channel, share memory with it, and notice at once when it dies.
+
+Each handle owns the input arena the front-end writes request tensors into and maps the
+worker's output arena. Replies resolve futures by message id; ``stream`` messages go to
+the handler registered for their batch (decoupled models); ``bls`` messages go to the
+pool's BLS handler.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import TritonShmError, Unavailable
+from ..ipc import channel
+from ..ipc.arena import Arena, Block, Segment, SegmentMap
+
+if TYPE_CHECKING:
+    from ..core.shm_registry import Region
+
+log = logging.getLogger("triton_shm.workers")
+
+INPUT_CHUNK = 64 << 20
+RELEASE_DELAY = 0.002  # seconds freed output blocks may wait for a message to ride on
+
+
+class WorkerHandle:
+    def __init__(self, name: str, gpu: int | None, log_verbose: int = 0):
+        self.name, self.gpu, self.log_verbose = name, gpu, log_verbose
+        self.proc: subprocess.Popen | None = None
+        self.sock: socket.socket | None = None
+        self.arena: Arena | None = None
+        self.outputs = SegmentMap()
+        self._pending: dict[int, asyncio.Future] = {}
+        # decoupled batches: message id -> handler of its "stream" messages (None = worker died)
+        self._streams: dict[int, Callable[[dict[str, Any] | None], None]] = {}
+        self._ids = itertools.count(1)
+        self._releases: list[list[int]] = []
+        self._flush_scheduled = False
+        self.alive = False
+        self.regions: set[int] = set()
+        self.generation = 0
+        self.on_death = None  # callback(handle) set by the pool
+        self.on_bls = None    # callback(handle, message) for a model's BLS call, set by the pool
+        self._staged: dict[tuple, Block] = {}  # input-arena blocks lent to the worker (BLS replies)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- process lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        ours, theirs = channel.socket_pair()
+        env = dict(os.environ)
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)  # each GPU worker sees only its device
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "triton_shm.worker", "--fd", str(theirs.fileno()), "--name", self.name,
+             "--log-verbose", str(self.log_verbose)],
+            pass_fds=[theirs.fileno()], env=env,
+            start_new_session=True)  # terminal signals go to the front-end, which stops workers itself
+        theirs.close()
+        ours.setblocking(False)
+        self.sock = ours
+        self.outputs = SegmentMap()
+        self.arena = Arena(INPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
+        self.regions: set[int] = set()  # client regions whose fd this worker holds
+        self.generation += 1
+        self.alive = True
+        self._loop.add_reader(ours.fileno(), self._on_readable)
+        log.info("started worker '%s' (pid %d)", self.name, self.proc.pid)
+
+    def _share_segment(self, seg: Segment) -> None:
+        self.send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])
+
+    def _drop_segment(self, seg_id: int) -> None:
+        self.send({"op": "drop", "seg": seg_id})
+
+    def share_region(self, region: "Region") -> None:
+        """Pass a client region's fd to the worker the first time a request uses it."""
+        if region.id not in self.regions:
+            self.send({"op": "region", "rid": region.id, "offset": region.offset, "size": region.byte_size},
+                       [region.fd])
+            self.regions.add(region.id)
+
+    def drop_region(self, region: "Region") -> None:
+        if region.id in self.regions:
+            self.regions.discard(region.id)
+            try:
+                self.send({"op": "region_drop", "rid": region.id})
+            except Unavailable:
+                pass
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        self.alive = False
+        self._detach()
+        proc = self.proc
+        try:
+            await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+        self._cleanup_memory()
+
+    def _detach(self) -> None:
+        if self.sock is not None:
+            try:
+                self._loop.remove_reader(self.sock.fileno())
+            except (ValueError, OSError):
+                pass
+            self.sock.close()  # the worker sees end-of-file and exits
+            self.sock = None
+
+    def _cleanup_memory(self) -> None:
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+        self.outputs.close()
+
+    def _died(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        self._detach()
+        code = self.proc.poll() if self.proc else None
+        if code is None and self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                code = self.proc.wait()
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        log.error("worker '%s' %s; restarting it", self.name, how)
+        error = Unavailable(f"worker '{self.name}' {how} while running the request; it is being restarted")
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+        streams, self._streams = self._streams, {}
+        for handler in streams.values():
+            handler(None)
+        self._releases.clear()
+        self._staged.clear()
+        self._cleanup_memory()
+        if self.on_death is not None:
+            self.on_death(self)
+
+    # -- messaging -----------------------------------------------------------------------
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        if self.sock is None:
+            raise Unavailable(f"worker '{self.name}' is not running")
+        if self._releases:  # piggyback freed output blocks: no message of their own
+            message["release"], self._releases = self._releases, []
+        try:
+            channel.send(self.sock, message, fds)
+        except BlockingIOError:
+            # The worker is not draining its channel; treat as overload rather than block the loop.
+            raise Unavailable(f"worker '{self.name}' is not keeping up (control channel full)") from None
+        except (BrokenPipeError, ConnectionError):
+            raise Unavailable(f"worker '{self.name}' is not running") from None
+
+    async def call(self, message: dict[str, Any], fds: list[int] | None = None,
+                   on_stream: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any]:
+        """Send and wait for the reply. ``on_stream`` receives the ``stream`` messages
+        that carry this message's id (decoupled responses), until it drops itself."""
+        msg_id = message.setdefault("id", self.next_id())
+        fut = self._loop.create_future()
+        self._pending[msg_id] = fut
+        if on_stream is not None:
+            self._streams[msg_id] = on_stream
+        try:
+            self.send(message, fds)
+            reply = await fut
+        finally:
+            self._pending.pop(msg_id, None)
+        if "error" in reply:
+            raise TritonShmError.from_wire(reply["error"])
+        return reply
+
+    def _on_readable(self) -> None:
+        while self.sock is not None:
+            try:
+                msg, fds = channel.recv(self.sock)
+            except BlockingIOError:
+                return
+            except (ConnectionError, OSError, ValueError):
+                msg = None
+            if msg is None:
+                self._died()
+                return
+            op = msg.get("op")
+            if op is None:
+                fut = self._pending.get(msg.get("id"))
+                if fut is not None and not fut.done():
+                    fut.set_result(msg)
+            elif op == "stream":
+                handler = self._streams.get(msg.get("id"))
+                if handler is not None:
+                    handler(msg)
+            elif op == "segment" and len(fds) == 1:
+                self.outputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
+            elif op == "drop":
+                self.outputs.drop(int(msg["seg"]))
+            elif op == "bls" and self.on_bls is not None:
+                self.on_bls(self, msg)
+            elif op == "bls_release":
+                self._release_staged(msg.get("blocks") or [])
+            elif op == "hello":
+                pass
+            else:
+                for fd in fds:
+                    os.close(fd)
+                log.warning("unexpected message from worker '%s': %s", self.name, op)
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def cancel(self, msg_id: int, index: int) -> None:
+        """The client of request ``index`` of batch ``msg_id`` is gone (decoupled models)."""
+        try:
+            self.send({"op": "cancel", "id": msg_id, "index": index})
+        except TritonShmError:
+            pass  # the worker is gone too
+
+    def stage(self, data) -> list[int]:
+        """Copy bytes into this worker's input arena for it to read (a BLS reply); the
+        worker hands the block back with ``bls_release``."""
+        view = memoryview(data).cast("B")
+        block = self.arena.alloc(view.nbytes)
+        block.view[:] = view
+        desc = block.descriptor()
+        self._staged[tuple(desc)] = block
+        return desc
+
+    def _release_staged(self, descriptors: list) -> None:
+        for desc in descriptors:  # only blocks we lent: the worker is not trusted
+            block = self._staged.pop(tuple(desc) if isinstance(desc, list) else (), None)
+            if block is not None and self.arena is not None:
+                self.arena.free(block.segment.id, block.offset, block.size)
+
+    def release(self, descriptors: list[list[int]]) -> None:
+        """Give output blocks back to the worker (batched into its next message)."""
+        if not self.alive:
+            return
+        self._releases.extend(descriptors)
+        if not self._flush_scheduled:  # when no other message goes soon, send them alone
+            self._flush_scheduled = True
+            self._loop.call_later(RELEASE_DELAY, self._flush_releases)
+
+    def _flush_releases(self) -> None:
+        self._flush_scheduled = False
+        if self._releases and self.sock is not None:
+            try:
+                self.send({"op": "release"})
+            except TritonShmError:
+                pass  # worker gone: its arena went with it
