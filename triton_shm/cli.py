@@ -62,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="triton-shm",
         description="Triton-compatible inference server (KServe V2 over HTTP and gRPC) with a "
-                    "shared-memory data plane.")
+                    "shared-memory data plane. Load testing: 'triton-shm perf --help'.")
     add = p.add_argument
     add("--model-repository", "--model-store", dest="model_repositories", action="append", type=Path,
         required=True, metavar="PATH", help="model repository path; repeat for several")
