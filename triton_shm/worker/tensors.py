@@ -1,6 +1,8 @@
 """Worker-side conversion between shared-memory tensor descriptors and numpy arrays."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..core import codec
@@ -12,11 +14,10 @@ from . import assembler
 
 def decode_input(datatype: str, shape: list[int], view: memoryview) -> np.ndarray:
     """A numpy array over ``view`` (zero-copy for fixed-size types)."""
+    count = math.prod(shape)  # shapes come from the front-end, already validated
     if datatype == "BYTES":
-        count = int(np.prod(shape)) if shape else 1
         return codec.deserialize_bytes(view, count).reshape(shape)
     dtype = numpy_dtype(datatype)
-    count = int(np.prod(shape)) if shape else 1
     if count * element_size(datatype) != view.nbytes:
         raise Internal("input descriptor size does not match its shape")
     return np.frombuffer(view, dtype=dtype, count=count).reshape(shape)

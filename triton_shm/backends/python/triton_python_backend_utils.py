@@ -75,6 +75,7 @@ _ENUM_TO_NUMPY: dict[int, Any] = {
     6: np.int8, 7: np.int16, 8: np.int32, 9: np.int64,
     10: np.float16, 11: np.float32, 12: np.float64, 13: np.object_,
 }
+_NUMPY_TO_ENUM: dict[np.dtype, int] = {np.dtype(t): v for v, t in _ENUM_TO_NUMPY.items() if v != TYPE_BYTES}
 
 
 def triton_string_to_numpy(triton_type_string: str):
@@ -98,10 +99,7 @@ def numpy_to_triton_type(data_type) -> int | None:
         return TYPE_BYTES
     if dt.kind == "U":
         return None
-    for value, npt in _ENUM_TO_NUMPY.items():
-        if value != TYPE_BYTES and np.dtype(npt) == dt.newbyteorder("="):
-            return value
-    return None
+    return _NUMPY_TO_ENUM.get(dt.newbyteorder("="))  # dict lookup: this runs for every tensor
 
 
 def serialize_byte_tensor(input_tensor: np.ndarray):
@@ -232,7 +230,7 @@ class Tensor:
                 numpy_array, triton_dtype = words, TYPE_BF16
             else:
                 numpy_array = np.asarray(numpy_array)
-        elif numpy_array.dtype.name == "bfloat16":
+        elif numpy_array.dtype.kind == "V" and numpy_array.dtype.name == "bfloat16":  # ml_dtypes
             numpy_array, triton_dtype = numpy_array.view(np.uint16), TYPE_BF16
         if triton_dtype is None:
             if numpy_array.dtype.kind == "U":
