@@ -58,7 +58,3 @@ def from_numpy(dtype: np.dtype) -> str:
 def config_to_wire(config_type: str) -> str:
     name = config_type[5:] if config_type.startswith("TYPE_") else config_type
     return "BYTES" if name == "STRING" else name
-
-
-def wire_to_config(datatype: str) -> str:
-    return "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"

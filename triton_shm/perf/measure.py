@@ -11,7 +11,6 @@ request, in microseconds).
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -187,6 +186,3 @@ def is_stable(windows: list[Window], stability_pct: float, pct: float | None) ->
             return False
     return True
 
-
-def cpu_time() -> float:
-    return time.process_time()
