@@ -76,12 +76,22 @@ class InstanceRunner:
             except Exception as e:  # the whole batch fails alike
                 err = _error(e, name)
                 return {"responses": [err] * len(requests), "timing": [0, 0, 0]}
+        # copies of client shared-memory inputs, freed once the batch is answered
+        scratch: list[Block] | None = None if self.model.decoupled else []
+        try:
+            return self._run_each(requests, msg_id, scratch)
+        finally:
+            self._free(scratch or [])
+
+    def _run_each(self, requests: list[dict[str, Any]], msg_id: int, scratch: list[Block] | None) -> dict[str, Any]:
+        """The requests of a batch as a list (Python models; any batch the assembler cannot join)."""
+        name = self.model.context.name
         t0 = time.perf_counter_ns()
         decoded: list[WorkerRequest] = []
         results: list[dict[str, Any] | None] = [None] * len(requests)
         for i, r in enumerate(requests):
             try:
-                wr = self._decode(r)
+                wr = self._decode(r, scratch)
                 if self.model.decoupled:
                     wr.sender = functools.partial(self._stream, msg_id, i, r)
                     wr.is_cancelled = functools.partial(self.worker.cancelled.__contains__, (msg_id, i))
@@ -113,10 +123,10 @@ class InstanceRunner:
         t3 = time.perf_counter_ns()
         return {"responses": results, "timing": [t1 - t0, t2 - t1, t3 - t2]}
 
-    def _decode(self, r: dict[str, Any]) -> WorkerRequest:
+    def _decode(self, r: dict[str, Any], scratch: list[Block] | None) -> WorkerRequest:
         inputs, datatypes = {}, {}
         for name, datatype, shape, desc in r["inputs"]:
-            inputs[name] = decode_input(datatype, shape, self.worker.input_bytes(desc))
+            inputs[name] = decode_input(datatype, shape, self.worker.input_bytes(desc, scratch))
             datatypes[name] = datatype
         return WorkerRequest(id=r.get("request_id", ""), inputs=inputs, datatypes=datatypes,
                              requested_outputs=list(r["outputs"]), parameters=r.get("parameters") or {})

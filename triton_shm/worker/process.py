@@ -23,7 +23,7 @@ from ..backends import get_backend
 from ..backends.base import Backend, InstanceSpec, ModelContext
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc import channel
-from ..ipc.arena import Arena, Segment, SegmentMap
+from ..ipc.arena import Arena, Block, Segment, SegmentMap
 from ..core.datatypes import config_to_wire
 from ..backends.python import triton_python_backend_utils as pb_utils
 from . import assembler
@@ -83,16 +83,24 @@ class Worker:
             return self.regions.view(int(rid), int(offset), int(size))
         return self.inputs.view(desc)
 
-    def input_bytes(self, desc: list) -> memoryview:
-        """What a model may hold on to: arena bytes in place; a client region's bytes
-        copied once, with a guarded copy, since the client may shrink its region at any
-        time and a later read would fault."""
+    def input_bytes(self, desc: list, scratch: list[Block] | None) -> memoryview:
+        """What a model may read: arena bytes in place; a client region's bytes copied
+        once, with a guarded copy, since the client may shrink its region at any time and
+        a later read would fault. The copy goes into an output-arena block appended to
+        ``scratch`` (pages already mapped; the caller frees it once the batch is answered),
+        or, without ``scratch``, into memory of its own that lives as long as the model
+        holds it (decoupled models answer after execute returns)."""
         view = self.view(desc)
-        if desc and desc[0] == "r":
-            private = bytearray(view.nbytes)
-            assembler.copy(private, view)
-            return memoryview(private)
-        return view
+        if not desc or desc[0] != "r":
+            return view
+        if scratch is None:
+            private = memoryview(bytearray(view.nbytes))
+        else:
+            block = self.arena.alloc(view.nbytes)
+            scratch.append(block)
+            private = block.view
+        assembler.copy(private, view)
+        return private
 
     def _share_segment(self, seg: Segment) -> None:
         self.send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])
