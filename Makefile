@@ -16,8 +16,10 @@ install: $(VENV)/.installed
 serve: $(VENV)/.installed
 	$(VENV)/bin/triton-shm --model-repository examples/model_repository
 
+# The whole suite twice: with the C extensions, then with their pure-Python twins.
 test: $(VENV)/.installed
 	$(PY) -m pytest tests
+	TRITON_SHM_NO_EXTENSIONS=1 $(PY) -m pytest tests
 
 bench: $(VENV)/.installed
 	$(PY) bench/run_all.py
