@@ -155,7 +155,7 @@ def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
         if out.name not in model.outputs:
             raise InvalidArgument(f"{rid}unexpected inference output '{out.name}' for model '{name}'")
         if out.name in outputs:
-            raise InvalidArgument(f"{rid}output '{out.name}' is requested more than once")
+            raise InvalidArgument(f"{rid}output '{out.name}' already exists in request")
         if "classification" in out.parameters:
             raise Unsupported(f"{rid}output '{out.name}' asks for classification, which this server "
                               "does not provide yet")

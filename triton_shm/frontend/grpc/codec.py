@@ -122,12 +122,8 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
             f"shared memory) but got {len(raw)} for model '{model}'")
 
     inputs: list[InputTensor] = []
-    seen: set[str] = set()
     raw_index = 0
-    for tensor in msg.inputs:
-        if tensor.name in seen:
-            raise InvalidArgument(f"input '{tensor.name}' already exists in request")
-        seen.add(tensor.name)
+    for tensor in msg.inputs:  # duplicate names are refused by core validation
         params = decode_parameters(tensor.parameters)
         has_contents = tensor.HasField("contents")
         data: Buffer | None = None

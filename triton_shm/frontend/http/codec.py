@@ -80,13 +80,9 @@ def decode_infer_request(
     if not isinstance(inputs, list):
         raise InvalidArgument("request 'inputs' must be an array" if inputs is not None
                               else "request has no 'inputs' array")
-    seen: set[str] = set()
     offset = header_length  # next unread byte of the binary part
-    for item in inputs:
+    for item in inputs:  # duplicate names are refused by core validation
         tensor, nbytes = _parse_input(item, model_name, request_id)
-        if tensor.name in seen:
-            raise InvalidArgument(_with_id(request_id, f"input '{tensor.name}' already exists in request"))
-        seen.add(tensor.name)
         if nbytes is not None:
             if nbytes > size - offset:
                 raise InvalidArgument(
@@ -102,13 +98,7 @@ def decode_infer_request(
     if outputs is not None:
         if not isinstance(outputs, list):
             raise InvalidArgument("request 'outputs' must be an array")
-        names: set[str] = set()
-        for item in outputs:
-            out = _parse_output(item)
-            if out.name in names:
-                raise InvalidArgument(_with_id(request_id, f"output '{out.name}' already exists in request"))
-            names.add(out.name)
-            request.outputs.append(out)
+        request.outputs.extend(_parse_output(item) for item in outputs)
 
     _check_unknown_members(doc, _REQUEST_KEYS, 2)
     return request
