@@ -27,5 +27,4 @@ def server(tmp_path_factory) -> ServerProcess:
     repo = build_core_repository(root / "models")
     srv = ServerProcess(repo, root / "server.log").start()
     yield srv
-    code = srv.stop()
-    assert code == 0, f"server did not exit cleanly ({code}):\n{srv.log()[-4000:]}"
+    srv.stop_cleanly()

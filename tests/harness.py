@@ -11,6 +11,17 @@ import urllib.request
 from pathlib import Path
 
 
+def children(pid: int) -> list[int]:
+    """Child process ids of ``pid`` (a server's workers)."""
+    out: list[int] = []
+    for path in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            out += [int(p) for p in path.read_text().split()]
+        except OSError:
+            pass
+    return sorted(set(out))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -65,6 +76,11 @@ class ServerProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop_cleanly(self) -> None:
+        """Stop and require a graceful exit (code 0), showing the log otherwise."""
+        code = self.stop()
+        assert code == 0, f"server did not exit cleanly ({code}):\n{self.log()[-4000:]}"
 
     def stop(self, timeout: float = 60.0) -> int:
         """SIGTERM and wait; returns the exit code."""

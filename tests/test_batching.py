@@ -225,8 +225,7 @@ def server(tmp_path_factory) -> Server:
         assert time.monotonic() < deadline, f"models did not settle: {index}\n{proc.log()[-3000:]}"
         time.sleep(0.1)
     yield srv
-    code = proc.stop()
-    assert code == 0, f"server did not exit cleanly ({code}):\n{proc.log()[-4000:]}"
+    proc.stop_cleanly()
 
 
 # -- client helpers -----------------------------------------------------------------------

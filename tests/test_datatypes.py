@@ -238,8 +238,7 @@ def onnx_server(tmp_path_factory):
         onnx_identity(repo / f"onnx_identity_{dt.lower()}" / "1" / "model.onnx", dt)
     srv = ServerProcess(repo, root / "server.log", extra_args=["--exit-on-error=false"]).start(wait_ready=False)
     yield srv
-    code = srv.stop()
-    assert code == 0, f"server did not exit cleanly ({code}):\n{srv.log()[-4000:]}"
+    srv.stop_cleanly()
 
 
 @pytest.mark.parametrize("datatype", ONNX_DATATYPES)
@@ -270,8 +269,7 @@ def server_noext(tmp_path_factory):
         python_identity(repo, f"identity_{dt.lower()}", dt)
     srv = ServerProcess(repo, root / "server.log", env={"TRITON_SHM_NO_EXTENSIONS": "1"}).start()
     yield srv
-    code = srv.stop()
-    assert code == 0, f"server did not exit cleanly ({code}):\n{srv.log()[-4000:]}"
+    srv.stop_cleanly()
 
 
 @pytest.mark.parametrize("datatype", ["BYTES", "INT32"])

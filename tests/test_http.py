@@ -37,8 +37,7 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("http_server")
     srv = ServerProcess(build_repository(root / "models"), root / "server.log").start()
     yield srv
-    code = srv.stop()
-    assert code == 0, f"server did not exit cleanly ({code}):\n{srv.log()[-4000:]}"
+    srv.stop_cleanly()
 
 
 @pytest.fixture(scope="module")
@@ -650,8 +649,7 @@ def small_server(tmp_path_factory):
     python_identity(repo, "identity_fp32", "FP32")
     srv = ServerProcess(repo, root / "server.log", extra_args=["--http-max-input-size", "1000000"]).start()
     yield srv
-    code = srv.stop()
-    assert code == 0, f"server did not exit cleanly ({code}):\n{srv.log()[-4000:]}"
+    srv.stop_cleanly()
 
 
 def _identity_body(n):

@@ -2,7 +2,6 @@
 graceful SIGTERM, and model names that try to leave the repository."""
 from __future__ import annotations
 
-import glob
 import http.client
 import json
 import os
@@ -21,7 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from .harness import ServerProcess, free_port
+from .harness import ServerProcess, children, free_port
 from .models import python_identity, write_model
 
 SLOW_PY = """
@@ -58,16 +57,6 @@ def build_repo(repo: Path) -> Path:
 
 
 # --------------------------------------------------------------------------- helpers
-
-def children(pid: int) -> list[int]:
-    out: list[int] = []
-    for path in glob.glob(f"/proc/{pid}/task/*/children"):
-        try:
-            out += [int(p) for p in Path(path).read_text().split()]
-        except OSError:
-            pass
-    return sorted(set(out))
-
 
 def process_gone(pid: int) -> bool:
     try:
@@ -166,8 +155,7 @@ def lifecycle_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("lifecycle")
     srv = ServerProcess(build_repo(root / "models"), root / "server.log").start()
     yield srv
-    code = srv.stop()
-    assert code == 0, f"server did not exit cleanly ({code}):\n{srv.log()[-4000:]}"
+    srv.stop_cleanly()
 
 
 # --------------------------------------------------------------------------- command line

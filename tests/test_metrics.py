@@ -175,8 +175,7 @@ def metrics_server(tmp_path_factory):
                                     "--metrics-interval-ms", "200"]).start()
     srv.metrics_port = port
     yield srv
-    code = srv.stop()
-    assert code == 0, f"server did not exit cleanly ({code}):\n{srv.log()[-4000:]}"
+    srv.stop_cleanly()
 
 
 # --------------------------------------------------------------------------- command line

@@ -240,8 +240,7 @@ def models_server(tmp_path_factory):
     srv.repo = repo
     _wait_loaded(srv)
     yield srv
-    code = srv.stop()
-    assert code == 0, f"server did not exit cleanly ({code}):\n{srv.log()[-4000:]}"
+    srv.stop_cleanly()
 
 
 def _wait_loaded(srv, timeout: float = 60.0) -> None:

@@ -9,7 +9,6 @@ the server, whatever the outcome.
 """
 from __future__ import annotations
 
-import glob
 import itertools
 import json
 import os
@@ -39,7 +38,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor, serialized_byte_size
 
 from .conftest import build_core_repository
-from .harness import ServerProcess
+from .harness import ServerProcess, children
 from .models import python_identity, write_model
 
 pytestmark = pytest.mark.timeout(120)
@@ -238,16 +237,6 @@ def shm_output(proto, name, region, byte_size, offset=0):
 def plain_output(proto, name):
     return _module(proto).InferRequestedOutput(name, binary_data=True) if proto == "http" \
         else grpcclient.InferRequestedOutput(name)
-
-
-def children(pid: int) -> list[int]:
-    out: list[int] = []
-    for path in glob.glob(f"/proc/{pid}/task/*/children"):
-        try:
-            out += [int(p) for p in Path(path).read_text().split()]
-        except OSError:
-            pass
-    return sorted(set(out))
 
 
 def shm_listing() -> set[str]:

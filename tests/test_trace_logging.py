@@ -47,8 +47,7 @@ def _start(repo: Path, tmp: Path, name: str, args: list[str]) -> ServerProcess:
 
 
 def _stop(srv: ServerProcess) -> None:
-    code = srv.stop()
-    assert code == 0, f"server did not exit cleanly ({code}):\n{srv.log()[-4000:]}"
+    srv.stop_cleanly()
 
 
 @pytest.fixture(scope="module")

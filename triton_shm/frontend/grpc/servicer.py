@@ -129,13 +129,16 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.RepositoryModelUnloadResponse()
 
     # -- shared-memory extensions ---------------------------------------------------------
+    def _shm_status(self, response_type: Any, kind: str, name: str) -> Any:
+        resp = response_type()
+        for r in self.service.shm_status(kind, name):
+            resp.regions[r["name"]].CopyFrom(response_type.RegionStatus(**r))
+        return resp
+
     @_rpc
     async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
                                        context: _Ctx) -> pb.SystemSharedMemoryStatusResponse:
-        resp = pb.SystemSharedMemoryStatusResponse()
-        for r in self.service.shm_status("system", request.name):
-            resp.regions[r["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**r))
-        return resp
+        return self._shm_status(pb.SystemSharedMemoryStatusResponse, "system", request.name)
 
     @_rpc
     async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
@@ -152,10 +155,7 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     @_rpc
     async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
                                      context: _Ctx) -> pb.CudaSharedMemoryStatusResponse:
-        resp = pb.CudaSharedMemoryStatusResponse()
-        for r in self.service.shm_status("cuda", request.name):
-            resp.regions[r["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**r))
-        return resp
+        return self._shm_status(pb.CudaSharedMemoryStatusResponse, "cuda", request.name)
 
     @_rpc
     async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
