@@ -1,19 +1,30 @@
-"""triton-shm vs the real Triton 2.51, driven by the real perf_analyzer, in one run.
+"""triton-shm vs the real Triton 2.51, driven by two load generators, in one run.
 
     python bench/compare_triton.py [--scenarios small,large,batching] [--rounds 2] [--interval-ms 3000]
+                                   [--generators perf_analyzer,triton-shm-perf]
 
 Both servers serve the same repository of python-backend models (the only kind the
 reference Triton build runs) and are measured alternately, A B A B, so drift hits both
-alike. For each case it reports medians of throughput and p50/p99 latency from
-perf_analyzer, plus each server's CPU-seconds per 1,000 inferences and peak RSS (its
-whole process tree: Triton's stubs, our workers), and the ratios triton-shm / Triton.
+alike. Every case is driven by each selected load generator in turn (within one server,
+the generators alternate too):
+  perf_analyzer    the real perf_analyzer (tritonclient 2.50)
+  triton-shm-perf  our own `python -m triton_shm.perf`, given the same perf_analyzer flags
+For each generator it prints one table: medians of throughput and p50/p99 latency as the
+generator reports them, plus each server's CPU-seconds per 1,000 inferences and peak RSS
+(its whole process tree: Triton's stubs, our workers), and the ratios triton-shm / Triton.
+These server-side figures are measured the same way whichever generator drives the load.
 
 The server-side time per request comes from each server's own statistics extension
-(success ns / count over the run).
+(success ns / count over the run); so does the request count that CPU-seconds are divided by.
+
+Both servers run with OPENBLAS_NUM_THREADS=1: on a 2-vCPU machine shared with the load
+generator, numpy's OpenBLAS worker thread spin-waits between the batching model's matmuls
+and burns ~65% of a core in either server's model process; both get the same setting.
 
 Scenarios:
   small     add_sub, two FP32[16] inputs; gRPC and HTTP at concurrency 1 and 8
-  large     identity, one 16 MiB FP32 tensor; gRPC in-band and through system shared memory
+  large     identity, one FP32 tensor of 1 MiB and of 16 MiB; gRPC in-band and through
+            system shared memory, at concurrency 1
   batching  a batch-friendly model (per-call overhead + one matmul per batch) at
             concurrency 16, dynamic batching off and on
 """
@@ -107,7 +118,8 @@ def matmul_config(name: str, batching: bool) -> str:
 class Case:
     label: str
     model: str
-    args: list[str]   # perf_analyzer arguments besides -m/-u/-i
+    args: list[str]   # load-generator arguments besides -m/-u/-i (perf_analyzer's flag names; triton_shm.perf
+                      # takes the same ones)
     protocol: str = "grpc"
 
 
@@ -115,6 +127,11 @@ SCENARIOS: dict[str, list[Case]] = {
     "small": [Case(f"add_sub FP32[16], {p}, concurrency {c}", "add_sub", ["--concurrency-range", str(c)], p)
               for p in ("grpc", "http") for c in (1, 8)],
     "large": [
+        Case("identity 1 MiB, gRPC in-band, concurrency 1", "identity",
+             ["--shape", "INPUT0:262144", "--concurrency-range", "1"]),
+        Case("identity 1 MiB, gRPC system shm, concurrency 1", "identity",
+             ["--shape", "INPUT0:262144", "--concurrency-range", "1", "--shared-memory", "system",
+              "--output-shared-memory-size", str(1 << 20)]),
         Case("identity 16 MiB, gRPC in-band, concurrency 1", "identity",
              ["--shape", "INPUT0:4194304", "--concurrency-range", "1"]),
         Case("identity 16 MiB, gRPC system shm, concurrency 1", "identity",
@@ -192,7 +209,11 @@ class Server:
             cmd = [sys.executable, "-m", "triton_shm", "--model-repository", str(repo), "--http-port", str(self.port),
                    "--grpc-port", str(self.port + 1), "--allow-metrics", "false", "--allow-client-shm", "true",
                    "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]
-            env = None
+            env = dict(os.environ)
+        # On this 2-vCPU machine, shared with the load generator, numpy's OpenBLAS worker thread
+        # spin-waits between the batching model's matmuls and takes ~65% of a core in either
+        # server's model process (Triton's stub, our worker). Both servers get the same setting.
+        env = {**env, "OPENBLAS_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -224,37 +245,62 @@ def success_ns(server: Server, model: str) -> tuple[int, int]:
     return int(success["count"]), int(success["ns"])
 
 
-def run_case(ref, server: Server, case: Case, interval_ms: int) -> dict[str, float]:
+GENERATORS = {"perf_analyzer": "perf_analyzer 2.50", "triton-shm-perf": "triton-shm perf"}  # name: title
+
+
+def run_generator(ref, generator: str, url: str, case: Case, interval_ms: int) -> dict[str, str]:
+    """Run one load generator once on `case` against `url`; return its CSV row (perf_analyzer's column names).
+    This is the one way the benchmarks run perf_analyzer and `python -m triton_shm.perf`."""
     with tempfile.NamedTemporaryFile(suffix=".csv") as f:
-        cmd = [str(ref.perf_analyzer), "-m", case.model, "-u", server.url(case.protocol), "-i", case.protocol,
-               "--measurement-interval", str(interval_ms), "--stability-percentage", "50", "--max-trials", "5",
-               "-f", f.name, *case.args]
-        pids = process_tree(server.proc.pid)
-        count0, ns0 = success_ns(server, case.model)
-        cpu0, t0 = cpu_seconds(pids), time.monotonic()
-        out = subprocess.run(cmd, env=ref.pa_env(), capture_output=True, text=True, timeout=600)
-        wall = time.monotonic() - t0
-        cpu = cpu_seconds(process_tree(server.proc.pid)) - cpu0
-        if out.returncode != 0:
-            raise RuntimeError(f"perf_analyzer failed on {server.kind}: {out.stdout[-2000:]}{out.stderr[-2000:]}")
-        row = next(csv.DictReader(io.StringIO(Path(f.name).read_text())))
+        flags = ["-m", case.model, "-u", url, "-i", case.protocol, "--measurement-interval", str(interval_ms),
+                 "--stability-percentage", "50", "--max-trials", "5", "-f", f.name, *case.args]
+        if generator == "perf_analyzer":
+            out = subprocess.run([str(ref.perf_analyzer), *flags], env=ref.pa_env(), capture_output=True, text=True,
+                                 timeout=600)
+            if out.returncode != 0:
+                raise RuntimeError(f"perf_analyzer failed on {url} ({case.label}): "
+                                   f"{out.stdout[-2000:]}{out.stderr[-2000:]}")
+        elif generator == "triton-shm-perf":
+            out = subprocess.run([sys.executable, "-m", "triton_shm.perf", *flags], capture_output=True, text=True,
+                                 timeout=600)
+            if out.returncode != 0:
+                raise RuntimeError(f"triton-shm perf failed on {url} ({case.label}): {out.stderr[-2000:]}")
+        else:
+            raise ValueError(f"unknown load generator {generator!r} (known: {', '.join(GENERATORS)})")
+        return next(csv.DictReader(io.StringIO(Path(f.name).read_text())))
+
+
+def run_case(ref, server: Server, case: Case, interval_ms: int,
+             generator: str = "perf_analyzer") -> dict[str, float]:
+    pids = process_tree(server.proc.pid)
+    count0, ns0 = success_ns(server, case.model)
+    cpu0, t0 = cpu_seconds(pids), time.monotonic()
+    row = run_generator(ref, generator, server.url(case.protocol), case, interval_ms)
+    wall = time.monotonic() - t0
+    cpu = cpu_seconds(process_tree(server.proc.pid)) - cpu0
     count1, ns1 = success_ns(server, case.model)
     throughput = float(row["Inferences/Second"])
-    # perf_analyzer keeps the load on for the whole run (warm-up and every trial), so the
-    # requests served during it are about throughput x wall time.
-    return {"throughput": throughput, "p50_us": float(row["p50 latency"]), "p99_us": float(row["p99 latency"]),
-            "server_us": (ns1 - ns0) / max(count1 - count0, 1) / 1000,
-            "cpu_s_per_1k": 1000 * cpu / max(throughput * wall, 1.0),
-            "rss_mib": peak_rss_mib(process_tree(server.proc.pid))}
+    # CPU per request served during the run, counted by the server's statistics extension. Without
+    # it, about throughput x wall time (the load is on for the whole run, warm-up and every trial,
+    # but not during the generator's start-up: ~0.4 s of Python for triton_shm.perf, which would
+    # overstate its requests by ~4% at 3 s windows).
+    served = count1 - count0 if count1 > count0 else throughput * wall
+    result = {"throughput": throughput, "p50_us": float(row["p50 latency"]), "p99_us": float(row["p99 latency"]),
+              "server_us": (ns1 - ns0) / max(count1 - count0, 1) / 1000,
+              "cpu_s_per_1k": 1000 * cpu / max(served, 1.0),
+              "rss_mib": peak_rss_mib(process_tree(server.proc.pid))}
+    if row.get("Client CPU %"):  # triton_shm.perf reports its own CPU use; perf_analyzer does not
+        result["client_cpu_pct"] = float(row["Client CPU %"])
+    return result
 
 
-def table(cases: list[Case], med: dict) -> str:
+def table(cases: list[Case], med: dict, generator: str) -> str:
     lines = ["| case | triton-shm infer/s | Triton infer/s | ratio | triton-shm p50 µs | Triton p50 µs | "
              "triton-shm p99 µs | Triton p99 µs | server-side µs/request (ours / Triton) | "
              "CPU-s/1k inf (ours / Triton) | peak RSS MiB (ours / Triton) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for case in cases:
-        a, b = med[("triton-shm", case.label)], med[("triton", case.label)]
+        a, b = med[("triton-shm", generator, case.label)], med[("triton", generator, case.label)]
         lines.append(
             f"| {case.label} | {a['throughput']:.0f} | {b['throughput']:.0f} | {a['throughput'] / b['throughput']:.2f} "
             f"| {a['p50_us']:.0f} | {b['p50_us']:.0f} | {a['p99_us']:.0f} | {b['p99_us']:.0f} "
@@ -268,10 +314,16 @@ def main() -> None:
     parser.add_argument("--scenarios", default="small,large,batching")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--interval-ms", type=int, default=3000)
+    parser.add_argument("--generators", default=",".join(GENERATORS),
+                        help=f"load generators to drive every case with, in turn (from: {', '.join(GENERATORS)})")
     args = parser.parse_args()
     cases = [c for s in args.scenarios.split(",") for c in SCENARIOS[s]]
+    generators = args.generators.split(",")
+    for g in generators:
+        if g not in GENERATORS:
+            parser.error(f"--generators: unknown {g!r} (known: {', '.join(GENERATORS)})")
     ref = ensure_reference()
-    results: dict[tuple[str, str], list[dict[str, float]]] = {}
+    results: dict[tuple[str, str, str], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         build_repository(repo)
@@ -281,14 +333,15 @@ def main() -> None:
                 server = Server(kind, repo, ref, log)
                 try:
                     for case in cases:
-                        r = run_case(ref, server, case, args.interval_ms)
-                        results.setdefault((kind, case.label), []).append(r)
-                        print(f"  {kind:10s} {case.label}: {r['throughput']:.0f}/s p50 {r['p50_us']:.0f} µs",
-                              file=sys.stderr, flush=True)
+                        for gen in generators:
+                            r = run_case(ref, server, case, args.interval_ms, gen)
+                            results.setdefault((kind, gen, case.label), []).append(r)
+                            print(f"  {kind:10s} {gen:15s} {case.label}: {r['throughput']:.0f}/s "
+                                  f"p50 {r['p50_us']:.0f} µs", file=sys.stderr, flush=True)
                 finally:
                     server.stop()
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
-    print(table(cases, med))
+    print("\n\n".join(f"### driven by {GENERATORS[g]}\n\n{table(cases, med, g)}" for g in generators))
 
 
 if __name__ == "__main__":

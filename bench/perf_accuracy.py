@@ -8,30 +8,13 @@ gRPC at concurrency 1 and 4. Prints medians and the ratio ours / perf_analyzer.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 import statistics
-import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
 
 from compare_triton import IDENTITY, Case, Server, run_case
 from reference import ensure_reference
-
-
-def ours(port: int, concurrency: int, interval_ms: int) -> dict[str, float]:
-    with tempfile.NamedTemporaryFile(suffix=".csv") as f:
-        out = subprocess.run([sys.executable, "-m", "triton_shm.perf", "-m", "identity", "-u", f"127.0.0.1:{port + 1}",
-                              "-i", "grpc", "--shape", "INPUT0:16", "--concurrency-range", str(concurrency),
-                              "--measurement-interval", str(interval_ms), "--stability-percentage", "50",
-                              "--max-trials", "5", "-f", f.name], capture_output=True, text=True, timeout=600)
-        if out.returncode != 0:
-            raise RuntimeError(f"triton-shm perf failed: {out.stderr[-2000:]}")
-        row = next(csv.DictReader(io.StringIO(Path(f.name).read_text())))
-    return {"throughput": float(row["Inferences/Second"]), "p50_us": float(row["p50 latency"]),
-            "client_cpu": float(row.get("Client CPU %", 0) or 0)}
 
 
 def main() -> None:
@@ -50,10 +33,10 @@ def main() -> None:
         try:
             for _ in range(args.rounds):
                 for c in (1, 4):
-                    results.setdefault(("perf_analyzer", c), []).append(run_case(
-                        ref, server, Case(f"c{c}", "identity", ["--shape", "INPUT0:16", "--concurrency-range", str(c)]),
-                        args.interval_ms))
-                    results.setdefault(("triton-shm perf", c), []).append(ours(server.port, c, args.interval_ms))
+                    case = Case(f"c{c}", "identity", ["--shape", "INPUT0:16", "--concurrency-range", str(c)])
+                    results.setdefault(("perf_analyzer", c), []).append(run_case(ref, server, case, args.interval_ms))
+                    results.setdefault(("triton-shm perf", c), []).append(
+                        run_case(ref, server, case, args.interval_ms, "triton-shm-perf"))
         finally:
             server.stop()
     print("| concurrency | perf_analyzer infer/s | triton-shm perf infer/s | ratio | perf_analyzer p50 µs "
@@ -62,9 +45,9 @@ def main() -> None:
     for c in (1, 4):
         a = {m: statistics.median(r[m] for r in results[("perf_analyzer", c)]) for m in ("throughput", "p50_us")}
         b = {m: statistics.median(r[m] for r in results[("triton-shm perf", c)])
-             for m in ("throughput", "p50_us", "client_cpu")}
+             for m in ("throughput", "p50_us", "client_cpu_pct")}
         print(f"| {c} | {a['throughput']:.0f} | {b['throughput']:.0f} | {b['throughput'] / a['throughput']:.2f} "
-              f"| {a['p50_us']:.0f} | {b['p50_us']:.0f} | {b['p50_us'] / a['p50_us']:.2f} | {b['client_cpu']:.0f} |")
+              f"| {a['p50_us']:.0f} | {b['p50_us']:.0f} | {b['p50_us'] / a['p50_us']:.2f} | {b['client_cpu_pct']:.0f} |")
 
 
 if __name__ == "__main__":

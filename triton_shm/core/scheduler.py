@@ -5,11 +5,19 @@ within ``max_queue_delay_microseconds`` are combined into one batch of at most
 ``max_batch_size`` rows (preferring a ``preferred_batch_size``), ordered by priority
 level, subject to the queue policy (``max_queue_size``, timeouts with REJECT or DELAY).
 Each instance runs one batch at a time; the scheduler hands a batch to a free one.
+
+Dispatch is synchronous: it runs where the queue or the set of free instances changes
+(a request arrives, a worker's reply frees an instance, the batching delay or a deadline
+timer fires), so a freed instance is handed its next batch before the event loop turns
+to anything else. On a busy front-end each loop iteration can take milliseconds of
+protocol work, and a hop through a separate dispatcher task would leave the instance
+idle for that long.
 """
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -97,12 +105,14 @@ class Scheduler:
             self.policies[lvl] = _policy(p)
         self.queues: dict[int, collections.deque[Pending]] = {lvl: collections.deque() for lvl in self.policies}
         self.idle: collections.deque[tuple[str, int]] = collections.deque(model.instances)
-        self._wake = asyncio.Event()
+        self._busy = 0                          # batches sent and not yet answered
         self._seq = 0
         self._released = 0                      # preserve_ordering: next seq to answer
         self._held: dict[int, Pending] = {}     # finished, waiting for earlier ones
-        self._task = asyncio.get_running_loop().create_task(self._dispatch())
-        self._running: set[asyncio.Task] = set()
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_ns: int | None = None
+        self._pumping = False
         self._closing = False
 
     # -- admission -----------------------------------------------------------------------
@@ -148,8 +158,8 @@ class Scheduler:
         self._seq += 1
         queue.append(pending)
         self.stats.pending += 1
-        self._wake.set()
         try:
+            self._pump()
             client_timeout = request.parameters.get("timeout")
             if not client_timeout or pending.deadline_ns is None or not pending.reject_on_timeout:
                 return await pending.future
@@ -212,69 +222,74 @@ class Scheduler:
         oldest = self._oldest_ns()
         return oldest is not None and now - oldest >= self.delay_ns
 
-    async def _dispatch(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
+    def _pump(self) -> None:
+        """Start every batch that is ready while an instance is free, then set the timer
+        for the next moment the queue needs a look on its own."""
+        if self._pumping:  # the outer call's loop sees whatever changed
+            return
+        self._pumping = True
+        try:
+            now = time.monotonic_ns()
+            self._expire(now)
+            wake_ns = None
             while self.idle and any(self.queues.values()):
-                now = time.monotonic_ns()
-                self._expire(now)
-                if not any(self.queues.values()):
-                    break
                 if self.dynamic and not self._ready_to_go(now):
-                    wait = (self._oldest_ns() + self.delay_ns - now) / 1e9
-                    try:
-                        await asyncio.wait_for(self._wake.wait(), timeout=max(wait, 0))
-                        self._wake.clear()
-                    except asyncio.TimeoutError:
-                        pass
-                    continue
+                    wake_ns = self._oldest_ns() + self.delay_ns
+                    break
                 batch = self._take_batch()
                 if not batch:
                     break
-                instance = self.idle.popleft()
-                task = asyncio.get_running_loop().create_task(self._run(batch, instance))
-                self._running.add(task)
-                task.add_done_callback(self._running.discard)
-            self._expire_timer()
-
-    def _expire_timer(self) -> None:
-        """Wake up when the first queued deadline passes, so timeouts fire while all
-        instances are busy."""
-        deadlines = [p.deadline_ns for q in self.queues.values() for p in q if p.deadline_ns is not None]
-        if deadlines:
-            delay = max((min(deadlines) - time.monotonic_ns()) / 1e9, 0)
-            asyncio.get_running_loop().call_later(delay, self._wake_for_deadline)
-
-    def _wake_for_deadline(self) -> None:
-        self._expire(time.monotonic_ns())
-        self._wake.set()
-
-    async def _run(self, batch: list[Pending], instance: tuple[str, int]) -> None:
-        start = time.monotonic_ns()
-        executed = False  # the model ran (even if every request failed), as Triton counts executions
-        try:
-            results, timing = await self.pool.execute_batch(self.model, instance, batch)
-            executed = True
-        except TritonShmError as e:
-            results, timing = [e] * len(batch), (0, 0, 0)
-        except Exception as e:  # never leave a client waiting
-            results, timing = [TritonShmError(f"internal error: {type(e).__name__}: {e}")] * len(batch), (0, 0, 0)
+                self._start(batch, self.idle.popleft())
+                now = time.monotonic_ns()
+            deadlines = [p.deadline_ns for q in self.queues.values() for p in q if p.deadline_ns is not None]
+            if deadlines:  # timeouts fire while every instance is busy
+                wake_ns = min(deadlines) if wake_ns is None else min(wake_ns, *deadlines)
+            self._arm(wake_ns)
         finally:
+            self._pumping = False
+
+    def _arm(self, when_ns: int | None) -> None:
+        if when_ns == self._timer_ns:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_ns = None, when_ns
+        if when_ns is not None:
+            self._timer = self._loop.call_later(max(when_ns - time.monotonic_ns(), 0) / 1e9, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_ns = None, None
+        self._pump()
+
+    def _start(self, batch: list[Pending], instance: tuple[str, int]) -> None:
+        start = time.monotonic_ns()
+        self._busy += 1
+        try:
+            self.pool.start_batch(self.model, instance, batch, functools.partial(self._completed, batch, instance, start))
+        except Exception as e:  # never leave a client waiting
+            self._busy -= 1
             self.idle.append(instance)
-            self._wake.set()
-        in_ns, infer_ns, out_ns = timing
-        if executed:
+            error = e if isinstance(e, TritonShmError) else TritonShmError(f"internal error: {type(e).__name__}: {e}")
+            for p in batch:
+                self._finish(p, error)
+
+    def _completed(self, batch: list[Pending], instance: tuple[str, int], start: int,
+                   results: list[Any], timing: tuple[int, int, int] | None) -> None:
+        """The worker answered (or died): the instance takes its next batch first, then
+        each request gets its result. ``timing`` is None when the model did not run."""
+        self._busy -= 1
+        self.idle.append(instance)
+        self._pump()
+        in_ns, infer_ns, out_ns = timing or (0, 0, 0)
+        if timing is not None:  # the model ran (even if every request failed), as Triton counts executions
             self.stats.record_execution(sum(p.rows for p in batch), in_ns, infer_ns, out_ns)
         for p, result in zip(batch, results):
             if p.trace is not None:
-                p.trace.computed(start, timing)
-            if isinstance(result, Exception):
-                self._finish(p, result)
-            else:
+                p.trace.computed(start, (in_ns, infer_ns, out_ns))
+            if not isinstance(result, Exception):
                 total = time.monotonic_ns() - p.enqueued_ns
                 self.stats.record_success(p.rows, total, start - p.enqueued_ns, in_ns, infer_ns, out_ns)
-                self._finish(p, result)
+            self._finish(p, result)
 
     def _finish(self, p: Pending, result: Any) -> None:
         if isinstance(result, Exception):
@@ -293,13 +308,10 @@ class Scheduler:
     async def drain(self) -> None:
         """Refuse new requests, serve every queued and running one, then stop."""
         self._closing = True
-        while self._running or any(self.queues.values()):
-            if self._running:
-                await asyncio.gather(*list(self._running), return_exceptions=True)
-            else:
-                self._wake.set()
-                await asyncio.sleep(0.001)
-        self._task.cancel()
+        while self._busy or any(self.queues.values()):
+            self._pump()
+            await asyncio.sleep(0.001)
+        self._arm(None)
 
 
 def _resolve(p: Pending, result: Any) -> None:

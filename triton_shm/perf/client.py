@@ -2,9 +2,9 @@
 
 The control plane (health, metadata, config, statistics, shared-memory registration) goes
 through ``tritonclient.grpc.aio`` / ``tritonclient.http.aio``. The hot path sends a request
-built once (a ``ModelInferRequest`` protobuf, or an HTTP body with the binary tensor
-extension) so that the client spends as little CPU per request as it can, as perf_analyzer
-does.
+built once (a ``ModelInferRequest`` protobuf, or the bytes of an HTTP request with the binary
+tensor extension, sent by :mod:`.http1`) so that the client spends as little CPU per request
+as it can, as perf_analyzer does.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from collections import OrderedDict
 from typing import Any
 
 from . import PerfError
+from .http1 import Http1Client, HttpConnectionError
 from .inputs import InputTensor
 
 DEFAULT_TIMEOUT_S = 10.0
@@ -240,16 +241,7 @@ class HttpClient(_Base):
         super().__init__(url)
         import tritonclient.http.aio as httpaio
         self.ctl = httpaio.InferenceServerClient(url, conn_timeout=DEFAULT_TIMEOUT_S)
-        self._base = url if "://" in url else f"http://{url}"
-        self._session = None
-
-    def _session_get(self):
-        if self._session is None:
-            import aiohttp
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0, force_close=False),
-                timeout=aiohttp.ClientTimeout(total=None, connect=DEFAULT_TIMEOUT_S))
-        return self._session
+        self._hot = Http1Client(url)
 
     async def _ctl(self, what: str, coro):
         try:
@@ -304,36 +296,31 @@ class HttpClient(_Base):
         else:
             header["parameters"] = {"binary_data_output": True}
         head = json.dumps(header, separators=(",", ":")).encode()
-        path = f"{self._base}/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
+        path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
         headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
-        return path, head + b"".join(blobs), headers
+        return self._hot.request_bytes(path, head + b"".join(blobs), headers)
 
     async def infer(self, req: Any) -> None:
-        import aiohttp
-        path, body, headers = req
         try:
-            async with self._session_get().post(path, data=body, headers=headers) as r:
-                data = await r.read()
-                if r.status != 200:
-                    try:
-                        msg = json.loads(data.decode()).get("error") or data.decode()
-                    except Exception:  # noqa: BLE001
-                        msg = data[:200].decode(errors="replace")
-                    raise InferError(f"HTTP {r.status}: {msg}")
-        except aiohttp.ClientConnectionError as e:
+            status, data = await self._hot.send(req)
+        except HttpConnectionError as e:
             raise ConnectionLost(f"lost the connection to the server at {self.url} (HTTP: {e})") from None
+        if status != 200:
+            try:
+                msg = json.loads(data.decode()).get("error") or data.decode()
+            except Exception:  # noqa: BLE001
+                msg = data[:200].decode(errors="replace")
+            raise InferError(f"HTTP {status}: {msg}")
 
     def open_stream(self):
         raise PerfError("--streaming needs -i grpc")
 
     async def close(self) -> None:
-        for c in (self.ctl.close(), self._session.close() if self._session else None):
-            if c is None:
-                continue
-            try:
-                await asyncio.wait_for(c, 5)
-            except Exception:  # noqa: BLE001
-                pass
+        self._hot.close()
+        try:
+            await asyncio.wait_for(self.ctl.close(), 5)
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def make_client(protocol: str, url: str) -> GrpcClient | HttpClient:

@@ -2,9 +2,10 @@
 channel, share memory with it, and notice at once when it dies.
 
 Each handle owns the input arena the front-end writes request tensors into and maps the
-worker's output arena. Replies resolve futures by message id; ``stream`` messages go to
-the handler registered for their batch (decoupled models); ``bls`` messages go to the
-pool's BLS handler.
+worker's output arena. A reply goes to the callback registered for its message id, called
+at once from the channel's reader (no event-loop hop: the scheduler hands the freed
+instance its next batch there); ``stream`` messages go to the handler registered for
+their batch (decoupled models); ``bls`` messages go to the pool's BLS handler.
 """
 from __future__ import annotations
 
@@ -27,7 +28,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("triton_shm.workers")
 
 INPUT_CHUNK = 64 << 20
-RELEASE_DELAY = 0.002  # seconds freed output blocks may wait for a message to ride on
+# Freed output blocks wait for a message to ride on, for at most RELEASE_DELAY seconds,
+# or until RELEASE_BYTES of them are waiting: a message of their own wakes the worker,
+# which costs more than the memory they hold for a few milliseconds.
+RELEASE_DELAY = 0.02
+RELEASE_BYTES = 8 << 20
 
 
 class WorkerHandle:
@@ -37,11 +42,13 @@ class WorkerHandle:
         self.sock: socket.socket | None = None
         self.arena: Arena | None = None
         self.outputs = SegmentMap()
-        self._pending: dict[int, asyncio.Future] = {}
+        # message id -> what gets its reply: the reply dict, or an exception if the worker dies
+        self._pending: dict[int, Callable[[dict[str, Any] | Exception], None]] = {}
         # decoupled batches: message id -> handler of its "stream" messages (None = worker died)
         self._streams: dict[int, Callable[[dict[str, Any] | None], None]] = {}
         self._ids = itertools.count(1)
         self._releases: list[list[int]] = []
+        self._release_bytes = 0
         self._flush_scheduled = False
         self.alive = False
         self.regions: set[int] = set()
@@ -139,13 +146,13 @@ class WorkerHandle:
         log.error("worker '%s' %s; restarting it", self.name, how)
         error = Unavailable(f"worker '{self.name}' {how} while running the request; it is being restarted")
         pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(error)
+        for on_reply in pending.values():
+            _deliver(on_reply, error)
         streams, self._streams = self._streams, {}
         for handler in streams.values():
             handler(None)
         self._releases.clear()
+        self._release_bytes = 0
         self._staged.clear()
         self._cleanup_memory()
         if self.on_death is not None:
@@ -156,7 +163,7 @@ class WorkerHandle:
         if self.sock is None:
             raise Unavailable(f"worker '{self.name}' is not running")
         if self._releases:  # piggyback freed output blocks: no message of their own
-            message["release"], self._releases = self._releases, []
+            message["release"], self._releases, self._release_bytes = self._releases, [], 0
         try:
             channel.send(self.sock, message, fds)
         except BlockingIOError:
@@ -165,20 +172,47 @@ class WorkerHandle:
         except (BrokenPipeError, ConnectionError):
             raise Unavailable(f"worker '{self.name}' is not running") from None
 
-    async def call(self, message: dict[str, Any], fds: list[int] | None = None,
-                   on_stream: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any]:
-        """Send and wait for the reply. ``on_stream`` receives the ``stream`` messages
-        that carry this message's id (decoupled responses), until it drops itself."""
+    def request(self, message: dict[str, Any], on_reply: Callable[[dict[str, Any] | Exception], None],
+                fds: list[int] | None = None,
+                on_stream: Callable[[dict[str, Any] | None], None] | None = None) -> int:
+        """Send a message and return its id. ``on_reply`` gets the reply (or the
+        UNAVAILABLE error if the worker dies first), called synchronously from the channel
+        reader. ``on_stream`` receives the ``stream`` messages that carry this message's id
+        (decoupled responses), until it drops itself."""
         msg_id = message.setdefault("id", self.next_id())
-        fut = self._loop.create_future()
-        self._pending[msg_id] = fut
+        self._pending[msg_id] = on_reply
         if on_stream is not None:
             self._streams[msg_id] = on_stream
         try:
             self.send(message, fds)
+        except BaseException:
+            self._pending.pop(msg_id, None)
+            self._streams.pop(msg_id, None)
+            raise
+        return msg_id
+
+    def forget(self, msg_id: int) -> None:
+        """Nobody waits for this message's reply any more."""
+        self._pending.pop(msg_id, None)
+
+    async def call(self, message: dict[str, Any], fds: list[int] | None = None,
+                   on_stream: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any]:
+        """Send and wait for the reply; an error reply is raised."""
+        fut = self._loop.create_future()
+
+        def on_reply(reply: dict[str, Any] | Exception) -> None:
+            if fut.done():
+                return
+            if isinstance(reply, Exception):
+                fut.set_exception(reply)
+            else:
+                fut.set_result(reply)
+
+        msg_id = self.request(message, on_reply, fds, on_stream)
+        try:
             reply = await fut
         finally:
-            self._pending.pop(msg_id, None)
+            self.forget(msg_id)
         if "error" in reply:
             raise TritonShmError.from_wire(reply["error"])
         return reply
@@ -196,9 +230,9 @@ class WorkerHandle:
                 return
             op = msg.get("op")
             if op is None:
-                fut = self._pending.get(msg.get("id"))
-                if fut is not None and not fut.done():
-                    fut.set_result(msg)
+                on_reply = self._pending.pop(msg.get("id"), None)
+                if on_reply is not None:
+                    _deliver(on_reply, msg)
             elif op == "stream":
                 handler = self._streams.get(msg.get("id"))
                 if handler is not None:
@@ -249,7 +283,10 @@ class WorkerHandle:
         if not self.alive:
             return
         self._releases.extend(descriptors)
-        if not self._flush_scheduled:  # when no other message goes soon, send them alone
+        self._release_bytes += sum(int(d[2]) for d in descriptors)  # checked by SegmentMap.view
+        if self._release_bytes >= RELEASE_BYTES:
+            self._flush_releases()
+        elif not self._flush_scheduled:  # when no other message goes soon, send them alone
             self._flush_scheduled = True
             self._loop.call_later(RELEASE_DELAY, self._flush_releases)
 
@@ -260,3 +297,11 @@ class WorkerHandle:
                 self.send({"op": "release"})
             except TritonShmError:
                 pass  # worker gone: its arena went with it
+
+
+def _deliver(on_reply: Callable[[dict[str, Any] | Exception], None], reply: dict[str, Any] | Exception) -> None:
+    """A reply callback's failure is a bug to log, never a reason to stop reading the channel."""
+    try:
+        on_reply(reply)
+    except Exception:
+        log.exception("handling a worker reply failed")

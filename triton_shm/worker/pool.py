@@ -152,11 +152,14 @@ class WorkerPool:
         await self.workers[worker].call({"op": "ping"})
 
     # -- inference -----------------------------------------------------------------------
-    async def execute_batch(self, mv: "ModelVersion", instance: tuple[str, int],
-                            batch: list["Pending"]) -> tuple[list[InferResponse | Exception], tuple[int, int, int]]:
-        """Run a batch of validated requests on one instance: one control message there
-        and back. Returns one response or error per request, and the worker's
-        (compute_input, compute_infer, compute_output) nanoseconds."""
+    def start_batch(self, mv: "ModelVersion", instance: tuple[str, int], batch: list["Pending"],
+                    done: Callable[[list[InferResponse | Exception], tuple[int, int, int] | None], None]) -> None:
+        """Send a batch of validated requests to one instance: one control message there
+        and back. When the reply arrives, ``done`` gets one response or error per request
+        and the worker's (compute_input, compute_infer, compute_output) nanoseconds, or
+        None for the timing if the batch never ran (worker error or death). ``done`` is
+        called synchronously from the channel reader, so it must not block. Raises if the
+        batch cannot be sent."""
         worker_name, index = instance
         worker = self.workers[worker_name]
         if not worker.alive or worker.arena is None:
@@ -164,38 +167,64 @@ class WorkerPool:
         arena = worker.arena
         blocks: list[Block] = []
         on_stream = self._stream_handler(worker, mv, batch) if mv.decoupled else None
+
+        def free_inputs() -> None:
+            if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
+                for b in blocks:
+                    arena.free(b.segment.id, b.offset, b.size)
+
+        def on_reply(reply: dict[str, Any] | Exception) -> None:
+            free_inputs()
+            if isinstance(reply, Exception) or "error" in reply:
+                error = reply if isinstance(reply, Exception) else TritonShmError.from_wire(reply["error"])
+                done([error] * len(batch), None)
+                return
+            try:
+                results, timing = self._batch_results(worker, mv, batch, reply, on_stream)
+            except TritonShmError as e:
+                results, timing = [e] * len(batch), None
+            done(results, timing)
+
         msg_id = worker.next_id()
         if on_stream is not None:
             for i, p in enumerate(batch):
                 p.stream.cancel = functools.partial(worker.cancel, msg_id, i)
         try:
             messages = [self._request_message(worker, p, blocks) for p in batch]
-            reply = await worker.call({"op": "infer", "id": msg_id, "model": mv.key, "instance": index,
-                                       "requests": messages}, on_stream=on_stream)
-        finally:
-            if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
-                for b in blocks:
-                    arena.free(b.segment.id, b.offset, b.size)
+            worker.request({"op": "infer", "id": msg_id, "model": mv.key, "instance": index, "requests": messages},
+                           on_reply, on_stream=on_stream)
+        except BaseException:
+            free_inputs()
+            raise
+
+    def _batch_results(self, worker: WorkerHandle, mv: "ModelVersion", batch: list["Pending"],
+                       reply: dict[str, Any], on_stream) -> tuple[list[InferResponse | Exception],
+                                                                   tuple[int, int, int]]:
         responses = reply.get("responses")
         if not isinstance(responses, list) or len(responses) != len(batch):
-            raise Internal(f"worker '{worker_name}' answered a batch of {len(batch)} with a malformed reply")
+            raise Internal(f"worker '{worker.name}' answered a batch of {len(batch)} with a malformed reply")
         results: list[InferResponse | Exception | None] = []
         for i, (p, r) in enumerate(zip(batch, responses)):
-            if "error" in r:
+            if not isinstance(r, dict):
+                results.append(Internal(f"worker '{worker.name}' sent a malformed response"))
+            elif "error" in r:
                 error = TritonShmError.from_wire(r["error"])
                 if on_stream is not None:  # the request ends here: its stream gets the error
                     on_stream({"id": reply.get("id"), "index": i, "error": r["error"], "final": True})
                 results.append(error)
-                continue
-            if on_stream is not None:
+            elif on_stream is not None:
                 results.append(None)  # executed; its responses arrive on its stream
-                continue
-            try:
-                results.append(self._response(worker, mv, p, r["outputs"]))
-            except TritonShmError as e:
-                results.append(e)
+            else:
+                try:
+                    results.append(self._response(worker, mv, p, r["outputs"]))
+                except Exception as e:  # the worker is not trusted: a malformed entry fails its request
+                    results.append(e if isinstance(e, TritonShmError)
+                                   else Internal(f"worker '{worker.name}' sent a malformed response: {e}"))
         timing = reply.get("timing") or (0, 0, 0)
-        return results, (int(timing[0]), int(timing[1]), int(timing[2]))
+        try:
+            return results, (int(timing[0]), int(timing[1]), int(timing[2]))
+        except (TypeError, ValueError, IndexError):
+            raise Internal(f"worker '{worker.name}' sent a malformed timing") from None
 
     def _stream_handler(self, worker: WorkerHandle, mv: "ModelVersion",
                         batch: list["Pending"]) -> Callable[[dict[str, Any] | None], None]:
@@ -275,8 +304,8 @@ class WorkerPool:
                         raise Internal(f"worker misplaced output '{name}' bound for shared memory")
                     outputs.append(OutputTensor(name, datatype, list(shape), b"", in_shared_memory=True))
                     continue
+                view = worker.outputs.view(desc)  # checks the descriptor against the worker's segments
                 descriptors.append(desc)
-                view = worker.outputs.view(desc)
                 _check_output_size(name, datatype, shape, view)
                 outputs.append(OutputTensor(name, datatype, list(shape), view))
         except Exception:

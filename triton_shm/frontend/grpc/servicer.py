@@ -10,12 +10,11 @@ import logging
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import grpc
-from google.protobuf import json_format
 
 from ..._proto import grpc_service_pb2 as pb
 from ..._proto import grpc_service_pb2_grpc as pb_grpc
 from ...errors import GRPC_STATUS, TritonShmError
-from .codec import decode_infer_request, encode_infer_response
+from .codec import decode_infer_request, encode_infer_response, encode_model_statistics
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
@@ -111,7 +110,7 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
                               context: _Ctx) -> pb.ModelStatisticsResponse:
         stats = self.service.model_statistics(request.name, request.version)
-        return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+        return encode_model_statistics(stats)
 
     @_rpc
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
