@@ -26,7 +26,7 @@ Scenarios:
   large     identity, one FP32 tensor of 1 MiB and of 16 MiB; gRPC in-band and through
             system shared memory, at concurrency 1
   batching  a batch-friendly model (per-call overhead + one matmul per batch) at
-            concurrency 16, dynamic batching off and on
+            concurrency 16, dynamic batching off and on, over gRPC and HTTP
 """
 from __future__ import annotations
 
@@ -138,12 +138,10 @@ SCENARIOS: dict[str, list[Case]] = {
              ["--shape", "INPUT0:4194304", "--concurrency-range", "1", "--shared-memory", "system",
               "--output-shared-memory-size", str(16 << 20)]),
     ],
-    "batching": [
-        Case("matmul 256x256, gRPC, concurrency 16, dynamic batching off", "matmul_nobatch",
-             ["--concurrency-range", "16"]),
-        Case("matmul 256x256, gRPC, concurrency 16, dynamic batching on", "matmul_batch",
-             ["--concurrency-range", "16"]),
-    ],
+    "batching": [Case(f"matmul 256x256, {name}, concurrency 16, dynamic batching {state}", model,
+                      ["--concurrency-range", "16"], protocol)
+                 for protocol, name in (("grpc", "gRPC"), ("http", "HTTP"))
+                 for state, model in (("off", "matmul_nobatch"), ("on", "matmul_batch"))],
 }
 
 
@@ -309,6 +307,22 @@ def table(cases: list[Case], med: dict, generator: str) -> str:
     return "\n".join(lines)
 
 
+def batching_gains(cases: list[Case], med: dict, generators: list[str]) -> str:
+    """Throughput with dynamic batching on / off, per protocol and generator, for each server."""
+    pairs = [(off, on) for off in cases for on in cases
+             if "dynamic batching off" in off.label and on.label == off.label.replace("batching off", "batching on")]
+    if not pairs:
+        return ""
+    lines = ["| load generator | case | triton-shm gain (on / off) | Triton gain (on / off) |", "|---|---|---|---|"]
+    for g in generators:
+        for off, on in pairs:
+            gain = {k: med[(k, g, on.label)]["throughput"] / med[(k, g, off.label)]["throughput"]
+                    for k in ("triton-shm", "triton")}
+            lines.append(f"| {GENERATORS[g]} | {off.label.replace(', dynamic batching off', '')} "
+                         f"| {gain['triton-shm']:.2f}x | {gain['triton']:.2f}x |")
+    return "#### dynamic batching gain\n\n" + "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scenarios", default="small,large,batching")
@@ -341,7 +355,10 @@ def main() -> None:
                 finally:
                     server.stop()
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
-    print("\n\n".join(f"### driven by {GENERATORS[g]}\n\n{table(cases, med, g)}" for g in generators))
+    print("\n\n".join(f"#### driven by {GENERATORS[g]}\n\n{table(cases, med, g)}" for g in generators))
+    gains = batching_gains(cases, med, generators)
+    if gains:
+        print(f"\n{gains}")
 
 
 if __name__ == "__main__":

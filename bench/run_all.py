@@ -13,7 +13,7 @@ STEPS = [
     ("IPC round trip", ["ipc_rtt.py", "--n", "20000"]),
     ("One memcpy", ["memcpy.py", "--mib", "16"]),
     ("Batch assembler", ["assembler.py"]),
-    ("triton-shm vs Triton 2.51 (perf_analyzer)", ["compare_triton.py", "--rounds", "2"]),
+    ("triton-shm vs Triton 2.51 (perf_analyzer and triton-shm perf)", ["compare_triton.py", "--rounds", "2", "--interval-ms", "2000"]),
     ("Scheduler cost per request", ["scheduler_cost.py"]),
     ("Ensemble vs three client calls", ["ensemble.py"]),
     ("Model load and reload", ["model_load.py"]),
