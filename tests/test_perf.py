@@ -160,6 +160,13 @@ def test_server_unreachable(proto):
     assert_clean_failure(p, "cannot reach the server")
 
 
+def test_http_url_with_scheme(server):
+    p = perf("-m", "identity_fp32", "-i", "http", "-u", f"https://{server.http_url}", *SHORT)
+    assert_clean_failure(p, "only http:// URLs")
+    p = perf("-m", "identity_fp32", "-i", "http", "-u", f"http://{server.http_url}", *SHORT)
+    assert p.returncode == 0, p.stderr
+
+
 def test_dynamic_shape_needs_shape_flag(server, tmp_path):
     p = perf("-m", "identity_dyn", "-u", server.grpc_url, *SHORT)
     assert_clean_failure(p, "INPUT0", "--shape")

@@ -240,8 +240,13 @@ class HttpClient(_Base):
     def __init__(self, url: str):
         super().__init__(url)
         import tritonclient.http.aio as httpaio
-        self.ctl = httpaio.InferenceServerClient(url, conn_timeout=DEFAULT_TIMEOUT_S)
-        self._hot = Http1Client(url)
+        try:
+            self._hot = Http1Client(url)
+        except ValueError as e:
+            raise PerfError(str(e)) from None
+        # tritonclient takes host:port only (it fails on a scheme)
+        self.ctl = httpaio.InferenceServerClient(self._hot.authority + self._hot.base_path,
+                                                 conn_timeout=DEFAULT_TIMEOUT_S)
 
     async def _ctl(self, what: str, coro):
         try:
