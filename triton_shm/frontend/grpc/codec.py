@@ -47,6 +47,8 @@ _WIRE_DTYPE = {"BOOL": "?", "INT8": "<i1", "INT16": "<i2", "INT32": "<i4", "INT6
 
 # -- parameters ----------------------------------------------------------------------------
 def decode_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, ParamValue]:
+    if not len(params):  # the common case; iterating a protobuf map costs more than asking its size
+        return {}
     out: dict[str, ParamValue] = {}
     for key, param in params.items():
         which = param.WhichOneof("parameter_choice")
@@ -115,7 +117,7 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
     # Raw entries belong, in order, to the inputs that carry data in the message: an
     # input in shared memory takes none (tritonclient sends none for it, and Triton
     # consumes them the same way).
-    raw_users = [t for t in msg.inputs if not any(k in t.parameters for k in _SHM_KEYS)]
+    raw_users = [t for t in msg.inputs if not (len(t.parameters) and any(k in t.parameters for k in _SHM_KEYS))]
     if raw and len(raw) != len(raw_users):
         raise InvalidArgument(
             f"expected {len(raw_users)} raw_input_contents entries (one per input not in "
