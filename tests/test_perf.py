@@ -109,6 +109,21 @@ def test_concurrency_range_csv(server, proto, tmp_path):
     assert "[concurrency 1] window 1/3" in p.stderr                     # progress on stderr
 
 
+@pytest.mark.parametrize("proto", ["grpc", "http"])
+def test_large_tensors_in_band(server, proto, tmp_path):
+    """16 MiB requests and responses: beyond the HTTP/2 flow-control windows and frame sizes
+    (the gRPC hot path must wait for WINDOW_UPDATEs), several in flight on one connection.
+    The server checks every request's byte size against its shape, so a lost or duplicated
+    byte is an error."""
+    out = tmp_path / "large.csv"
+    p = perf("-m", "identity_dyn", "-i", proto, "-u", url(server, proto), "--shape", "INPUT0:4194304",
+             "--concurrency-range", "3", "--measurement-interval", "1500", "--max-trials", "3",
+             "--stability-percentage", "100", "-f", str(out), timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    row = read_csv(out)[0]
+    assert row["Errors"] == "0" and float(row["Inferences/Second"]) > 0
+
+
 def test_request_rate_poisson_batched_json_input(server, tmp_path):
     data = tmp_path / "data.json"
     data.write_text(json.dumps({"data": [{"INPUT0": list(range(16)), "INPUT1": [1.0] * 16},

@@ -2,9 +2,10 @@
 
 The control plane (health, metadata, config, statistics, shared-memory registration) goes
 through ``tritonclient.grpc.aio`` / ``tritonclient.http.aio``. The hot path sends a request
-built once (a ``ModelInferRequest`` protobuf, or the bytes of an HTTP request with the binary
-tensor extension, sent by :mod:`.http1`) so that the client spends as little CPU per request
-as it can, as perf_analyzer does.
+built once (a serialized ``ModelInferRequest`` sent by :mod:`.grpc_h2`, or the bytes of an
+HTTP request with the binary tensor extension sent by :mod:`.http1`) so that the client
+spends as little CPU per request as it can, as perf_analyzer does. The gRPC stream
+(``--streaming``) uses grpcio.
 """
 from __future__ import annotations
 
@@ -12,13 +13,19 @@ import asyncio
 import itertools
 import json
 from collections import OrderedDict
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import PerfError
+from .grpc_h2 import GRPC_UNAVAILABLE, GrpcCallError, GrpcH2Client, H2Error
 from .http1 import Http1Client, HttpConnectionError
 from .inputs import InputTensor
 
 DEFAULT_TIMEOUT_S = 10.0
+MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_GRPC_CODES = {1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED", 5: "NOT_FOUND",
+               6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED", 9: "FAILED_PRECONDITION",
+               10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED", 13: "INTERNAL", 14: "UNAVAILABLE",
+               15: "DATA_LOSS", 16: "UNAUTHENTICATED"}
 
 
 class InferError(Exception):
@@ -31,6 +38,13 @@ class ConnectionLost(PerfError):
 
 class StreamingUnsupported(PerfError):
     pass
+
+
+class PreparedGrpc(NamedTuple):
+    """A request built once: the protobuf (for the stream, which tags each copy with an id)
+    and its serialized bytes (for unary calls)."""
+    message: Any
+    wire: bytes
 
 
 class _Base:
@@ -59,7 +73,11 @@ class GrpcClient(_Base):
         self.ctl = grpcaio.InferenceServerClient(url, channel_args=opts)
         import grpc.aio
         self._channel = grpc.aio.insecure_channel(url, options=opts)
-        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)  # the stream
+        host, _, port = url.rpartition(":")
+        if not host or not port.isdigit():
+            raise PerfError(f"-u for gRPC is host:port, not {url!r}")
+        self._hot = GrpcH2Client(host.strip("[]"), int(port))
 
     async def _ctl(self, what: str, coro):
         try:
@@ -118,19 +136,24 @@ class GrpcClient(_Base):
             o.name = out_name
             o.parameters["shared_memory_region"].string_param = region
             o.parameters["shared_memory_byte_size"].int64_param = size
-        return req
+        return PreparedGrpc(req, req.SerializeToString())
 
-    async def infer(self, req: Any) -> None:
-        import grpc
+    async def infer(self, req: "PreparedGrpc") -> None:
         try:
-            await self._stub.ModelInfer(req)
-        except grpc.aio.AioRpcError as e:
-            raise _grpc_error(e, self.url) from None
+            await self._hot.unary(MODEL_INFER, req.wire)
+        except H2Error as e:
+            raise ConnectionLost(f"lost the connection to the server at {self.url} (gRPC: {e})") from None
+        except GrpcCallError as e:
+            if e.code == GRPC_UNAVAILABLE:
+                raise ConnectionLost(f"lost the connection to the server at {self.url} "
+                                     f"(gRPC UNAVAILABLE: {e.message})") from None
+            raise InferError(f"{_GRPC_CODES.get(e.code, str(e.code))}: {e.message}") from None
 
     def open_stream(self) -> "GrpcStream":
         return GrpcStream(self._stub, self._pb, self.url)
 
     async def close(self) -> None:
+        self._hot.close()
         for c in (self.ctl.close(), self._channel.close()):
             try:
                 await asyncio.wait_for(c, 5)
@@ -202,11 +225,11 @@ class GrpcStream:
         except Exception as e:  # noqa: BLE001
             self._fail_all(self._translate(e))
 
-    async def infer(self, req: Any) -> None:
+    async def infer(self, req: "PreparedGrpc") -> None:
         if self._failure is not None:
             raise self._failure
         r = self._pb.ModelInferRequest()
-        r.CopyFrom(req)
+        r.CopyFrom(req.message)
         r.id = str(next(self._ids))
         fut = asyncio.get_running_loop().create_future()
         self._pending[r.id] = fut
