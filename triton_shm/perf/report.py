@@ -89,7 +89,7 @@ def check_plot_available() -> None:
         import matplotlib  # noqa: F401
     except ImportError:
         raise UsageError("--plot needs matplotlib, which is not installed; install it "
-                         "(pip install matplotlib) or drop --plot") from None
+                         "(pip install 'triton-shm[plot]' or pip install matplotlib) or drop --plot") from None
 
 
 def write_plot(path: str, results: list[Result], percentile: float | None) -> None:
