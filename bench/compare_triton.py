@@ -211,7 +211,7 @@ class Server:
         # On this 2-vCPU machine, shared with the load generator, numpy's OpenBLAS worker thread
         # spin-waits between the batching model's matmuls and takes ~65% of a core in either
         # server's model process (Triton's stub, our worker). Both servers get the same setting.
-        env = {**env, "OPENBLAS_NUM_THREADS": "1"}
+        env = {**(os.environ if env is None else env), "OPENBLAS_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

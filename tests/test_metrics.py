@@ -397,3 +397,93 @@ def test_cpu_and_gpu_metrics_can_be_turned_off(tmp_path):
     finally:
         assert srv.stop() == 0
     assert port_refuses(port)  # closed on shutdown
+
+
+# --------------------------------------------------------------------------- latency summaries
+SUMMARY_HELP = {
+    "nv_inference_request_summary_us":
+        "Summary of inference request duration in microseconds (includes cached requests)",
+    "nv_inference_queue_summary_us":
+        "Summary of inference queuing duration in microseconds (includes cached requests)",
+    "nv_inference_compute_input_summary_us":
+        "Cumulative compute input duration in microseconds (does not include cached requests)",
+    "nv_inference_compute_infer_summary_us":
+        "Cumulative compute inference duration in microseconds (does not include cached requests)",
+    "nv_inference_compute_output_summary_us":
+        "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+}
+
+
+def test_metrics_config_parses_tritonserver_settings():
+    from triton_shm.frontend.metrics import DEFAULT_QUANTILES, MetricsConfig
+    c = MetricsConfig.parse([])
+    assert c.counter_latencies and not c.summary_latencies and c.summary_quantiles == DEFAULT_QUANTILES
+    c = MetricsConfig.parse(["summary_latencies=true", "counter_latencies=false",
+                             'summary_quantiles="0.5:0.05,0.99:0.001"'])
+    assert c.summary_latencies and not c.counter_latencies and c.summary_quantiles == (0.5, 0.99)
+    for bad, needle in [("summary_latencies", "expected <setting>=<value>"), ("histogram=true", "unknown setting"),
+                        ("summary_latencies=maybe", "true or false"), ("summary_quantiles=1.5:0.1", "within [0, 1]"),
+                        ("summary_quantiles=half:0.1", "<quantile>:<error>")]:
+        with pytest.raises(ValueError, match=re.escape(needle)):
+            MetricsConfig.parse([bad])
+
+
+def test_latency_summary_quantiles_over_a_sliding_window():
+    from triton_shm.core.statistics import SUMMARY_MAX_AGE_S, LatencySummary
+    s = LatencySummary()
+    assert all(v != v for v in s.quantiles((0.5,), 0.0))  # NaN while empty
+    for i, v in enumerate(range(1, 101)):  # 1..100 µs over the first 10 s
+        s.observe(v, i * 0.1)
+    assert s.count == 100 and s.sum == 5050
+    assert s.quantiles((0.5, 0.9, 0.99), 10.0) == [50.0, 90.0, 99.0]
+    for i in range(10):  # much later: only these are in the window, count and sum stay cumulative
+        s.observe(1000 + i, SUMMARY_MAX_AGE_S + 30 + i)
+    assert s.quantiles((0.5,), SUMMARY_MAX_AGE_S + 40) == [1004.0]
+    assert s.count == 110 and s.sum == 5050 + sum(1000 + i for i in range(10))
+
+
+def test_summaries_on_the_metrics_port(tmp_path):
+    """summary_latencies=true: Triton's five summary families, with _count/_sum agreeing
+    with the statistics endpoint and quantiles that see the slow requests;
+    counter_latencies=false drops the latency counters."""
+    repo = build_repo(tmp_path / "models")
+    port = free_port()
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
+        "--allow-metrics", "true", "--metrics-port", str(port), "--metrics-config", "summary_latencies=true",
+        "--metrics-config", "summary_quantiles=0.5:0.05,0.95:0.01", "--metrics-config=counter_latencies=false"]).start()
+    try:
+        client = httpclient.InferenceServerClient(srv.http_url)
+        for i in range(20):  # 18 fast requests, 2 that take 300 ms
+            client.infer("flaky", flaky_input(httpclient, 0.3 if i in (5, 15) else 0.0))
+        text = scrape_text(port)
+        for name, help_text in SUMMARY_HELP.items():
+            assert f"# HELP {name} {help_text}\n# TYPE {name} summary\n" in text
+        assert "nv_inference_request_duration_us" not in text and "nv_inference_queue_duration_us" not in text
+        assert "nv_inference_request_success" in text  # the counts stay
+        samples = parse(text)
+        success = stats_of(srv, "flaky")["inference_stats"]["success"]
+        name = "nv_inference_request_summary_us"
+        assert model_value(samples, f"{name}_count", "flaky") == success["count"] == 20
+        assert abs(model_value(samples, f"{name}_sum", "flaky") - success["ns"] / 1000) <= 20  # µs rounding
+        p50, p95 = (model_value(samples, name, "flaky", quantile=q) for q in ("0.5", "0.95"))
+        assert p50 < 100_000 and p95 >= 300_000  # 2 of 20 are slow: the median is fast, p95 is slow
+        assert key(name, model="flaky", version="1", quantile="0.99") not in samples  # only the asked quantiles
+        infer = "nv_inference_compute_infer_summary_us"
+        assert model_value(samples, f"{infer}_count", "flaky") == 20
+        assert model_value(samples, f"{infer}_sum", "flaky") >= 600_000  # the two 300 ms executions
+        assert f'{name}{{model="flaky",version="1",quantile="0.5"}}' in text  # quantile last, as Triton prints
+        # add_sub never ran: NaN quantiles, zero count, as a summary without observations reads
+        assert model_value(samples, f"{name}_count", "add_sub") == 0
+    finally:
+        assert srv.stop() == 0
+
+
+def test_bad_metrics_config_stops_the_server_clearly(tmp_path):
+    repo = build_repo(tmp_path / "models")
+    srv = ServerProcess(repo, tmp_path / "server.log",
+                        extra_args=["--allow-metrics", "true", "--metrics-port", str(free_port()),
+                                    "--metrics-config", "summary_latencies=perhaps"])
+    with pytest.raises(RuntimeError, match="exited with 1"):
+        srv.start()
+    assert "summary_latencies=perhaps: expected true or false" in srv.log()
+    assert "Traceback" not in srv.log()

@@ -39,6 +39,7 @@ class ServerOptions:
     allow_gpu_metrics: bool = True
     metrics_address: str | None = None
     metrics_interval_ms: float = 2000.0
+    metrics_config: list[str] = field(default_factory=list)
     http_max_input_size: int = 64 * 1024 * 1024
     exit_timeout_secs: int = 30
     log_verbose: int = 0
@@ -84,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="address the metrics server binds (default: same as --http-address)")
     add("--metrics-interval-ms", type=float, default=2000.0, metavar="MS",
         help="how often CPU/GPU metrics are sampled, in milliseconds (default 2000)")
+    add("--metrics-config", dest="metrics_config", action="append", default=[], metavar="SETTING=VALUE",
+        help="as in tritonserver (repeatable): summary_latencies=true adds latency summaries "
+             "(nv_inference_*_summary_us, quantiles over the last 60 s), summary_quantiles=0.5:0.05,0.99:0.001 "
+             "picks their quantiles, counter_latencies=false drops the latency counters")
     add("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
         help="largest HTTP request body accepted, after decompression (default 64 MiB)")
     add("--exit-timeout-secs", type=int, default=30, metavar="SECONDS",

@@ -14,6 +14,7 @@ from .core.settings import install_logging
 from .core.shm_registry import SharedMemoryRegistry
 from .core.tracing import Tracer
 from .errors import TritonShmError
+from .frontend.metrics import MetricsConfig, start_metrics
 from .worker.devices import parse_gpus
 from .worker.pool import WorkerPool
 
@@ -24,8 +25,10 @@ async def serve(options: ServerOptions) -> int:
     gpus = parse_gpus(options.gpus)
     pool = WorkerPool(gpus, options.log_verbose)
     repository = ModelRepository(options.model_repositories, gpu_count=len(gpus))
+    metrics_config = MetricsConfig.parse(options.metrics_config)
     models = ModelManager(repository, pool, mode=options.model_control_mode, poll_secs=options.repository_poll_secs,
-                          load_threads=options.model_load_thread_count)
+                          load_threads=options.model_load_thread_count,
+                          latency_summaries=options.allow_metrics and metrics_config.summary_latencies)
     service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
                                strict_readiness=options.strict_readiness)
     service.tracer = Tracer.from_config(options.trace_config)
@@ -45,11 +48,11 @@ async def serve(options: ServerOptions) -> int:
                       "; ".join(failed))
             return 1
         if options.allow_metrics:  # first, so it answers once HTTP reports ready
-            from .frontend.metrics import start_metrics
             address = options.metrics_address or options.http_address
             runners.append(("Metrics", await start_metrics(
                 repository, address, options.metrics_port, cpu=options.allow_cpu_metrics,
-                gpu=options.allow_gpu_metrics, interval_ms=options.metrics_interval_ms, gpus=gpus)))
+                gpu=options.allow_gpu_metrics, interval_ms=options.metrics_interval_ms, gpus=gpus,
+                config=metrics_config)))
             log.info("Started Metrics Service at %s:%d", address, options.metrics_port)
         if options.allow_http:
             from .frontend.http.app import start_http

@@ -73,11 +73,12 @@ def write_override_files(name: str, files: dict[str, bytes]) -> Path:
 
 class ModelManager:
     def __init__(self, repository: ModelRepository, pool: "WorkerPool", *, mode: str = "none",
-                 poll_secs: float = 15.0, load_threads: int = 4):
+                 poll_secs: float = 15.0, load_threads: int = 4, latency_summaries: bool = False):
         if mode not in MODES:
             raise ValueError(f"--model-control-mode must be one of {', '.join(MODES)}, got '{mode}'")
         self.repository, self.pool, self.mode = repository, pool, mode
         self.poll_secs = poll_secs
+        self.latency_summaries = latency_summaries  # keep per-request latencies for metric summaries
         self._load_slots = asyncio.Semaphore(max(load_threads, 1))
         self._generations = itertools.count(1)
         self._poll_task: asyncio.Task | None = None
@@ -248,6 +249,8 @@ class ModelManager:
                 check_batching_config(config)
             mv.set_config(config)
             mv.stats = ModelStats(mv.name, str(mv.version))
+            if self.latency_summaries:
+                mv.stats.enable_summaries()
             if ensemble:
                 mv.scheduler = EnsembleScheduler(mv, self.repository, mv.stats)
             else:

@@ -6,9 +6,13 @@ it at scrape time, so the two always agree).
 """
 from __future__ import annotations
 
+import collections
 import time
+from array import array
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
            "cache_miss")
@@ -34,6 +38,50 @@ class BatchStats:
     compute_output: Duration = field(default_factory=Duration)
 
 
+# Latency summaries (``--metrics-config summary_latencies=true``): the phases they follow,
+# and the sliding window their quantiles cover.
+SUMMARY_PHASES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
+SUMMARY_MAX_AGE_S = 60.0
+SUMMARY_AGE_BUCKETS = 5
+
+
+class LatencySummary:
+    """One latency's summary, in microseconds: count and sum since start, and quantiles
+    over the observations of the last ``SUMMARY_MAX_AGE_S`` seconds. Observations go to
+    the newest of ``SUMMARY_AGE_BUCKETS`` buckets that rotate as time passes (as
+    prometheus-cpp's summaries age out), and quantiles are computed exactly when asked."""
+
+    __slots__ = ("count", "sum", "_buckets")
+    MAX_PER_BUCKET = 1 << 16  # beyond this a bucket keeps a rolling subset (bounded memory)
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum = 0
+        self._buckets: collections.deque[tuple[float, array]] = collections.deque()
+
+    def observe(self, value_us: int, now: float) -> None:
+        self.count += 1
+        self.sum += value_us
+        span = SUMMARY_MAX_AGE_S / SUMMARY_AGE_BUCKETS
+        if not self._buckets or now - self._buckets[-1][0] >= span:
+            self._buckets.append((now, array("d")))
+            while len(self._buckets) > SUMMARY_AGE_BUCKETS:
+                self._buckets.popleft()
+        bucket = self._buckets[-1][1]
+        if len(bucket) < self.MAX_PER_BUCKET:
+            bucket.append(value_us)
+        else:
+            bucket[self.count % self.MAX_PER_BUCKET] = value_us
+
+    def quantiles(self, qs: tuple[float, ...], now: float) -> list[float]:
+        """The values at quantiles ``qs`` of the window (NaN when it holds nothing)."""
+        recent = [b for start, b in self._buckets if now - start < SUMMARY_MAX_AGE_S]
+        values = np.concatenate([np.frombuffer(b, dtype=np.float64) for b in recent]) if recent else np.empty(0)
+        if not values.size:
+            return [float("nan")] * len(qs)
+        return [float(v) for v in np.quantile(values, qs, method="inverted_cdf")]
+
+
 @dataclass(eq=False)
 class ModelStats:
     name: str
@@ -46,6 +94,11 @@ class ModelStats:
     batches: dict[int, BatchStats] = field(default_factory=dict)
     # failures by reason, for nv_inference_request_failure{reason=...}
     failures: dict[str, int] = field(default_factory=dict)
+    # per SUMMARY_PHASES, when latency summaries are on (else None: nothing is kept)
+    summaries: dict[str, LatencySummary] | None = None
+
+    def enable_summaries(self) -> None:
+        self.summaries = {phase: LatencySummary() for phase in SUMMARY_PHASES}
 
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One model execution of ``batch_size`` samples (all requests of one batch)."""
@@ -68,6 +121,10 @@ class ModelStats:
         p["compute_input"].add(input_ns)
         p["compute_infer"].add(infer_ns)
         p["compute_output"].add(output_ns)
+        if self.summaries is not None:
+            now = time.monotonic()
+            for phase, ns in zip(SUMMARY_PHASES, (total_ns, queue_ns, input_ns, infer_ns, output_ns)):
+                self.summaries[phase].observe(ns // 1000, now)
 
     def record_failure(self, total_ns: int, reason: str) -> None:
         self.phases["fail"].add(total_ns)

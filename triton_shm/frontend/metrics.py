@@ -11,10 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from aiohttp import web
 
+from ..core.statistics import SUMMARY_PHASES
 from ..core.system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
 from .http.app import serve_app
 
@@ -60,6 +63,25 @@ _MODEL_SERIES: tuple[tuple[str, str, str, Callable[["ModelStats"], int] | None],
      _us("compute_output")),
 )
 
+# the latency counters above (--metrics-config counter_latencies=false drops them)
+_LATENCY_COUNTERS = {"nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                     "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+                     "nv_inference_compute_output_duration_us"}
+
+# name, HELP (Triton 2.51's texts, "Cumulative" in three of them included), per statistics.SUMMARY_PHASES
+_SUMMARIES = dict(zip(SUMMARY_PHASES, (
+    ("nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)"),
+    ("nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)"),
+    ("nv_inference_compute_input_summary_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_infer_summary_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_output_summary_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
+)))
+
 _PENDING = ("nv_inference_pending_request_count", "gauge",
             "Instantaneous number of pending requests awaiting execution per-model.")
 
@@ -78,6 +100,53 @@ _GPU_SERIES = (
     ("nv_energy_consumption", "counter", "GPU energy consumption in joules since the Triton Server started",
      "energy_j"),
 )
+
+
+# -- --metrics-config ----------------------------------------------------------------------
+DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Triton's ``--metrics-config <setting>=<value>`` flags that this server honours."""
+    counter_latencies: bool = True
+    summary_latencies: bool = False
+    summary_quantiles: tuple[float, ...] = DEFAULT_QUANTILES
+
+    @classmethod
+    def parse(cls, items: Iterable[str]) -> "MetricsConfig":
+        """Raises ValueError with the flag's text on anything it does not understand."""
+        values: dict[str, object] = {}
+        for item in items:
+            key, sep, value = (x.strip() for x in item.partition("="))
+            if not sep or not key:
+                raise ValueError(f"--metrics-config: expected <setting>=<value>, got '{item}'")
+            if key in ("counter_latencies", "summary_latencies"):
+                if value.lower() not in ("true", "false", "1", "0"):
+                    raise ValueError(f"--metrics-config {item}: expected true or false")
+                values[key] = value.lower() in ("true", "1")
+            elif key == "summary_quantiles":
+                values[key] = _parse_quantiles(item, value)
+            else:
+                raise ValueError(f"--metrics-config: unknown setting '{key}' (known: counter_latencies, "
+                                 "summary_latencies, summary_quantiles)")
+        return cls(**values)  # type: ignore[arg-type]
+
+
+def _parse_quantiles(item: str, value: str) -> tuple[float, ...]:
+    """``<quantile>:<error>,...`` (the error is the allowed rank error of a streaming
+    estimate; quantiles here are exact over the window, so it is checked and not needed)."""
+    quantiles = []
+    for part in value.strip("\"'").split(","):
+        q, _, err = part.partition(":")
+        try:
+            qv, ev = float(q), float(err or 0)
+        except ValueError:
+            raise ValueError(f"--metrics-config {item}: expected <quantile>:<error>,...") from None
+        if not 0 <= qv <= 1 or not 0 <= ev <= 1:
+            raise ValueError(f"--metrics-config {item}: quantiles and errors must be within [0, 1]")
+        quantiles.append(qv)
+    return tuple(quantiles)
 
 
 # -- text exposition format --------------------------------------------------------------
@@ -123,10 +192,13 @@ def loaded_versions(repository: "ModelRepository") -> list["ModelVersion"]:
     return sorted(versions, key=lambda m: (m.name, m.version))
 
 
-def render_model_metrics(out: list[str], versions: list["ModelVersion"]) -> None:
+def render_model_metrics(out: list[str], versions: list["ModelVersion"],
+                         config: MetricsConfig = MetricsConfig()) -> None:
     if not versions:
         return
     for name, kind, help_text, value in _MODEL_SERIES:
+        if name in _LATENCY_COUNTERS and not config.counter_latencies:
+            continue
         if value is not None:
             samples = [(_labels(model=mv.name, version=str(mv.version)), value(mv.stats)) for mv in versions]
         else:  # failures, by reason
@@ -138,6 +210,23 @@ def render_model_metrics(out: list[str], versions: list["ModelVersion"]) -> None
                                     failures.get(reason, 0)))
         _family(out, name, kind, help_text, samples)
     _family(out, *_PENDING, [(_labels(model=mv.name, version=str(mv.version)), _queued(mv)) for mv in versions])
+    summarized = [mv for mv in versions if mv.stats.summaries is not None]
+    if config.summary_latencies and summarized:
+        render_summaries(out, summarized, config.summary_quantiles)
+
+
+def render_summaries(out: list[str], versions: list["ModelVersion"], quantiles: tuple[float, ...]) -> None:
+    now = time.monotonic()
+    for phase, (name, help_text) in _SUMMARIES.items():
+        out.append(f"# HELP {name} {help_text}")
+        out.append(f"# TYPE {name} summary")
+        for mv in versions:
+            summary = mv.stats.summaries[phase]
+            labels = _labels(model=mv.name, version=str(mv.version))
+            out.append(f"{name}_count{labels} {summary.count}")
+            out.append(f"{name}_sum{labels} {summary.sum}")
+            for q, v in zip(quantiles, summary.quantiles(quantiles, now)):  # quantile last, as Triton prints it
+                out.append(f'{name}{labels[:-1]},quantile="{q:g}"}} {_number(v)}')
 
 
 def render_cpu_metrics(out: list[str], reading: CpuReading | None) -> None:
@@ -161,8 +250,8 @@ class MetricsCollector:
     """Holds the latest CPU/GPU readings and renders the whole page."""
 
     def __init__(self, repository: "ModelRepository", *, cpu: bool = True, gpu: bool = True,
-                 gpus: list[int] | None = None):
-        self.repository = repository
+                 gpus: list[int] | None = None, config: MetricsConfig = MetricsConfig()):
+        self.repository, self.config = repository, config
         self.cpu = CpuSampler() if cpu else None
         if self.cpu is not None and not self.cpu.available:
             log.info("CPU metrics are not available: no /proc/stat or /proc/meminfo")
@@ -187,7 +276,7 @@ class MetricsCollector:
 
     def render(self) -> str:
         out: list[str] = []
-        render_model_metrics(out, loaded_versions(self.repository))
+        render_model_metrics(out, loaded_versions(self.repository), self.config)
         render_cpu_metrics(out, self.cpu_reading)
         render_gpu_metrics(out, self.gpu_readings)
         return "\n".join(out) + "\n" if out else ""
@@ -231,9 +320,9 @@ def create_metrics_app(collector: MetricsCollector, interval_ms: float = 2000) -
 
 
 async def start_metrics(repository: "ModelRepository", host: str, port: int, *, cpu: bool = True,
-                        gpu: bool = True, interval_ms: float = 2000, gpus: list[int] | None = None
-                        ) -> web.AppRunner:
+                        gpu: bool = True, interval_ms: float = 2000, gpus: list[int] | None = None,
+                        config: MetricsConfig = MetricsConfig()) -> web.AppRunner:
     """Serve ``GET /metrics`` on ``host:port``; stop it with ``await runner.cleanup()``
     (which also stops the sampler)."""
-    collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus)
+    collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus, config=config)
     return await serve_app(create_metrics_app(collector, interval_ms), host, port, shutdown_timeout=1.0)
