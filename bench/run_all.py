@@ -14,6 +14,7 @@ STEPS = [
     ("One memcpy", ["memcpy.py", "--mib", "16"]),
     ("Batch assembler", ["assembler.py"]),
     ("triton-shm vs Triton 2.51 (perf_analyzer and triton-shm perf)", ["compare_triton.py", "--rounds", "2", "--interval-ms", "2000"]),
+    ("The Python gRPC floor", ["grpc_floor.py"]),
     ("Scheduler cost per request", ["scheduler_cost.py"]),
     ("Ensemble vs three client calls", ["ensemble.py"]),
     ("Model load and reload", ["model_load.py"]),
