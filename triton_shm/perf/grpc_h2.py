@@ -323,8 +323,12 @@ class GrpcH2Client:
         return block
 
     async def _connection(self) -> _Connection:
-        if self._conn is not None and self._conn.error is None:
-            return self._conn
+        if self._conn is not None:
+            if self._conn.error is None:
+                return self._conn
+            if self._conn.transport is not None and not self._conn.calls:  # after GOAWAY, earlier calls finish
+                self._conn.transport.close()
+            self._conn = None
         if self._connecting is None:
             self._connecting = asyncio.ensure_future(self._connect())
         try:
