@@ -105,14 +105,12 @@ class Scheduler:
             self.policies[lvl] = _policy(p)
         self.queues: dict[int, collections.deque[Pending]] = {lvl: collections.deque() for lvl in self.policies}
         self.idle: collections.deque[tuple[str, int]] = collections.deque(model.instances)
-        self._busy = 0                          # batches sent and not yet answered
         self._seq = 0
         self._released = 0                      # preserve_ordering: next seq to answer
         self._held: dict[int, Pending] = {}     # finished, waiting for earlier ones
         self._loop = asyncio.get_running_loop()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_ns: int | None = None
-        self._pumping = False
         self._closing = False
 
     # -- admission -----------------------------------------------------------------------
@@ -225,28 +223,22 @@ class Scheduler:
     def _pump(self) -> None:
         """Start every batch that is ready while an instance is free, then set the timer
         for the next moment the queue needs a look on its own."""
-        if self._pumping:  # the outer call's loop sees whatever changed
-            return
-        self._pumping = True
-        try:
+        now = time.monotonic_ns()
+        self._expire(now)
+        wake_ns = None
+        while self.idle and any(self.queues.values()):
+            if self.dynamic and not self._ready_to_go(now):
+                wake_ns = self._oldest_ns() + self.delay_ns
+                break
+            batch = self._take_batch()
+            if not batch:
+                break
+            self._start(batch, self.idle.popleft())
             now = time.monotonic_ns()
-            self._expire(now)
-            wake_ns = None
-            while self.idle and any(self.queues.values()):
-                if self.dynamic and not self._ready_to_go(now):
-                    wake_ns = self._oldest_ns() + self.delay_ns
-                    break
-                batch = self._take_batch()
-                if not batch:
-                    break
-                self._start(batch, self.idle.popleft())
-                now = time.monotonic_ns()
-            deadlines = [p.deadline_ns for q in self.queues.values() for p in q if p.deadline_ns is not None]
-            if deadlines:  # timeouts fire while every instance is busy
-                wake_ns = min(deadlines) if wake_ns is None else min(wake_ns, *deadlines)
-            self._arm(wake_ns)
-        finally:
-            self._pumping = False
+        deadlines = [p.deadline_ns for q in self.queues.values() for p in q if p.deadline_ns is not None]
+        if deadlines:  # timeouts fire while every instance is busy
+            wake_ns = min(deadlines) if wake_ns is None else min(wake_ns, *deadlines)
+        self._arm(wake_ns)
 
     def _arm(self, when_ns: int | None) -> None:
         if when_ns == self._timer_ns:
@@ -263,11 +255,9 @@ class Scheduler:
 
     def _start(self, batch: list[Pending], instance: tuple[str, int]) -> None:
         start = time.monotonic_ns()
-        self._busy += 1
         try:
             self.pool.start_batch(self.model, instance, batch, functools.partial(self._completed, batch, instance, start))
         except Exception as e:  # never leave a client waiting
-            self._busy -= 1
             self.idle.append(instance)
             error = e if isinstance(e, TritonShmError) else TritonShmError(f"internal error: {type(e).__name__}: {e}")
             for p in batch:
@@ -277,7 +267,6 @@ class Scheduler:
                    results: list[Any], timing: tuple[int, int, int] | None) -> None:
         """The worker answered (or died): the instance takes its next batch first, then
         each request gets its result. ``timing`` is None when the model did not run."""
-        self._busy -= 1
         self.idle.append(instance)
         self._pump()
         in_ns, infer_ns, out_ns = timing or (0, 0, 0)
@@ -308,7 +297,7 @@ class Scheduler:
     async def drain(self) -> None:
         """Refuse new requests, serve every queued and running one, then stop."""
         self._closing = True
-        while self._busy or any(self.queues.values()):
+        while len(self.idle) < len(self.model.instances) or any(self.queues.values()):
             self._pump()
             await asyncio.sleep(0.001)
         self._arm(None)

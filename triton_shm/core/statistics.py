@@ -43,6 +43,7 @@ class BatchStats:
 SUMMARY_PHASES = ("request", "queue", "compute_input", "compute_infer", "compute_output")
 SUMMARY_MAX_AGE_S = 60.0
 SUMMARY_AGE_BUCKETS = 5
+_SUMMARY_BUCKET_S = SUMMARY_MAX_AGE_S / SUMMARY_AGE_BUCKETS
 
 
 class LatencySummary:
@@ -62,8 +63,7 @@ class LatencySummary:
     def observe(self, value_us: int, now: float) -> None:
         self.count += 1
         self.sum += value_us
-        span = SUMMARY_MAX_AGE_S / SUMMARY_AGE_BUCKETS
-        if not self._buckets or now - self._buckets[-1][0] >= span:
+        if not self._buckets or now - self._buckets[-1][0] >= _SUMMARY_BUCKET_S:
             self._buckets.append((now, array("d")))
             while len(self._buckets) > SUMMARY_AGE_BUCKETS:
                 self._buckets.popleft()

@@ -69,11 +69,10 @@ class GrpcClient(_Base):
         import tritonclient.grpc.aio as grpcaio
         from tritonclient.grpc import service_pb2, service_pb2_grpc
         self._pb = service_pb2
-        opts = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)]
-        self.ctl = grpcaio.InferenceServerClient(url, channel_args=opts)
-        import grpc.aio
-        self._channel = grpc.aio.insecure_channel(url, options=opts)
-        self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)  # the stream
+        self._pb_grpc = service_pb2_grpc
+        self._opts = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1)]
+        self.ctl = grpcaio.InferenceServerClient(url, channel_args=self._opts)
+        self._channel = None  # grpcio's, opened for --streaming only
         host, _, port = url.rpartition(":")
         if not host or not port.isdigit():
             raise PerfError(f"-u for gRPC is host:port, not {url!r}")
@@ -150,11 +149,16 @@ class GrpcClient(_Base):
             raise InferError(f"{_GRPC_CODES.get(e.code, str(e.code))}: {e.message}") from None
 
     def open_stream(self) -> "GrpcStream":
-        return GrpcStream(self._stub, self._pb, self.url)
+        import grpc.aio
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.url, options=self._opts)
+        return GrpcStream(self._pb_grpc.GRPCInferenceServiceStub(self._channel), self._pb, self.url)
 
     async def close(self) -> None:
         self._hot.close()
-        for c in (self.ctl.close(), self._channel.close()):
+        for c in (self.ctl.close(), self._channel.close() if self._channel is not None else None):
+            if c is None:
+                continue
             try:
                 await asyncio.wait_for(c, 5)
             except Exception:  # noqa: BLE001

@@ -42,7 +42,7 @@ class WorkerHandle:
         self.sock: socket.socket | None = None
         self.arena: Arena | None = None
         self.outputs = SegmentMap()
-        # message id -> what gets its reply: the reply dict, or an exception if the worker dies
+        # message id -> what gets its reply: the reply dict, or an exception (error reply, worker death)
         self._pending: dict[int, Callable[[dict[str, Any] | Exception], None]] = {}
         # decoupled batches: message id -> handler of its "stream" messages (None = worker died)
         self._streams: dict[int, Callable[[dict[str, Any] | None], None]] = {}
@@ -175,9 +175,9 @@ class WorkerHandle:
     def request(self, message: dict[str, Any], on_reply: Callable[[dict[str, Any] | Exception], None],
                 fds: list[int] | None = None,
                 on_stream: Callable[[dict[str, Any] | None], None] | None = None) -> int:
-        """Send a message and return its id. ``on_reply`` gets the reply (or the
-        UNAVAILABLE error if the worker dies first), called synchronously from the channel
-        reader. ``on_stream`` receives the ``stream`` messages that carry this message's id
+        """Send a message and return its id. ``on_reply`` gets the reply, or an exception:
+        the worker's error reply, or UNAVAILABLE if the worker dies first. It is called
+        synchronously from the channel reader. ``on_stream`` receives the ``stream`` messages that carry this message's id
         (decoupled responses), until it drops itself."""
         msg_id = message.setdefault("id", self.next_id())
         self._pending[msg_id] = on_reply
@@ -190,10 +190,6 @@ class WorkerHandle:
             self._streams.pop(msg_id, None)
             raise
         return msg_id
-
-    def forget(self, msg_id: int) -> None:
-        """Nobody waits for this message's reply any more."""
-        self._pending.pop(msg_id, None)
 
     async def call(self, message: dict[str, Any], fds: list[int] | None = None,
                    on_stream: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any]:
@@ -210,12 +206,9 @@ class WorkerHandle:
 
         msg_id = self.request(message, on_reply, fds, on_stream)
         try:
-            reply = await fut
+            return await fut
         finally:
-            self.forget(msg_id)
-        if "error" in reply:
-            raise TritonShmError.from_wire(reply["error"])
-        return reply
+            self._pending.pop(msg_id, None)  # cancelled: nobody waits for the reply any more
 
     def _on_readable(self) -> None:
         while self.sock is not None:
@@ -232,7 +225,7 @@ class WorkerHandle:
             if op is None:
                 on_reply = self._pending.pop(msg.get("id"), None)
                 if on_reply is not None:
-                    _deliver(on_reply, msg)
+                    _deliver(on_reply, TritonShmError.from_wire(msg["error"]) if "error" in msg else msg)
             elif op == "stream":
                 handler = self._streams.get(msg.get("id"))
                 if handler is not None:

@@ -175,9 +175,8 @@ class WorkerPool:
 
         def on_reply(reply: dict[str, Any] | Exception) -> None:
             free_inputs()
-            if isinstance(reply, Exception) or "error" in reply:
-                error = reply if isinstance(reply, Exception) else TritonShmError.from_wire(reply["error"])
-                done([error] * len(batch), None)
+            if isinstance(reply, Exception):
+                done([reply] * len(batch), None)
                 return
             try:
                 results, timing = self._batch_results(worker, mv, batch, reply, on_stream)

@@ -168,7 +168,7 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         self.service.unregister_shm("cuda", request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    # -- not served yet --------------------------------------------------------------------
+    # -- streaming -------------------------------------------------------------------------
     async def ModelStreamInfer(self, request_iterator: Any, context: _Ctx) -> AsyncIterator[Any]:
         """Bidirectional stream: each request is served concurrently and may get any
         number of responses (decoupled models). Errors travel in ``error_message`` and
