@@ -57,6 +57,7 @@ class ServerOptions:
     exit_on_error: bool = True
     model_load_thread_count: int = 4
     model_control_mode: str = "none"
+    grpc_transport: str | None = None  # None: native, or grpcio without C extensions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -119,6 +120,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="how many models load in parallel (default 4)")
     add("--allow-client-shm", type=parse_bool, default=False, metavar="BOOL",
         help="let clients register system/CUDA shared-memory regions (default false)")
+    add("--grpc-transport", choices=["native", "grpcio"], default=None,
+        help="gRPC server: native (our HTTP/2 server on libnghttp2; the default) or grpcio (grpc.aio; "
+             "the default with TRITON_SHM_NO_EXTENSIONS=1)")
     add("--gpus", default=None, metavar="IDS",
         help="comma-separated GPU ids to serve, one worker each (default: all visible GPUs; 'none' for none)")
     return p

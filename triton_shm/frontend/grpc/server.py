@@ -1,45 +1,33 @@
-"""Start the grpc.aio server that serves GRPCInferenceService (and health Check)."""
+"""Start the gRPC server for GRPCInferenceService and health Check, on either transport."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import os
+from typing import TYPE_CHECKING, Any
 
-import grpc
-
-from ..._proto import grpc_service_pb2_grpc as pb_grpc
-from .servicer import GRPCInferenceServicer, health_handler
+from .servicer import methods
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
 
 # Triton's MAX_GRPC_MESSAGE_SIZE; tritonclient sends up to this too.
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+TRANSPORTS = ("native", "grpcio")
 
 
-async def start_grpc(service: "InferenceService", host: str, port: int, *,
-                     max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES) -> grpc.aio.Server:
-    """Bind ``host:port`` and start serving; the caller stops the returned server.
+def default_transport() -> str:
+    # The native transport's protocol engine is a C extension: the pure-Python run of
+    # the suite (TRITON_SHM_NO_EXTENSIONS=1) serves grpc.aio.
+    return "grpcio" if os.environ.get("TRITON_SHM_NO_EXTENSIONS") == "1" else "native"
 
-    Raises OSError when the address cannot be bound.
-    """
-    server = grpc.aio.server(options=[
-        # grpcio's default receive limit is 4 MiB, far below what clients send.
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        # One server per port: without this a second process could silently share it.
-        ("grpc.so_reuseport", 0),
-    ])
-    pb_grpc.add_GRPCInferenceServiceServicer_to_server(GRPCInferenceServicer(service), server)
-    server.add_generic_rpc_handlers((health_handler(service),))
-    address = f"{host}:{port}"
-    try:
-        bound = server.add_insecure_port(address)
-    except RuntimeError as e:  # some grpcio versions raise instead of returning 0
-        bound = 0
-        cause: Exception | None = e
-    else:
-        cause = None
-    if bound == 0:
-        await server.stop(None)
-        raise OSError(f"gRPC server could not bind {address} (address in use or invalid?)") from cause
-    await server.start()
-    return server
+
+async def start_grpc(service: "InferenceService", host: str, port: int, *, transport: str | None = None,
+                     max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES) -> Any:
+    """Bind ``host:port`` and start serving; the caller stops the returned server with
+    ``await server.stop(grace)``. Raises OSError when the address cannot be bound."""
+    transport = transport or default_transport()
+    table = methods(service)
+    if transport == "native":
+        from .native.server import start_native
+        return await start_native(table, host, port, max_message_bytes=max_message_bytes)
+    from .aio import start_aio
+    return await start_aio(table, host, port, max_message_bytes=max_message_bytes)

@@ -1,0 +1,524 @@
+"""One HTTP/2 connection serving gRPC calls: an asyncio Protocol around the protocol engine.
+
+Bytes read from the socket go into the engine; its events become calls (one asyncio
+task each); the engine's output goes back to the transport, in bounded chunks and only
+while the transport is not paused, so a slow reader holds its responses in the engine
+(bounded by its flow-control window and the calls it has open) instead of growing
+the transport's buffer. Receive windows are given back as messages are consumed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
+
+import ngh2
+
+from ..rpc import Method, rpc_status
+from .framing import (
+    ACCEPT_ENCODING,
+    DEADLINE_EXCEEDED,
+    INTERNAL,
+    OK,
+    UNAVAILABLE,
+    UNIMPLEMENTED,
+    GrpcError,
+    MessageReader,
+    compress,
+    encode_message_text,
+    parse_timeout,
+    prefix,
+    supported_encoding,
+)
+
+if TYPE_CHECKING:
+    from .server import NativeServer
+
+log = logging.getLogger(__name__)
+
+WRITE_CHUNK = 256 * 1024  # engine output taken per transport write
+STREAM_SEND_HIGH = 1 << 20  # a stream's queued response bytes before its producer waits
+STREAM_QUEUE_DEPTH = 4  # stream messages read ahead of the handler before windows stop opening
+
+_RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"),
+                     (b"grpc-accept-encoding", ACCEPT_ENCODING))
+_OK_TRAILERS = ((b"grpc-status", b"0"),)
+
+
+class Call:
+    """One stream's gRPC call."""
+
+    __slots__ = ("stream_id", "method", "reader", "task", "timer", "encoding", "send_encoding",
+                 "headers_sent", "finished", "remote_closed", "messages", "queue", "deferred_ack",
+                 "writable")
+
+    def __init__(self, stream_id: int, method: Method, reader: MessageReader, send_encoding: bytes | None):
+        self.stream_id = stream_id
+        self.method = method
+        self.reader = reader
+        self.send_encoding = send_encoding
+        self.task: asyncio.Task | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.headers_sent = False
+        self.finished = False  # our side ended (status sent or stream gone)
+        self.remote_closed = False
+        self.messages: list[bytes] = []  # unary: the request
+        self.queue: asyncio.Queue | None = None  # streams: messages for the handler
+        self.deferred_ack = 0  # stream bytes received but not yet released to the peer
+        self.writable: asyncio.Future | None = None  # set while the handler waits on backpressure
+
+
+class TokenBucket:
+    """Rate limit for control frames a peer can make us answer (PING, SETTINGS)."""
+
+    __slots__ = ("tokens", "burst", "rate", "stamp")
+
+    def __init__(self, burst: float, rate: float):
+        self.tokens = self.burst = burst
+        self.rate = rate
+        self.stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        self.tokens -= 1
+        return self.tokens >= 0
+
+
+class GrpcConnection(asyncio.Protocol):
+    def __init__(self, server: "NativeServer"):
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.h2 = ngh2.Connection(ngh2.Role.SERVER, server.h2_config)
+        self.transport: asyncio.Transport | None = None
+        self.calls: dict[int, Call] = {}
+        self.paused = False
+        self.closed = False
+        self.flush_scheduled = False
+        self.waiting_writers: set[Call] = set()
+        self.control_frames = TokenBucket(*server.control_frame_limit)
+        self.last_read: float | None = None
+        self.ping_timeout: asyncio.TimerHandle | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.shutting_down = False
+        self._dispatch: dict[type, Callable[[Any], None]] = {
+            ngh2.RequestReceived: self._on_request,
+            ngh2.DataReceived: self._on_data,
+            ngh2.StreamReset: self._on_reset,
+            ngh2.StreamClosed: self._on_stream_closed,
+            ngh2.PingReceived: self._on_control_frame,
+            ngh2.SettingsReceived: self._on_control_frame,
+            ngh2.PingAcknowledged: self._on_ping_ack,
+            ngh2.TrailersReceived: self._on_trailers,
+            ngh2.ConnectionClosed: self._on_connection_closed,
+        }
+
+    # -- transport callbacks ------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server.connections.add(self)
+        self.h2.initiate_connection(self.server.settings)
+        self.h2.set_local_window_size(self.server.connection_window)
+        # A peer that never sends its preface (or anything) is dropped; keepalive
+        # pings take over once it is talking.
+        self.idle_timer = self.loop.call_later(self.server.handshake_timeout, self._handshake_check)
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_read = self.loop.time()
+        try:
+            self.h2.receive_data(data)
+        except ngh2.NGH2Error as e:  # fatal for the connection (a flood, a protocol violation)
+            log.debug("gRPC connection failed: %s", e)
+            self._abort()
+            return
+        self._process_events()
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.server.connections.discard(self)
+        for timer in (self.idle_timer, self.ping_timeout):
+            if timer is not None:
+                timer.cancel()
+        for call in list(self.calls.values()):
+            self._drop(call)
+        self.calls.clear()
+        self.server.connection_done()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.flush()
+
+    # -- output ---------------------------------------------------------------------------
+    def schedule_flush(self) -> None:
+        """Coalesce the output of every call answered in this loop iteration."""
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        if self.closed:
+            return
+        h2, transport = self.h2, self.transport
+        try:
+            while not self.paused:
+                out = h2.data_to_send(WRITE_CHUNK)
+                if not out:
+                    break
+                transport.write(out)
+        except ngh2.NGH2Error:
+            self._abort()
+            return
+        self._process_events()
+        if self.waiting_writers:
+            for call in list(self.waiting_writers):
+                if self.h2.queued_body_size(call.stream_id) < STREAM_SEND_HIGH // 2:
+                    self._wake_writer(call)
+        if self.shutting_down and not self.calls and not self.h2.want_write:
+            transport.close()
+
+    def _abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.abort()
+
+    def _process_events(self) -> None:
+        dispatch = self._dispatch
+        for event in self.h2.events():
+            handler = dispatch.get(type(event))
+            if handler is not None:
+                handler(event)
+
+    # -- streams ----------------------------------------------------------------------------
+    def _on_request(self, event: ngh2.RequestReceived) -> None:
+        sid = event.stream_id
+        path = method = content_type = b""
+        timeout = encoding = accept = None
+        for name, value in event.headers:
+            if name == b":path":
+                path = value
+            elif name == b":method":
+                method = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"grpc-timeout":
+                timeout = value
+            elif name == b"grpc-encoding":
+                encoding = value
+            elif name == b"grpc-accept-encoding":
+                accept = value
+        if method != b"POST":
+            self._http_error(sid, b"405")
+            return
+        if not content_type.startswith(b"application/grpc"):
+            self._http_error(sid, b"415")
+            return
+        if self.shutting_down:
+            self.h2.reset_stream(sid, ngh2.ErrorCode.REFUSED_STREAM)
+            return
+        target = self.server.methods.get(path)
+        encoding = None if encoding in (None, b"identity") else encoding
+        send_encoding = None
+        if encoding is not None and accept is not None and encoding in accept.replace(b" ", b"").split(b","):
+            send_encoding = encoding  # answer in the encoding the client chose, if it takes it back
+        call = Call(sid, target, MessageReader(self.server.max_message_bytes, encoding or b"identity"),
+                    send_encoding)  # type: ignore[arg-type]
+        self.calls[sid] = call
+        if event.end_stream:
+            call.remote_closed = True
+        if target is None:
+            self._finish(call, UNIMPLEMENTED, f"unknown method {path.decode('utf-8', 'replace')}")
+            return
+        if encoding is not None and not supported_encoding(encoding):
+            self._finish(call, UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')} is not supported")
+            return
+        if timeout is not None:
+            try:
+                seconds = parse_timeout(timeout)
+            except ValueError as e:
+                self._finish(call, INTERNAL, str(e))
+                return
+            call.timer = self.loop.call_later(seconds, self._deadline, call)
+        if target.streaming:
+            call.queue = asyncio.Queue()
+            if call.remote_closed:
+                call.queue.put_nowait(None)
+            call.task = self.loop.create_task(self._run_stream(call))
+        elif call.remote_closed:
+            self._end_of_request(call)
+
+    def _on_data(self, event: ngh2.DataReceived) -> None:
+        sid, data = event.stream_id, event.data
+        call = self.calls.get(sid)
+        size = len(data)
+        if call is None or call.finished:
+            self._ack(sid, size)  # already answered: give the window back, drop the bytes
+            return
+        try:
+            messages = call.reader.feed(data)
+        except GrpcError as e:
+            self._ack(sid, size)
+            self._finish(call, e.code, e.message)
+            return
+        if call.queue is None:
+            self._ack(sid, size)  # unary: the reader holds it, bounded by the message limit
+            call.messages += messages
+            if len(call.messages) > 1:
+                self._finish(call, INTERNAL, "more than one request message on a unary call")
+                return
+        else:
+            for m in messages:
+                call.queue.put_nowait(m)
+            if call.queue.qsize() < STREAM_QUEUE_DEPTH:
+                self._ack(sid, size + call.deferred_ack)
+                call.deferred_ack = 0
+            else:  # the handler is behind: stop opening the window until it catches up
+                call.deferred_ack += size
+        if event.end_stream:
+            call.remote_closed = True
+            self._end_of_request(call)
+
+    def _on_trailers(self, event: ngh2.TrailersReceived) -> None:
+        call = self.calls.get(event.stream_id)
+        if call is not None and not call.finished:
+            call.remote_closed = True
+            self._end_of_request(call)
+
+    def _end_of_request(self, call: Call) -> None:
+        if call.finished:
+            return
+        if call.reader.pending:
+            self._finish(call, INTERNAL, "request ended inside a message (truncated gRPC message)")
+        elif call.queue is not None:
+            call.queue.put_nowait(None)
+        elif len(call.messages) != 1:
+            self._finish(call, INTERNAL, "unary call ended without a request message")
+        else:
+            call.task = self.loop.create_task(self._run_unary(call, call.messages.pop()))
+
+    def _ack(self, sid: int, size: int) -> None:
+        if size:
+            try:
+                self.h2.acknowledge_received_data(size, sid)
+            except ngh2.NGH2Error:
+                pass  # the stream is gone; the engine accounts the connection window itself
+
+    def _on_reset(self, event: ngh2.StreamReset) -> None:
+        call = self.calls.pop(event.stream_id, None)
+        if call is not None:
+            self._drop(call)
+
+    def _on_stream_closed(self, event: ngh2.StreamClosed) -> None:
+        call = self.calls.pop(event.stream_id, None)
+        if call is not None:
+            self._drop(call)
+        if self.shutting_down and not self.calls:
+            self.schedule_flush()
+
+    def _drop(self, call: Call) -> None:
+        """The stream is gone (reset, closed, disconnect): stop its work."""
+        call.finished = True
+        if call.timer is not None:
+            call.timer.cancel()
+        if call.task is not None and not call.task.done():
+            call.task.cancel()  # cancels the request in the scheduler and the worker
+        self._wake_writer(call)
+
+    def _deadline(self, call: Call) -> None:
+        call.timer = None
+        if not call.finished:
+            if call.task is not None:
+                call.task.cancel()
+            self._finish(call, DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    # -- calls ----------------------------------------------------------------------------------
+    async def _run_unary(self, call: Call, data: bytes) -> None:
+        method = call.method
+        try:
+            response = await method.handler(method.deserialize(data))
+            if call.finished:  # reset or timed out meanwhile; a response may own shared memory
+                release = getattr(response, "release", None)
+                if release is not None:
+                    release()
+                return
+            message = self._frame(method, response, call.send_encoding)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the client must get an answer
+            self._finish(call, *rpc_status(e, method.path))
+            return
+        self._send_message(call, message)
+        self._finish(call, OK, "")
+
+    async def _run_stream(self, call: Call) -> None:
+        method = call.method
+        try:
+            async for reply in method.handler(self._requests(call)):
+                if call.finished:
+                    return
+                self._send_message(call, self._frame(method, reply, call.send_encoding))
+                if self.h2.queued_body_size(call.stream_id) >= STREAM_SEND_HIGH:
+                    call.writable = self.loop.create_future()
+                    self.waiting_writers.add(call)
+                    await call.writable
+            status: tuple[int, str] = (OK, "")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            status = rpc_status(e, method.path)
+        self._finish(call, *status)
+
+    async def _requests(self, call: Call) -> AsyncIterator[Any]:
+        queue, deserialize = call.queue, call.method.deserialize
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            if call.deferred_ack and queue.qsize() < STREAM_QUEUE_DEPTH:
+                self._ack(call.stream_id, call.deferred_ack)
+                call.deferred_ack = 0
+                self.schedule_flush()
+            yield deserialize(item)
+
+    def _wake_writer(self, call: Call) -> None:
+        self.waiting_writers.discard(call)
+        if call.writable is not None and not call.writable.done():
+            call.writable.set_result(None)
+        call.writable = None
+
+    @staticmethod
+    def _frame(method: Method, response: Any, encoding: bytes | None) -> bytes:
+        if encoding is None:
+            return method.serialize(response, True)
+        body = compress(method.serialize(response, False), encoding)
+        return prefix(len(body), True) + body
+
+    def _send_message(self, call: Call, message: bytes) -> None:
+        h2, sid = self.h2, call.stream_id
+        try:
+            if not call.headers_sent:
+                call.headers_sent = True
+                headers = _RESPONSE_HEADERS if call.send_encoding is None else \
+                    (*_RESPONSE_HEADERS, (b"grpc-encoding", call.send_encoding))
+                h2.send_response(sid, headers)
+            h2.send_data(sid, message)
+        except ngh2.NGH2Error:
+            call.finished = True  # the stream went away under us
+        self.schedule_flush()
+
+    def _finish(self, call: Call, code: int, message: str) -> None:
+        """End the call with a status: trailers, or trailers-only when nothing was sent."""
+        if call.finished:
+            return
+        call.finished = True
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        status = [(b"grpc-status", str(code).encode())] if code else list(_OK_TRAILERS)
+        if message:
+            status.append((b"grpc-message", encode_message_text(message)))
+        h2, sid = self.h2, call.stream_id
+        try:
+            if call.headers_sent:
+                h2.send_trailers(sid, status)
+            else:
+                h2.send_response(sid, (*_RESPONSE_HEADERS, *status), end_stream=True)
+            if not call.remote_closed:  # we are done; the client need not send the rest
+                h2.reset_stream(sid, ngh2.ErrorCode.NO_ERROR)
+        except ngh2.NGH2Error:
+            pass
+        self.schedule_flush()
+
+    def _http_error(self, sid: int, status: bytes) -> None:
+        """Not a gRPC request at all: a plain HTTP answer, as gRPC servers give."""
+        try:
+            self.h2.send_response(sid, ((b":status", status),), end_stream=True)
+        except ngh2.NGH2Error:
+            pass
+
+    # -- connection-level -----------------------------------------------------------------------
+    def _on_control_frame(self, event: Any) -> None:
+        if not self.control_frames.take():
+            self._goaway(ngh2.ErrorCode.ENHANCE_YOUR_CALM, b"too_many_pings")
+
+    def _on_ping_ack(self, event: ngh2.PingAcknowledged) -> None:
+        if self.ping_timeout is not None:
+            self.ping_timeout.cancel()
+            self.ping_timeout = None
+
+    def _on_connection_closed(self, event: ngh2.ConnectionClosed) -> None:
+        # The engine has queued its final GOAWAY: write it, then close.
+        self.shutting_down = True
+        for call in list(self.calls.values()):
+            self._drop(call)
+        self.calls.clear()
+        self.loop.call_soon(self._close_after_flush)
+
+    def _close_after_flush(self) -> None:
+        if not self.closed:
+            try:
+                out = self.h2.data_to_send()
+                if out:
+                    self.transport.write(out)
+            except ngh2.NGH2Error:
+                pass
+            self.closed = True
+            self.transport.close()
+
+    def _goaway(self, code: int, debug: bytes) -> None:
+        """Stop the connection now: GOAWAY, then close once it is written."""
+        if self.closed:
+            return
+        try:
+            self.h2.terminate_connection(code)
+        except ngh2.NGH2Error:
+            pass
+        log.warning("gRPC connection from %s closed: %s", self.transport.get_extra_info("peername"),
+                    debug.decode())
+        self._on_connection_closed(None)
+
+    def _handshake_check(self) -> None:
+        if self.last_read is None:  # not even a preface: an idle or stuck client
+            self._abort()
+        elif not self.closed:
+            self.idle_timer = self.loop.call_later(self.server.keepalive_time, self._keepalive)
+
+    def _keepalive(self) -> None:
+        """Ping a connection that went quiet; drop it if the ping is not answered."""
+        if self.closed:
+            return
+        if self.loop.time() - self.last_read >= self.server.keepalive_time and self.ping_timeout is None:
+            try:
+                self.h2.ping()
+            except ngh2.NGH2Error:
+                self._abort()
+                return
+            self.ping_timeout = self.loop.call_later(self.server.keepalive_timeout, self._abort)
+            self.flush()
+        self.idle_timer = self.loop.call_later(self.server.keepalive_time, self._keepalive)
+
+    def begin_shutdown(self) -> None:
+        """GOAWAY: no new calls; the open ones finish, then the connection closes."""
+        self.shutting_down = True
+        try:
+            self.h2.send_goaway(ngh2.ErrorCode.NO_ERROR)
+        except ngh2.NGH2Error:
+            pass
+        self.flush()
+
+    def cancel_calls(self) -> None:
+        for call in list(self.calls.values()):
+            if not call.finished:
+                if call.task is not None:
+                    call.task.cancel()
+                self._finish(call, UNAVAILABLE, "server is shutting down")
+        self.flush()
+        if not self.closed:
+            self.transport.close()
