@@ -165,7 +165,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, raw: list[memoryview] | None
 # -- wire bytes ----------------------------------------------------------------------------
 _RAW_INPUT_TAG = (7 << 3) | 2  # ModelInferRequest.raw_input_contents, length-delimited
 _RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents (field 6, length-delimited)
-_STREAM_RESPONSE_TAG = b"\x0a"  # ModelStreamInferResponse.infer_response (field 1)
+_STREAM_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response (field 2)
 # Below this, parsing everything with upb costs less than splitting the raw contents off.
 SPLIT_THRESHOLD = 64 * 1024
 
