@@ -37,9 +37,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-WRITE_CHUNK = 256 * 1024  # engine output taken per transport write
+WRITE_CHUNK = 256 * 1024
+RECEIVE_SLICE = 64 * 1024  # most input fed to the engine between two flushes  # engine output taken per transport write
 STREAM_SEND_HIGH = 1 << 20  # a stream's queued response bytes before its producer waits
-STREAM_QUEUE_DEPTH = 4  # stream messages read ahead of the handler before windows stop opening
+STREAM_QUEUE_DEPTH = 4
+LINGER_SECONDS = 1.0  # reading on after our final GOAWAY  # stream messages read ahead of the handler before windows stop opening
 
 _RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"),
                      (b"grpc-accept-encoding", ACCEPT_ENCODING))
@@ -98,6 +100,7 @@ class GrpcConnection(asyncio.Protocol):
         self.closed = False
         self.flush_scheduled = False
         self.waiting_writers: set[Call] = set()
+        self.pending_resets: list[int] = []
         self.control_frames = TokenBucket(*server.control_frame_limit)
         self.last_read: float | None = None
         self.ping_timeout: asyncio.TimerHandle | None = None
@@ -127,14 +130,29 @@ class GrpcConnection(asyncio.Protocol):
         self.flush()
 
     def data_received(self, data: bytes) -> None:
-        self.last_read = self.loop.time()
-        try:
-            self.h2.receive_data(data)
-        except ngh2.NGH2Error as e:  # fatal for the connection (a flood, a protocol violation)
-            log.debug("gRPC connection failed: %s", e)
-            self._abort()
+        if self.closed:  # lingering after GOAWAY: input is read and dropped
             return
-        self._process_events()
+        self.last_read = self.loop.time()
+        h2 = self.h2
+        # A large read is fed in slices, answering in between: a flood of PINGs or
+        # SETTINGS then meets our rate limit (GOAWAY ENHANCE_YOUR_CALM) before the
+        # engine's cap on unsent acknowledgements, which could only drop the connection.
+        view = memoryview(data) if len(data) > RECEIVE_SLICE else None
+        start = 0
+        while True:
+            chunk = data if view is None else view[start:start + RECEIVE_SLICE]
+            try:
+                h2.receive_data(chunk)
+            except ngh2.NGH2Error as e:  # fatal for the connection (a flood, a protocol violation)
+                log.debug("gRPC connection failed: %s", e)
+                self._abort()
+                return
+            self._process_events()
+            start += RECEIVE_SLICE
+            if view is None or start >= len(data) or self.closed:
+                break
+            if h2.want_write:
+                self.flush()
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -168,11 +186,14 @@ class GrpcConnection(asyncio.Protocol):
             return
         h2, transport = self.h2, self.transport
         try:
-            while not self.paused:
-                out = h2.data_to_send(WRITE_CHUNK)
-                if not out:
+            while True:
+                while not self.paused:
+                    out = h2.data_to_send(WRITE_CHUNK)
+                    if not out:
+                        break
+                    transport.write(out)
+                if self.paused or not self.pending_resets or not self._send_resets():
                     break
-                transport.write(out)
         except ngh2.NGH2Error:
             self._abort()
             return
@@ -183,6 +204,22 @@ class GrpcConnection(asyncio.Protocol):
                     self._wake_writer(call)
         if self.shutting_down and not self.calls and not self.h2.want_write:
             transport.close()
+
+    def _send_resets(self) -> bool:
+        """RST_STREAM the calls we have answered while the client still sends, once their
+        answer is out: the engine sends a reset ahead of queued HEADERS and DATA."""
+        h2, sent, waiting = self.h2, False, []
+        for sid in self.pending_resets:
+            try:
+                if h2.queued_body_size(sid):
+                    waiting.append(sid)
+                    continue
+                h2.reset_stream(sid, ngh2.ErrorCode.NO_ERROR)
+                sent = True
+            except ngh2.NGH2Error:
+                pass
+        self.pending_resets = waiting
+        return sent
 
     def _abort(self) -> None:
         if not self.closed:
@@ -431,7 +468,7 @@ class GrpcConnection(asyncio.Protocol):
             else:
                 h2.send_response(sid, (*_RESPONSE_HEADERS, *status), end_stream=True)
             if not call.remote_closed:  # we are done; the client need not send the rest
-                h2.reset_stream(sid, ngh2.ErrorCode.NO_ERROR)
+                self.pending_resets.append(sid)
         except ngh2.NGH2Error:
             pass
         self.schedule_flush()
@@ -462,15 +499,22 @@ class GrpcConnection(asyncio.Protocol):
         self.loop.call_soon(self._close_after_flush)
 
     def _close_after_flush(self) -> None:
-        if not self.closed:
-            try:
-                out = self.h2.data_to_send()
-                if out:
-                    self.transport.write(out)
-            except ngh2.NGH2Error:
-                pass
-            self.closed = True
-            self.transport.close()
+        """Write what is left (the GOAWAY), half-close, and read on for a moment before
+        closing: closing with unread input makes the kernel send RST, and the peer may
+        then never read the GOAWAY that says why."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            out = self.h2.data_to_send()
+        except ngh2.NGH2Error:
+            out = b""
+        transport = self.transport
+        if out:
+            transport.write(out)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, transport.close)
 
     def _goaway(self, code: int, debug: bytes) -> None:
         """Stop the connection now: GOAWAY, then close once it is written."""

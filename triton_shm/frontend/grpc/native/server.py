@@ -33,7 +33,7 @@ class NativeServer:
         self.connection_window = CONNECTION_WINDOW
         # The engine bounds header blocks, CONTINUATIONs, SETTINGS entries, unread
         # acknowledgements and stream resets (rapid reset: a GOAWAY past the rate).
-        self.h2_config = ngh2.Configuration(auto_window_update=False,
+        self.h2_config = ngh2.Configuration(auto_window_update=False, max_outbound_ack=10_000,
                                             max_inbound_header_list_size=MAX_HEADER_LIST)
         self.control_frame_limit = (500.0, 100.0)  # PING/SETTINGS burst, then per second
         self.handshake_timeout = 10.0  # seconds for a new connection to send anything
