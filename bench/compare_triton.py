@@ -1,7 +1,8 @@
 """triton-shm vs the real Triton 2.51, driven by two load generators, in one run.
 
     python bench/compare_triton.py [--scenarios small,large,batching] [--rounds 2] [--interval-ms 3000]
-                                   [--generators perf_analyzer,triton-shm-perf]
+                                   [--generators perf_analyzer,triton-shm-perf] [--protocols grpc,http]
+                                   [--grpc-transports native,grpcio]
 
 Both servers serve the same repository of python-backend models (the only kind the
 reference Triton build runs) and are measured alternately, A B A B, so drift hits both
@@ -13,6 +14,8 @@ For each generator it prints one table: medians of throughput and p50/p99 latenc
 generator reports them, plus each server's CPU-seconds per 1,000 inferences and peak RSS
 (its whole process tree: Triton's stubs, our workers), and the ratios triton-shm / Triton.
 These server-side figures are measured the same way whichever generator drives the load.
+With several --grpc-transports, triton-shm runs once per gRPC transport (each its own
+server in the alternation) and each gets its own table against Triton.
 
 The server-side time per request comes from each server's own statistics extension
 (success ns / count over the run); so does the request count that CPU-seconds are divided by.
@@ -203,10 +206,12 @@ class Server:
         self.kind, self.port = kind, free_port()
         if kind == "triton":
             cmd, env = ref.triton_cmd(repo, self.port)
-        else:
+        else:  # "triton-shm" or "triton-shm/<grpc transport>"
             cmd = [sys.executable, "-m", "triton_shm", "--model-repository", str(repo), "--http-port", str(self.port),
                    "--grpc-port", str(self.port + 1), "--allow-metrics", "false", "--allow-client-shm", "true",
                    "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]
+            if "/" in kind:
+                cmd += ["--grpc-transport", kind.split("/", 1)[1]]
             env = dict(os.environ)
         # On this 2-vCPU machine, shared with the load generator, numpy's OpenBLAS worker thread
         # spin-waits between the batching model's matmuls and takes ~65% of a core in either
@@ -246,12 +251,15 @@ def success_ns(server: Server, model: str) -> tuple[int, int]:
 GENERATORS = {"perf_analyzer": "perf_analyzer 2.50", "triton-shm-perf": "triton-shm perf"}  # name: title
 
 
+MAX_TRIALS = [5]  # perf_analyzer's --max-trials; --max-trials here raises it on a busy machine
+
+
 def run_generator(ref, generator: str, url: str, case: Case, interval_ms: int) -> dict[str, str]:
     """Run one load generator once on `case` against `url`; return its CSV row (perf_analyzer's column names).
     This is the one way the benchmarks run perf_analyzer and `python -m triton_shm.perf`."""
     with tempfile.NamedTemporaryFile(suffix=".csv") as f:
         flags = ["-m", case.model, "-u", url, "-i", case.protocol, "--measurement-interval", str(interval_ms),
-                 "--stability-percentage", "50", "--max-trials", "5", "-f", f.name, *case.args]
+                 "--stability-percentage", "50", "--max-trials", str(MAX_TRIALS[0]), "-f", f.name, *case.args]
         if generator == "perf_analyzer":
             out = subprocess.run([str(ref.perf_analyzer), *flags], env=ref.pa_env(), capture_output=True, text=True,
                                  timeout=600)
@@ -292,13 +300,13 @@ def run_case(ref, server: Server, case: Case, interval_ms: int,
     return result
 
 
-def table(cases: list[Case], med: dict, generator: str) -> str:
-    lines = ["| case | triton-shm infer/s | Triton infer/s | ratio | triton-shm p50 µs | Triton p50 µs | "
-             "triton-shm p99 µs | Triton p99 µs | server-side µs/request (ours / Triton) | "
+def table(cases: list[Case], med: dict, generator: str, ours: str = "triton-shm") -> str:
+    lines = [f"| case | {ours} infer/s | Triton infer/s | ratio | {ours} p50 µs | Triton p50 µs | "
+             f"{ours} p99 µs | Triton p99 µs | server-side µs/request (ours / Triton) | "
              "CPU-s/1k inf (ours / Triton) | peak RSS MiB (ours / Triton) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for case in cases:
-        a, b = med[("triton-shm", generator, case.label)], med[("triton", generator, case.label)]
+        a, b = med[(ours, generator, case.label)], med[("triton", generator, case.label)]
         lines.append(
             f"| {case.label} | {a['throughput']:.0f} | {b['throughput']:.0f} | {a['throughput'] / b['throughput']:.2f} "
             f"| {a['p50_us']:.0f} | {b['p50_us']:.0f} | {a['p99_us']:.0f} | {b['p99_us']:.0f} "
@@ -307,19 +315,19 @@ def table(cases: list[Case], med: dict, generator: str) -> str:
     return "\n".join(lines)
 
 
-def batching_gains(cases: list[Case], med: dict, generators: list[str]) -> str:
+def batching_gains(cases: list[Case], med: dict, generators: list[str], ours: str = "triton-shm") -> str:
     """Throughput with dynamic batching on / off, per protocol and generator, for each server."""
     pairs = [(off, on) for off in cases for on in cases
              if "dynamic batching off" in off.label and on.label == off.label.replace("batching off", "batching on")]
     if not pairs:
         return ""
-    lines = ["| load generator | case | triton-shm gain (on / off) | Triton gain (on / off) |", "|---|---|---|---|"]
+    lines = [f"| load generator | case | {ours} gain (on / off) | Triton gain (on / off) |", "|---|---|---|---|"]
     for g in generators:
         for off, on in pairs:
             gain = {k: med[(k, g, on.label)]["throughput"] / med[(k, g, off.label)]["throughput"]
-                    for k in ("triton-shm", "triton")}
+                    for k in (ours, "triton")}
             lines.append(f"| {GENERATORS[g]} | {off.label.replace(', dynamic batching off', '')} "
-                         f"| {gain['triton-shm']:.2f}x | {gain['triton']:.2f}x |")
+                         f"| {gain[ours]:.2f}x | {gain['triton']:.2f}x |")
     return "#### dynamic batching gain\n\n" + "\n".join(lines)
 
 
@@ -330,8 +338,16 @@ def main() -> None:
     parser.add_argument("--interval-ms", type=int, default=3000)
     parser.add_argument("--generators", default=",".join(GENERATORS),
                         help=f"load generators to drive every case with, in turn (from: {', '.join(GENERATORS)})")
+    parser.add_argument("--max-trials", type=int, default=5,
+                        help="measurement windows the generators may take to stabilize (default 5)")
+    parser.add_argument("--protocols", default="grpc,http", help="only the cases over these protocols")
+    parser.add_argument("--grpc-transports", default="",
+                        help="triton-shm's gRPC transports to measure, each as its own server (native, grpcio; "
+                             "default: the server's default)")
     args = parser.parse_args()
-    cases = [c for s in args.scenarios.split(",") for c in SCENARIOS[s]]
+    MAX_TRIALS[0] = args.max_trials
+    cases = [c for s in args.scenarios.split(",") for c in SCENARIOS[s] if c.protocol in args.protocols.split(",")]
+    ours_kinds = [f"triton-shm/{t}" for t in args.grpc_transports.split(",") if t] or ["triton-shm"]
     generators = args.generators.split(",")
     for g in generators:
         if g not in GENERATORS:
@@ -343,7 +359,7 @@ def main() -> None:
         build_repository(repo)
         log = open(Path(tmp) / "servers.log", "wb")
         for _ in range(args.rounds):
-            for kind in ("triton-shm", "triton"):
+            for kind in (*ours_kinds, "triton"):
                 server = Server(kind, repo, ref, log)
                 try:
                     for case in cases:
@@ -355,10 +371,12 @@ def main() -> None:
                 finally:
                     server.stop()
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
-    print("\n\n".join(f"#### driven by {GENERATORS[g]}\n\n{table(cases, med, g)}" for g in generators))
-    gains = batching_gains(cases, med, generators)
-    if gains:
-        print(f"\n{gains}")
+    for ours in ours_kinds:
+        print("\n\n".join(f"#### {ours}, driven by {GENERATORS[g]}\n\n{table(cases, med, g, ours)}"
+                          for g in generators))
+        gains = batching_gains(cases, med, generators, ours)
+        if gains:
+            print(f"\n{gains}")
 
 
 if __name__ == "__main__":

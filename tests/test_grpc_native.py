@@ -419,3 +419,64 @@ def test_plain_grpcio_stubs_and_health(server):
             raw_input_contents=[np.ones(2, np.float32).tobytes()])] * 3))
         replies = list(stream)
         assert len(replies) == 3 and all(not r.error_message for r in replies)
+
+
+def test_shutdown_finishes_in_flight_calls(tmp_path):
+    """SIGTERM: GOAWAY to every connection, the call in flight still gets its answer,
+    and the server exits cleanly."""
+    repo = build_core_repository(tmp_path / "models")
+    write_model(repo, "sleepy", config=SLEEPY_CONFIG, model_py=SLEEPY_PY)
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=["--grpc-transport", "native"]).start()
+    try:
+        async def main():
+            async with aiogrpcclient.InferenceServerClient(srv.grpc_url) as c:
+                assert await c.is_server_live()
+                call = asyncio.ensure_future(c.infer("sleepy", sleepy_inputs(1.0)))
+                await asyncio.sleep(0.3)
+                srv.proc.terminate()
+                result = await call
+                assert result.as_numpy("SECONDS_OUT")[0] == 1.0
+        asyncio.run(main())
+    finally:
+        srv.stop_cleanly()
+
+
+# -- gRPC framing, no server ---------------------------------------------------------------------
+def test_message_reader_splits_and_bounds():
+    from triton_shm.frontend.grpc.native.framing import RESOURCE_EXHAUSTED, GrpcError, MessageReader
+    wire = b"".join(b"\x00" + struct.pack(">I", len(m)) + m for m in (b"abc", b"", b"x" * 70000))
+    for step in (1, 3, 7, 16384, len(wire)):  # any split across DATA frames
+        reader = MessageReader(1 << 20, b"identity")
+        got = [m for i in range(0, len(wire), step) for m in reader.feed(wire[i:i + step])]
+        assert got == [b"abc", b"", b"x" * 70000] and not reader.pending
+    reader = MessageReader(10, b"identity")
+    with pytest.raises(GrpcError) as e:
+        reader.feed(b"\x00\x00\x00\x00\x0b")  # 11 bytes declared: refused from the prefix alone
+    assert e.value.code == RESOURCE_EXHAUSTED
+    reader = MessageReader(10, b"identity")
+    reader.feed(b"\x00\x00\x00")
+    assert reader.pending  # a truncated prefix is seen at end of stream
+
+
+@pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])
+def test_compression_round_trip_and_bomb(encoding):
+    from triton_shm.frontend.grpc.native.framing import RESOURCE_EXHAUSTED, GrpcError, MessageReader, compress
+    body = compress(b"hello" * 1000, encoding)
+    reader = MessageReader(1 << 20, encoding)
+    assert reader.feed(b"\x01" + struct.pack(">I", len(body)) + body) == [b"hello" * 1000]
+    bomb = compress(bytes(50 << 20), encoding)  # 50 MiB of zeros in ~50 KiB
+    reader = MessageReader(1 << 20, encoding)
+    with pytest.raises(GrpcError) as e:
+        reader.feed(b"\x01" + struct.pack(">I", len(bomb)) + bomb)
+    assert e.value.code == RESOURCE_EXHAUSTED
+
+
+def test_timeout_and_message_text():
+    from triton_shm.frontend.grpc.native.framing import encode_message_text, parse_timeout
+    assert parse_timeout(b"100m") == pytest.approx(0.1)
+    assert parse_timeout(b"2S") == 2.0 and parse_timeout(b"1H") == 3600.0
+    for bad in (b"", b"m", b"123456789S", b"10x", b"-1S"):
+        with pytest.raises(ValueError):
+            parse_timeout(bad)
+    assert encode_message_text("plain text") == b"plain text"
+    assert encode_message_text("50% é\n") == b"50%25 %C3%A9%0A"

@@ -1,6 +1,4 @@
 """gRPC protocol adapter: inference.GRPCInferenceService, on our own HTTP/2 server
-(``native/``) or on grpc.aio (``aio.py``), one set of method bodies (``servicer.py``)."""
-from .server import MAX_GRPC_MESSAGE_BYTES, start_grpc
-from .servicer import InferenceRpcs
-
-__all__ = ["InferenceRpcs", "MAX_GRPC_MESSAGE_BYTES", "start_grpc"]
+(``native/``) or on grpc.aio (``aio.py``), one set of method bodies (``servicer.py``).
+Start it with ``server.start_grpc``. Nothing is imported here, so ``native.framing``
+can be used (and tested) without loading the generated protobuf modules."""

@@ -276,22 +276,7 @@ def stream_response_bytes(resp: InferResponse, final: bool | None) -> bytes:
         resp.release()
 
 
-# -- response ------------------------------------------------------------------------------
-def encode_infer_response(resp: InferResponse) -> pb.ModelInferResponse:
-    """Build the ModelInferResponse. Copies output data, so release() may follow."""
-    msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version,
-                                id=resp.id)
-    encode_parameters(resp.parameters, msg.parameters)
-    raw = []
-    for out in resp.outputs:
-        t = msg.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
-        encode_parameters(out.parameters, t.parameters)
-        # One entry per output, even empty ones: tritonclient indexes by position.
-        raw.append(bytes(out.data))
-    msg.raw_output_contents.extend(raw)
-    return msg
-
-
+# -- statistics ----------------------------------------------------------------------------
 _BATCH_PHASES = ("compute_input", "compute_infer", "compute_output")
 
 
