@@ -85,14 +85,17 @@ def encode_message_text(message: str) -> bytes:
 
 class MessageReader:
     """Splits a stream's DATA into gRPC messages, refusing any over ``limit`` as soon
-    as its prefix is seen (before its body is buffered)."""
+    as its prefix is seen (before its body is buffered). Bodies are views of the DATA
+    payloads where they can be (a message in one payload is not copied at all), joined
+    once when a message spans payloads."""
 
-    __slots__ = ("limit", "encoding", "_parts", "_have", "_need", "_compressed")
+    __slots__ = ("limit", "encoding", "_head", "_parts", "_have", "_need", "_compressed")
 
     def __init__(self, limit: int, encoding: bytes):
         self.limit = limit
         self.encoding = encoding
-        self._parts: list[bytes] = []
+        self._head = bytearray()  # a prefix split across payloads
+        self._parts: list[bytes | memoryview] = []
         self._have = 0
         self._need = -1  # body length of the message being read; -1 while reading a prefix
         self._compressed = False
@@ -100,22 +103,25 @@ class MessageReader:
     @property
     def pending(self) -> bool:
         """True while a message has begun but not ended (a truncated one at end of stream)."""
-        return self._have > 0 or self._need >= 0
+        return bool(self._head) or self._need >= 0
 
-    def feed(self, data: bytes) -> list[bytes]:
+    def feed(self, data: bytes) -> list[bytes | memoryview]:
         """Add one DATA payload; return the messages it completes."""
-        out: list[bytes] = []
-        while data:
+        out: list[bytes | memoryview] = []
+        pos, n = 0, len(data)
+        view: memoryview | None = None
+        while pos < n:
             if self._need < 0:
-                # Reading the 5-byte prefix, possibly split across frames.
-                take = 5 - self._have
-                self._parts.append(data[:take])
-                self._have += min(take, len(data))
-                data = data[take:]
-                if self._have < 5:
-                    break
-                head = b"".join(self._parts)
-                self._parts, self._have = [], 0
+                if not self._head and n - pos >= 5:
+                    head = data[pos:pos + 5]
+                    pos += 5
+                else:  # the prefix is split across payloads
+                    take = min(5 - len(self._head), n - pos)
+                    self._head += data[pos:pos + take]
+                    pos += take
+                    if len(self._head) < 5:
+                        break
+                    head, self._head = bytes(self._head), bytearray()
                 if head[0] > 1:
                     raise GrpcError(INTERNAL, f"invalid gRPC message flag {head[0]}")
                 self._compressed = head[0] == 1
@@ -123,14 +129,19 @@ class MessageReader:
                 if self._need > self.limit:
                     raise GrpcError(RESOURCE_EXHAUSTED,
                                     f"received message larger than max ({self._need} vs. {self.limit})")
-            take = self._need - self._have
-            if take > 0:
-                chunk = data[:take]  # the whole payload when it fits: bytes slices share then
-                self._parts.append(chunk)
-                self._have += len(chunk)
-                data = data[take:]
+            take = min(self._need - self._have, n - pos)
+            if take:
+                if pos == 0 and take == n:
+                    self._parts.append(data)  # the whole payload
+                else:
+                    if view is None:
+                        view = memoryview(data)
+                    self._parts.append(view[pos:pos + take])
+                self._have += take
+                pos += take
             if self._have == self._need:
-                body = self._parts[0] if len(self._parts) == 1 else b"".join(self._parts)
+                parts = self._parts
+                body = parts[0] if len(parts) == 1 else b"".join(parts) if parts else b""
                 if self._compressed:
                     body = decompress(body, self.encoding, self.limit)
                 out.append(body)
