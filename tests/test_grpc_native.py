@@ -5,7 +5,9 @@ deadlines, cancellation and 16 MiB messages both ways."""
 from __future__ import annotations
 
 import asyncio
+import gzip
 import os
+import subprocess
 import socket
 import struct
 import time
@@ -39,7 +41,7 @@ pytestmark = pytest.mark.timeout(120)
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 INFER_PATH = "/inference.GRPCInferenceService/ModelInfer"
-PROTOCOL_ERROR, REFUSED_STREAM, CANCEL, ENHANCE_YOUR_CALM = 0x1, 0x7, 0x8, 0xB
+PROTOCOL_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 0x1, 0x7, 0x8, 0x9, 0xB
 MAX_STREAMS = 1000  # what the server advertises
 
 SLEEPY_CONFIG = """
@@ -315,6 +317,38 @@ def test_unknown_method_and_not_grpc(server):
     conn.close()
 
 
+def test_malformed_header_block_ends_connection(server):
+    conn = RawH2(server)
+    conn.wait_for(lambda f: isinstance(f, SettingsFrame))
+    conn.send(HeadersFrame(1, data=b"\xff\xff\xff\xff\xff", flags=["END_HEADERS"]).serialize())
+    goaway = conn.wait_for(lambda f: isinstance(f, GoAwayFrame), timeout=5)
+    assert goaway is not None and goaway.error_code == COMPRESSION_ERROR
+    conn.close()
+    assert_serving(server)
+
+
+def test_compressed_request_gets_compressed_reply(server):
+    conn = RawH2(server)
+    body = gzip.compress(infer_message()[5:])
+    conn.call(1, b"\x01" + struct.pack(">I", len(body)) + body,
+              extra=[("grpc-encoding", "gzip"), ("grpc-accept-encoding", "identity,gzip")])
+    headers, data = {}, b""
+    for f in conn.frames():
+        if f.stream_id == 1 and isinstance(f, HeadersFrame):
+            headers.update(f.headers)
+        elif f.stream_id == 1 and isinstance(f, DataFrame):
+            data += f.data
+        if f.stream_id == 1 and "END_STREAM" in getattr(f, "flags", ()):
+            break
+    assert headers["grpc-status"] == "0" and headers["grpc-encoding"] == "gzip", headers
+    assert data[0] == 1  # the compressed flag
+    reply = service_pb2.ModelInferResponse.FromString(gzip.decompress(data[5:]))
+    assert reply.raw_output_contents[0] == np.arange(4, dtype=np.float32).tobytes()
+    conn.call(3, b"\x01" + struct.pack(">I", len(body)) + body, extra=[("grpc-encoding", "br")])
+    assert stream_headers(conn, 3)["grpc-status"] == "12"  # UNIMPLEMENTED: an encoding we do not speak
+    conn.close()
+
+
 def test_zero_window_holds_response_without_blocking_others(server):
     conn = RawH2(server, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 0})
     req = service_pb2.ModelInferRequest(model_name="identity_fp32")
@@ -419,6 +453,23 @@ def test_plain_grpcio_stubs_and_health(server):
             raw_input_contents=[np.ones(2, np.float32).tobytes()])] * 3))
         replies = list(stream)
         assert len(replies) == 3 and all(not r.error_message for r in replies)
+
+
+def test_perf_analyzer_streaming(server):
+    from .test_shm import PA_ENV, _perf_analyzer
+    pa = _perf_analyzer()
+    if pa is None:
+        pytest.skip(f"perf_analyzer not installed ({PA_ENV} missing)")
+    exe, libs = pa
+    args = [exe, "-m", "identity_fp32", "-u", server.grpc_url, "-i", "grpc", "--streaming", "--shape", "INPUT0:16",
+            "--concurrency-range", "4", "--measurement-interval", "1000", "--max-trials", "5",
+            "--stability-percentage", "80"]
+    for attempt in range(3):  # a loaded machine can miss the stability window: measure again
+        proc = subprocess.run(args, env={**os.environ, "LD_LIBRARY_PATH": libs}, capture_output=True, text=True,
+                              timeout=90)
+        if proc.returncode == 0 or "Failed to obtain stable measurement" not in proc.stdout + proc.stderr:
+            break
+    assert proc.returncode == 0 and "Throughput" in proc.stdout, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
 
 def test_shutdown_finishes_in_flight_calls(tmp_path):
