@@ -144,7 +144,8 @@ class GrpcConnection(asyncio.Protocol):
             try:
                 h2.receive_data(chunk)
             except ngh2.NGH2Error as e:  # fatal for the connection (a flood, a protocol violation)
-                log.debug("gRPC connection failed: %s", e)
+                log.log(logging.WARNING if isinstance(e, ngh2.DenialOfServiceError) else logging.DEBUG,
+                        "gRPC connection from %s dropped: %s", self._peer(), e)
                 self._abort()
                 return
             self._process_events()
@@ -228,10 +229,14 @@ class GrpcConnection(asyncio.Protocol):
 
     def _process_events(self) -> None:
         dispatch = self._dispatch
-        for event in self.h2.events():
-            handler = dispatch.get(type(event))
-            if handler is not None:
-                handler(event)
+        try:
+            for event in self.h2.events():
+                handler = dispatch.get(type(event))
+                if handler is not None:
+                    handler(event)
+        except Exception:  # a bug of ours must cost this connection, not the loop's callback
+            log.exception("gRPC connection failed")
+            self._abort()
 
     # -- streams ----------------------------------------------------------------------------
     def _on_request(self, event: ngh2.RequestReceived) -> None:
@@ -257,8 +262,11 @@ class GrpcConnection(asyncio.Protocol):
         if not content_type.startswith(b"application/grpc"):
             self._http_error(sid, b"415")
             return
-        if self.shutting_down:
-            self.h2.reset_stream(sid, ngh2.ErrorCode.REFUSED_STREAM)
+        if self.shutting_down:  # after our GOAWAY: not processed, safe for the client to retry
+            try:
+                self.h2.reset_stream(sid, ngh2.ErrorCode.REFUSED_STREAM)
+            except ngh2.NGH2Error:
+                pass
             return
         target = self.server.methods.get(path)
         encoding = None if encoding in (None, b"identity") else encoding
@@ -490,8 +498,12 @@ class GrpcConnection(asyncio.Protocol):
             self.ping_timeout.cancel()
             self.ping_timeout = None
 
-    def _on_connection_closed(self, event: ngh2.ConnectionClosed) -> None:
+    def _on_connection_closed(self, event: ngh2.ConnectionClosed | None) -> None:
         # The engine has queued its final GOAWAY: write it, then close.
+        if event is not None and event.error_code:  # e.g. a rapid-reset peer past the reset rate
+            log.warning("gRPC connection from %s closed by the HTTP/2 engine: %s %s", self._peer(),
+                        ngh2.ErrorCode(event.error_code).name if event.error_code <= 0xD else event.error_code,
+                        event.debug_data.decode("utf-8", "replace"))
         self.shutting_down = True
         for call in list(self.calls.values()):
             self._drop(call)
@@ -524,9 +536,12 @@ class GrpcConnection(asyncio.Protocol):
             self.h2.terminate_connection(code)
         except ngh2.NGH2Error:
             pass
-        log.warning("gRPC connection from %s closed: %s", self.transport.get_extra_info("peername"),
-                    debug.decode())
+        log.warning("gRPC connection from %s closed: %s", self._peer(), debug.decode())
         self._on_connection_closed(None)
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
 
     def _handshake_check(self) -> None:
         if self.last_read is None:  # not even a preface: an idle or stuck client
