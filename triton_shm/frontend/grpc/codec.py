@@ -119,37 +119,43 @@ def decode_infer_request(msg: pb.ModelInferRequest, raw: list[memoryview] | None
         raw = msg.raw_input_contents
     # Raw entries belong, in order, to the inputs that carry data in the message: an
     # input in shared memory takes none (tritonclient sends none for it, and Triton
-    # consumes them the same way).
-    raw_users = [t for t in msg.inputs if not (len(t.parameters) and any(k in t.parameters for k in _SHM_KEYS))]
-    if raw and len(raw) != len(raw_users):
-        raise InvalidArgument(
-            f"expected {len(raw_users)} raw_input_contents entries (one per input not in "
-            f"shared memory) but got {len(raw)} for model '{model}'")
-
+    # consumes them the same way). One pass decodes; the count is checked before any
+    # content error is raised, as the messages were checked in that order before.
     inputs: list[InputTensor] = []
-    raw_index = 0
+    takes_raw: list[InputTensor] = []
+    error: str | None = None
     for tensor in msg.inputs:  # duplicate names are refused by core validation
         params = decode_parameters(tensor.parameters)
         has_contents = tensor.HasField("contents")
         data: Buffer | None = None
-        if any(k in params for k in _SHM_KEYS):
-            if has_contents:
-                raise InvalidArgument(
-                    f"unexpected 'content' provided when using shared memory for input "
-                    f"tensor '{tensor.name}' for model '{model}'")
+        in_shm = bool(params) and any(k in params for k in _SHM_KEYS)
+        if in_shm:
+            if has_contents and error is None:
+                error = (f"unexpected 'content' provided when using shared memory for input "
+                         f"tensor '{tensor.name}' for model '{model}'")
+                if not raw:  # no count to check first
+                    raise InvalidArgument(error)
             # data stays None: the core resolves the region from the parameters.
         elif raw:
-            if has_contents:
-                raise InvalidArgument(
-                    f"contents field must not be specified when using raw_input_contents "
-                    f"for '{tensor.name}' for model '{model}'")
-            data = raw[raw_index]  # bytes held by the message, or a view of the body: no copy
-            raw_index += 1
+            if has_contents and error is None:
+                error = (f"contents field must not be specified when using raw_input_contents "
+                         f"for '{tensor.name}' for model '{model}'")
         elif has_contents:
             data = _contents_to_wire(tensor, model)
-        inputs.append(InputTensor(
-            name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape),
-            data=data, parameters=params))
+        t = InputTensor(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape),
+                        data=data, parameters=params)
+        inputs.append(t)
+        if raw and not in_shm:
+            takes_raw.append(t)
+    if raw:
+        if len(raw) != len(takes_raw):
+            raise InvalidArgument(
+                f"expected {len(takes_raw)} raw_input_contents entries (one per input not in "
+                f"shared memory) but got {len(raw)} for model '{model}'")
+        for t, data in zip(takes_raw, raw):
+            t.data = data  # bytes held by the message, or a view of the body: no copy
+    if error is not None:
+        raise InvalidArgument(error)
 
     return InferRequest(
         model_name=model,
