@@ -531,3 +531,43 @@ def test_timeout_and_message_text():
             parse_timeout(bad)
     assert encode_message_text("plain text") == b"plain text"
     assert encode_message_text("50% é\n") == b"50%25 %C3%A9%0A"
+
+
+def test_tls_requires_alpn_h2(tmp_path):
+    """The native server behind TLS (what the security work plugs in): ALPN must pick h2."""
+    import ssl
+    import shutil
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not installed")
+    from triton_shm.frontend.grpc.native.server import NativeServer
+    from triton_shm.frontend.grpc.rpc import Method, raw_bytes
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=localhost",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True)
+
+    async def echo(request: bytes) -> bytes:
+        return request
+
+    async def main():
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        server_ctx.load_cert_chain(cert, key)
+        server = NativeServer([Method("/t.T/Echo", echo, serialize=raw_bytes)], max_message_bytes=1 << 20)
+        await server.start("127.0.0.1", 0, ssl=server_ctx)
+
+        async def frames_after_preface(alpn: list[str]) -> bytes:
+            ctx = ssl.create_default_context(cafile=str(cert))
+            ctx.set_alpn_protocols(alpn)
+            reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=ctx,
+                                                          server_hostname="localhost")
+            writer.write(PREFACE + SettingsFrame(0).serialize())
+            try:
+                return await asyncio.wait_for(reader.read(9), 5)
+            finally:
+                writer.close()
+
+        head = await frames_after_preface(["h2"])
+        assert head[3] == 0x4  # the server's SETTINGS frame
+        assert await frames_after_preface(["http/1.1"]) == b""  # closed: not h2
+        await server.stop(1)
+    asyncio.run(main())

@@ -121,6 +121,12 @@ class GrpcConnection(asyncio.Protocol):
     # -- transport callbacks ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        tls = transport.get_extra_info("ssl_object")
+        if tls is not None and tls.selected_alpn_protocol() != "h2":  # RFC 9113 §3.2: h2 over TLS needs ALPN
+            log.warning("gRPC connection from %s refused: TLS without ALPN 'h2'", self._peer())
+            self.closed = True
+            transport.close()
+            return
         self.server.connections.add(self)
         self.h2.initiate_connection(self.server.settings)
         self.h2.set_local_window_size(self.server.connection_window)
@@ -158,6 +164,8 @@ class GrpcConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self not in self.server.connections:  # refused in connection_made
+            return
         self.server.connections.discard(self)
         for timer in (self.idle_timer, self.ping_timeout):
             if timer is not None:

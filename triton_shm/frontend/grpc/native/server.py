@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl as ssl_module
 
 import ngh2
 
@@ -45,13 +46,20 @@ class NativeServer:
         self._server: asyncio.AbstractServer | None = None
         self._idle = asyncio.Event()
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, ssl: "ssl_module.SSLContext | None" = None) -> None:
+        """Listen on ``host:port``; with ``ssl``, TLS whose ALPN must select ``h2``."""
+        if ssl is not None:
+            ssl.set_alpn_protocols(["h2"])
         loop = asyncio.get_running_loop()
         try:
-            self._server = await loop.create_server(lambda: GrpcConnection(self), host, port,
+            self._server = await loop.create_server(lambda: GrpcConnection(self), host, port, ssl=ssl,
                                                     reuse_address=True, backlog=1024)
         except OSError as e:
             raise OSError(f"gRPC server could not bind {host}:{port} ({e.strerror})") from e
+
+    @property
+    def port(self) -> int:
+        return self._server.sockets[0].getsockname()[1]
 
     def connection_done(self) -> None:
         if not self.connections:
