@@ -376,6 +376,37 @@ def test_zero_window_holds_response_without_blocking_others(server):
     conn.close()
 
 
+def test_slow_reader_is_held_by_backpressure(server):
+    """A client that opens big windows and then stops reading: its responses wait (the
+    transport pauses, the engine holds the rest) while others are served; once it reads
+    again every response arrives whole."""
+    conn = RawH2(server, settings={SettingsFrame.INITIAL_WINDOW_SIZE: (1 << 31) - 1})
+    conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    conn.wait_for(lambda f: isinstance(f, WindowUpdateFrame) and f.stream_id == 0)
+    conn.send(WindowUpdateFrame(0, window_increment=(1 << 31) - 1 - 65535).serialize())
+    req = service_pb2.ModelInferRequest(model_name="identity_fp32")
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=[1 << 20])
+    req.raw_input_contents.append(bytes(4 << 20))
+    body = req.SerializeToString()
+    message = b"\x00" + struct.pack(">I", len(body)) + body
+    streams = [1, 3, 5, 7]
+    for sid in streams:
+        conn.call(sid, message)
+    time.sleep(1.0)  # not reading: 16 MiB of answers against a 64 KiB receive buffer
+    assert_serving(server)
+    ended, received = set(), 0
+    for f in conn.frames(30):
+        if isinstance(f, DataFrame):
+            received += len(f.data)
+        if isinstance(f, HeadersFrame) and "END_STREAM" in f.flags:
+            assert f.headers.get("grpc-status") == "0", f.headers
+            ended.add(f.stream_id)
+            if ended == set(streams):
+                break
+    assert ended == set(streams) and received > 4 * (4 << 20)
+    conn.close()
+
+
 def test_idle_and_slow_clients_do_not_block_others(server):
     idle = RawH2(server, handshake=False)
     slow = RawH2(server, handshake=False)
