@@ -9,26 +9,29 @@ import grpc
 from .rpc import Method, rpc_status
 
 
-def _code(code: int) -> grpc.StatusCode:
-    return next(c for c in grpc.StatusCode if c.value[0] == code)
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
+# Responses are serialized inside the handler (grpcio's serializer hook is not used): a
+# ModelInfer response holds arena blocks until it is encoded, and the handler is the one
+# place sure to run to the end or be cancelled as a whole.
 def _unary(method: Method) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
         try:
-            return await method.handler(request)
+            return method.serialize(await method.handler(request), False)
         except grpc.aio.AbortError:
             raise
         except Exception as e:  # noqa: BLE001 - the client must get an answer
             code, message = rpc_status(e, method.path)
-        await context.abort(_code(code), message)
+        await context.abort(_CODES[code], message)
     return handler
 
 
 def _stream(method: Method) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
     async def handler(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        serialize = method.serialize
         async for reply in method.handler(requests):
-            yield reply
+            yield serialize(reply, False)
     return handler
 
 
@@ -36,9 +39,7 @@ def generic_handlers(methods: list[Method]) -> list[grpc.GenericRpcHandler]:
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = defaultdict(dict)
     for m in methods:
         service, name = m.path[1:].split("/")
-        serialize = m.serialize
-        kwargs = dict(request_deserializer=m.deserialize,
-                      response_serializer=lambda r, serialize=serialize: serialize(r, False))
+        kwargs = dict(request_deserializer=m.deserialize, response_serializer=None)
         by_service[service][name] = (
             grpc.stream_stream_rpc_method_handler(_stream(m), **kwargs) if m.streaming
             else grpc.unary_unary_rpc_method_handler(_unary(m), **kwargs))

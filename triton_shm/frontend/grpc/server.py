@@ -11,7 +11,6 @@ if TYPE_CHECKING:
 
 # Triton's MAX_GRPC_MESSAGE_SIZE; tritonclient sends up to this too.
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
-TRANSPORTS = ("native", "grpcio")
 
 
 def default_transport() -> str:
