@@ -467,6 +467,38 @@ def test_aio_client_and_cancellation(server):
     assert_serving(server)
 
 
+def sleepy_message(seconds: float) -> bytes:
+    req = service_pb2.ModelInferRequest(model_name="sleepy")
+    req.inputs.add(name="SECONDS", datatype="FP32", shape=[1])
+    req.raw_input_contents.append(np.array([seconds], dtype=np.float32).tobytes())
+    body = req.SerializeToString()
+    return b"\x00" + struct.pack(">I", len(body)) + body
+
+
+def sleepy_executions(server) -> int:
+    import json
+    import urllib.request
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/sleepy/stats", timeout=10) as r:
+        return json.load(r)["model_stats"][0]["execution_count"]
+
+
+def test_reset_cancels_the_queued_request(server):
+    """RST_STREAM on a call still waiting in the scheduler: it never reaches the model."""
+    with grpcclient.InferenceServerClient(server.grpc_url) as c:  # queued behind whatever still runs
+        c.infer("sleepy", sleepy_inputs(0.0))
+    before = sleepy_executions(server)
+    conn = RawH2(server)
+    conn.call(1, sleepy_message(0.6))  # runs on the one instance
+    time.sleep(0.1)
+    conn.call(3, sleepy_message(0.6))  # queued behind it
+    time.sleep(0.1)
+    conn.send(RstStreamFrame(3, error_code=CANCEL).serialize())
+    assert stream_headers(conn, 1)["grpc-status"] == "0"
+    time.sleep(0.9)  # long enough for the second call to have run, had it not been cancelled
+    assert sleepy_executions(server) == before + 1
+    conn.close()
+
+
 def test_plain_grpcio_stubs_and_health(server):
     with grpc.insecure_channel(server.grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
