@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import gzip
 import os
-import subprocess
 import socket
 import struct
+import subprocess
+import sys
 import time
 
 import grpc
@@ -634,3 +635,12 @@ def test_tls_requires_alpn_h2(tmp_path):
         assert await frames_after_preface(["http/1.1"]) == b""  # closed: not h2
         await server.stop(1)
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("no_extensions, expected", [("0", "native"), ("1", "grpcio")])
+def test_default_transport(no_extensions, expected):
+    """Native by default; grpc.aio for the pure-Python run of the suite."""
+    out = subprocess.run([sys.executable, "-c", "from triton_shm.frontend.grpc.server import default_transport; "
+                          "print(default_transport())"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "TRITON_SHM_NO_EXTENSIONS": no_extensions})
+    assert out.stdout.strip() == expected
