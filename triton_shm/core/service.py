@@ -9,7 +9,7 @@ import asyncio
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
-from .. import __version__
+from .. import TRITON_PROTOCOL_VERSION
 from ..errors import InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
 from . import settings as log_settings
 from .model_config import config_to_json, validate_model_name
@@ -58,7 +58,7 @@ class InferenceService:
         extensions = list(EXTENSIONS)
         if self.shm.enabled:
             extensions.append("system_shared_memory")
-        return {"name": SERVER_NAME, "version": __version__, "extensions": extensions}
+        return {"name": SERVER_NAME, "version": TRITON_PROTOCOL_VERSION, "extensions": extensions}
 
     # -- shared memory -------------------------------------------------------------------
     def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
