@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import struct
 import time
 
@@ -242,6 +243,29 @@ def test_aio_infer(server):
         finally:
             await c.close()
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("empty_final", [True, False], ids=["empty_final_asked", "not_asked"])
+def test_stream_non_decoupled_response_is_final(server, empty_final):
+    """A non-decoupled model's one stream response is flagged final, asked or not, so a
+    client reading up to the final response stops there."""
+    results: queue.Queue = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        c.async_stream_infer("add_sub", add_sub_inputs(), request_id="s1",
+                             enable_empty_final_response=empty_final)
+        result, error = results.get(timeout=10)
+        with pytest.raises(queue.Empty):  # one response only: no empty final one after it
+            results.get(timeout=0.5)
+    finally:
+        c.stop_stream()
+        c.close()
+    assert error is None, error
+    response = result.get_response()
+    assert response.id == "s1"
+    assert dict(response.parameters) == {"triton_final_response": service_pb2.InferParameter(bool_param=True)}
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), A + B)
 
 
 def test_large_tensor(client):
