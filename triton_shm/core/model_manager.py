@@ -84,6 +84,9 @@ class ModelManager:
         self._poll_task: asyncio.Task | None = None
         self._pending_changes: dict[str, tuple] = {}
         self._temp_dirs: dict[str, Path] = {}
+        # Models loaded only because an ensemble needed them: unloading that ensemble with
+        # unload_dependents takes them too, once no other ensemble uses them.
+        self._implicit: set[str] = set()
 
     # -- start-up and shutdown -----------------------------------------------------------
     async def start(self, load_models: list[str]) -> None:
@@ -125,9 +128,15 @@ class ModelManager:
         if self.mode != "explicit":
             raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
 
-    async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
-        """Load or reload ``name``; raises with the reason when any chosen version fails."""
+    async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None,
+                   *, for_ensemble: bool = False) -> None:
+        """Load or reload ``name``; raises with the reason when any chosen version fails.
+        ``for_ensemble``: loaded as an ensemble's composing model, not on its own request."""
         mcfg.validate_model_name(name)
+        if for_ensemble:
+            self._implicit.add(name)
+        elif not self.repository.versions_of(name):  # a loaded model keeps how it came in
+            self._implicit.discard(name)
         if files and config_json is None:
             raise InvalidArgument("file overrides need a 'config' parameter as well")
         if files:
@@ -144,7 +153,7 @@ class ModelManager:
             for step_model in composing_models(mcfg.read_config(model_dir)):
                 if step_model != name and not self.repository.versions_of(step_model):
                     try:
-                        await self.load(step_model)
+                        await self.load(step_model, for_ensemble=True)
                     except TritonShmError as e:
                         reason = f"composing model '{step_model}' is not available: {e.message}"
                         if not entry.ready_versions():
@@ -277,6 +286,8 @@ class ModelManager:
         log.info("successfully unloaded '%s' version %d", mv.name, mv.version)
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """With ``unload_dependents`` the ensembles that use ``name`` go first, and the
+        composing models an ensemble brought in go after it."""
         mcfg.validate_model_name(name)
         if unload_dependents:
             for ensemble in ensemble_dependents(self.repository, name):
@@ -284,6 +295,16 @@ class ModelManager:
         entry = self.repository.models.get(name)
         if entry is None:
             return  # as Triton: unloading an unknown model succeeds
+        steps = _composing_models_of(entry)
+        await self._unload_entry(entry)
+        self._implicit.discard(name)
+        if unload_dependents:
+            for step_model in steps:
+                if step_model in self._implicit and not ensemble_dependents(self.repository, step_model):
+                    await self.unload(step_model, unload_dependents=True)
+
+    async def _unload_entry(self, entry: ModelEntry) -> None:
+        name = entry.name
         async with entry.lock:
             await asyncio.gather(*(self._retire(mv) for mv in entry.versions.values()
                                    if mv.state in (READY, LOADING)))
@@ -331,6 +352,16 @@ class ModelManager:
                 for e in self.repository.models.values()
                 if e.state != NOT_REQUESTED and not all(v.ready for v in e.versions.values()) or
                 (e.state == UNAVAILABLE and not e.versions)]
+
+
+def _composing_models_of(entry: ModelEntry) -> list[str]:
+    """Every model a loaded version of the ensemble ``entry`` uses as a step (none for
+    other models)."""
+    names: dict[str, None] = {}
+    for mv in entry.versions.values():
+        if mv.state in (READY, LOADING) and mv.config.platform == mcfg.ENSEMBLE:
+            names.update(dict.fromkeys(composing_models(mv.config)))
+    return [n for n in names if n != entry.name]
 
 
 def _is_ensemble(model_dir: Path) -> bool:
