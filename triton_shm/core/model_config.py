@@ -46,16 +46,30 @@ def parse_pbtxt(text: str, source: str = "config.pbtxt") -> ModelConfig:
     return config
 
 
-def read_config(model_dir: Path) -> ModelConfig:
-    """The model's config.pbtxt, or an empty config when there is none (auto-complete fills it)."""
-    path = model_dir / "config.pbtxt"
+CONFIGS_DIR = "configs"  # alternative config files, chosen with --model-config-name
+
+
+def config_path(model_dir: Path, config_name: str = "") -> Path:
+    """``configs/<config_name>.pbtxt`` where ``--model-config-name`` names one that exists,
+    else ``config.pbtxt`` (which may not exist either)."""
+    if config_name:
+        custom = model_dir / CONFIGS_DIR / f"{config_name}.pbtxt"
+        if custom.is_file():
+            return custom
+    return model_dir / "config.pbtxt"
+
+
+def read_config(model_dir: Path, config_name: str = "") -> ModelConfig:
+    """The model's config file, or an empty config when there is none (auto-complete fills it)."""
+    path = config_path(model_dir, config_name)
     if not path.is_file():
         return ModelConfig()
+    source = path.relative_to(model_dir).as_posix()
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise InvalidArgument(f"failed to read {path.name} of model '{model_dir.name}': {e}") from None
-    return parse_pbtxt(text, f"config.pbtxt of model '{model_dir.name}'")
+        raise InvalidArgument(f"failed to read {source} of model '{model_dir.name}': {e}") from None
+    return parse_pbtxt(text, f"{source} of model '{model_dir.name}'")
 
 
 def _int64_to_numbers(message_descriptor, data: dict[str, Any]) -> None:
