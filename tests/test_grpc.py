@@ -268,6 +268,32 @@ def test_stream_non_decoupled_response_is_final(server, empty_final):
     np.testing.assert_allclose(result.as_numpy("OUTPUT0"), A + B)
 
 
+def test_batch_size_mismatch_names_both_inputs(client):
+    inputs = add_sub_inputs(A, np.full((2, 16), 0.5, dtype=np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", inputs)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert e.value.message() == (
+        "[request id: <id_unknown>] input 'INPUT1' batch size does not match other inputs for 'add_sub': "
+        "input 'INPUT0' has batch size 1, input 'INPUT1' has batch size 2")
+
+
+_BATCH_NOTE = ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+               "prepended to each input shape. If you want to specify the full shape including the batch dim "
+               "in your input dims config, try setting max_batch_size to zero. See the model configuration "
+               "docs for more info on max_batch_size.")
+
+
+def test_batched_shape_error_message(client):
+    inp = grpcclient.InferInput("INPUT0", [1, 5], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 5), dtype=np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", [inp, add_sub_inputs()[1]])
+    assert e.value.message() == (
+        "[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model 'add_sub'. Expected "
+        f"[-1,16], got [1,5]. {_BATCH_NOTE}")
+
+
 def test_large_tensor(client):
     n = 5 * 2**20  # 20 MiB of FP32: past grpc's 4 MiB default in both directions
     data = np.random.default_rng(6).standard_normal(n).astype(np.float32)
