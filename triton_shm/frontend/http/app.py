@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 import orjson
@@ -71,8 +72,9 @@ def create_app(
 
 
 def lean_available() -> bool:
-    """The lean infer path needs httptools; TRITON_SHM_NO_EXTENSIONS=1 turns it off (pure aiohttp)."""
-    if NO_EXTENSIONS:
+    """The lean infer path needs httptools; TRITON_SHM_NO_EXTENSIONS=1 turns it off (pure
+    aiohttp), and so does TRITON_SHM_LEAN_HTTP=0 alone (to compare the two)."""
+    if NO_EXTENSIONS or os.environ.get("TRITON_SHM_LEAN_HTTP", "") in ("0", "false"):
         return False
     try:
         import httptools  # noqa: F401
