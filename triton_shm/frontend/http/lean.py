@@ -15,6 +15,7 @@ is over its high-water mark (a client that stops reading). Idle, slow-header
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import re
 from collections import deque
@@ -50,6 +51,20 @@ _REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 40
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _JOIN_BELOW = 64 * 1024
 LINGER_TIME = 10.0  # seconds a closing connection reads and drops what the client still sends  # join head and body into one write below this size
+
+
+
+class _Field(enum.Enum):
+    """The request header fields the lean path reads."""
+    HEADER_LENGTH = b"inference-header-content-length"
+    CONTENT_ENCODING = b"content-encoding"
+    ACCEPT_ENCODING = b"accept-encoding"
+    CONTENT_LENGTH = b"content-length"
+    EXPECT = b"expect"
+
+
+# Field name -> field, lower case and as clients usually spell it (saves a lower() a field).
+_FIELDS = {**{f.value: f for f in _Field}, **{f.value.title(): f for f in _Field}}
 
 # Connection states, for the timeouts.
 IDLE, HEADERS, BODY = 0, 1, 2
@@ -124,7 +139,6 @@ class LeanConnection(asyncio.Protocol):
         self._busy = False                  # a request is being served
         self._task: asyncio.Task | None = None
         self._bridge: AiohttpBridge | None = None
-        self._header_bytes = 0
         self._read_paused = False
         self._write_paused = False
         self._discard = False               # closing: ignore further input
@@ -192,7 +206,6 @@ class LeanConnection(asyncio.Protocol):
     # -- llhttp callbacks --------------------------------------------------------------------
     def on_message_begin(self) -> None:
         self._msg = Message()
-        self._header_bytes = 0
         self.state = HEADERS
         self.since = self.loop.time()
 
@@ -209,21 +222,25 @@ class LeanConnection(asyncio.Protocol):
         msg.headers.append((name, value))
         if len(msg.headers) > MAX_HEADERS:
             raise _HttpLimit(431, f"more than {MAX_HEADERS} header fields")
-        lower = name.lower()
-        if lower == b"inference-header-content-length":
+        field = _FIELDS.get(name)
+        if field is None:
+            field = _FIELDS.get(name.lower())
+            if field is None:
+                return
+        if field is _Field.HEADER_LENGTH:
             msg.header_length = value.decode("latin-1")
-        elif lower == b"content-encoding":
+        elif field is _Field.CONTENT_ENCODING:
             msg.content_encoding = value.decode("latin-1")
-        elif lower == b"accept-encoding":
+        elif field is _Field.ACCEPT_ENCODING:
             msg.accept_encoding = value.decode("latin-1")
-        elif lower == b"content-length":
+        elif field is _Field.CONTENT_LENGTH:
             try:
                 declared = int(value)
             except ValueError:
                 return  # llhttp refuses it
             if declared > self.ctx.max_input_size:
                 msg.error = (413, self._too_large(declared))
-        elif lower == b"expect" and value.lower() == b"100-continue":
+        elif value.lower() == b"100-continue":
             msg.expect_continue = True
 
     def on_headers_complete(self) -> None:
@@ -258,8 +275,7 @@ class LeanConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         msg, self._msg = self._msg, None
-        self.state = IDLE
-        self.since = self.loop.time()
+        self.state = IDLE  # the idle clock starts when the response is written (request_done)
         if self._discard:
             return  # refused already, or input after the last request
         self._queue_message(msg)
@@ -432,8 +448,10 @@ class LeanConnection(asyncio.Protocol):
             self._close()
 
     def close_idle(self) -> None:
-        """Shutdown: close now unless a request is being served."""
-        if not self._busy:
+        """Shutdown: close now, or once the request being served (and those queued) are answered."""
+        if self._busy:
+            self._last_request()
+        else:
             self._close()
 
 
