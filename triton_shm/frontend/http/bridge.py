@@ -41,10 +41,10 @@ class _SharedTransport(asyncio.Transport):
         self._real: asyncio.Transport = conn.transport  # type: ignore[assignment]
 
     def write(self, data: Any) -> None:
-        self._real.write(data)
+        self.conn.write(data)
 
     def writelines(self, list_of_data: Any) -> None:
-        self._real.writelines(list_of_data)
+        self.conn.writelines(list_of_data)
 
     def is_closing(self) -> bool:
         return self._real.is_closing()

@@ -256,7 +256,7 @@ class LeanConnection(asyncio.Protocol):
             self._last_request()
         elif msg.expect_continue:
             if not self._busy and not self._queue:
-                self._write(_CONTINUE)
+                self.write(_CONTINUE)
                 msg.expect_continue = False
             # else: sent by _serve once the requests before this one are answered
 
@@ -305,7 +305,7 @@ class LeanConnection(asyncio.Protocol):
         msg = self._msg
         if msg is not None and msg.expect_continue and not self._queue and not self._discard:
             msg.expect_continue = False
-            self._write(_CONTINUE)
+            self.write(_CONTINUE)
         if self._read_paused and len(self._queue) < MAX_QUEUED // 2:
             self._read_paused = False
             self.transport.resume_reading()
@@ -364,15 +364,21 @@ class LeanConnection(asyncio.Protocol):
         head.append("\r\n")
         data = "".join(head).encode("latin-1")
         if len(body) < _JOIN_BELOW:
-            self._write(data + body)
+            self.write(data + body)
         else:
-            self._write(data)
-            self._write(body)
+            self.write(data)
+            self.write(body)
 
-    def _write(self, data: bytes) -> None:
+    def write(self, data: bytes) -> None:
+        """Every write of the connection, the bridge's included: none once closing."""
         transport = self.transport
-        if transport is not None and not transport.is_closing():
+        if transport is not None and not self._lingering and not transport.is_closing():
             transport.write(data)
+
+    def writelines(self, chunks: list[bytes]) -> None:
+        transport = self.transport
+        if transport is not None and not self._lingering and not transport.is_closing():
+            transport.writelines(chunks)
 
     def _reject(self, status: int, message: str) -> None:
         """A request that cannot be parsed: answer in turn, then close."""
@@ -408,9 +414,9 @@ class LeanConnection(asyncio.Protocol):
         self._discard = True
         self._queue.clear()
         transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if self._lingering or self._eof or not transport.can_write_eof():
+        if transport is None or transport.is_closing() or self._lingering:
+            return  # closed, or closing once the client closes or the sweeper gives up
+        if self._eof or not transport.can_write_eof():
             transport.close()
             return
         self._lingering = True
