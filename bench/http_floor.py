@@ -19,7 +19,6 @@ import io
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 import os
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
@@ -76,11 +77,7 @@ def lean_available() -> bool:
     aiohttp), and so does TRITON_SHM_LEAN_HTTP=0 alone (to compare the two)."""
     if NO_EXTENSIONS or os.environ.get("TRITON_SHM_LEAN_HTTP", "") in ("0", "false"):
         return False
-    try:
-        import httptools  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("httptools") is not None
 
 
 async def start_http(

@@ -15,17 +15,16 @@ is over its high-water mark (a client that stops reading). Idle, slow-header
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
-import re
 from collections import deque
 from typing import TYPE_CHECKING
 
 import httptools
-import orjson
 
 from ...errors import TritonShmError
-from .infer import HEADER_LENGTH, JSON_TYPE, serve_infer
+from .infer import JSON_TYPE, serve_infer
+from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpLimit, Message, error_body,
+                           held_bytes, infer_route, response_head, timeout_message)
 
 if TYPE_CHECKING:
     from .bridge import AiohttpBridge
@@ -33,98 +32,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Limits as aiohttp's parser has them, so a request the lean parser accepts is one the
-# bridge can hand on.
-MAX_URL = 8190
-MAX_FIELD = 8190
-MAX_HEADERS = 128
 MAX_QUEUED = 16              # parsed requests waiting behind the one being served
 MAX_QUEUED_BYTES = 1 << 20   # ... and their bodies
-
-# Path only (no query): percent-escapes, "." and ".." segments and anything else go to
-# aiohttp, whose router decides them exactly as before.
-_INFER_PATH = re.compile(rb"/v2/models/([^/%]+)(?:/versions/(\d+))?/infer")
-_DOT_SEGMENTS = (b".", b"..")
-_REASONS = {100: "Continue", 200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
-            413: "Payload Too Large", 414: "URI Too Long", 431: "Request Header Fields Too Large",
-            500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-_JOIN_BELOW = 64 * 1024
-LINGER_TIME = 10.0  # seconds a closing connection reads and drops what the client still sends  # join head and body into one write below this size
-
-
-
-class _Field(enum.Enum):
-    """The request header fields the lean path reads."""
-    HEADER_LENGTH = b"inference-header-content-length"
-    CONTENT_ENCODING = b"content-encoding"
-    ACCEPT_ENCODING = b"accept-encoding"
-    CONTENT_LENGTH = b"content-length"
-    EXPECT = b"expect"
-
-
-# Field name -> field, lower case and as clients usually spell it (saves a lower() a field).
-_FIELDS = {**{f.value: f for f in _Field}, **{f.value.title(): f for f in _Field}}
+_JOIN_BELOW = 64 * 1024  # join head and body into one write below this size
+LINGER_TIME = 10.0  # seconds a closing connection reads and drops what the client still sends
 
 # Connection states, for the timeouts.
 IDLE, HEADERS, BODY = 0, 1, 2
-
-
-class _HttpLimit(Exception):
-    """A request over a limit, raised from a parser callback (it stops the parser)."""
-
-    def __init__(self, status: int, message: str):
-        self.status, self.message = status, message
-
-
-class Message:
-    """One parsed request."""
-
-    __slots__ = ("method", "url", "version", "headers", "parts", "size", "keep_alive", "route",
-                 "error", "header_length", "content_encoding", "accept_encoding", "expect_continue")
-
-    def __init__(self) -> None:
-        self.method = b""
-        self.version = "1.1"
-        self.url = b""
-        self.headers: list[tuple[bytes, bytes]] = []
-        self.parts: list[bytes] = []
-        self.size = 0
-        self.route: tuple[str, str] | None = None  # (model, version) of an infer request
-        self.error: tuple[int, str] | None = None  # answered instead of served, then closed
-        self.header_length: str | None = None
-        self.content_encoding: str | None = None
-        self.accept_encoding: str | None = None
-        self.expect_continue = False
-        self.keep_alive = False
-
-    @property
-    def body(self) -> bytes:
-        parts = self.parts
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def _infer_route(method: bytes, url: bytes) -> tuple[str, str] | None:
-    if method != b"POST":
-        return None
-    path = url.split(b"?", 1)[0]
-    m = _INFER_PATH.fullmatch(path)
-    if m is None or m.group(1) in _DOT_SEGMENTS:
-        return None
-    try:
-        model = m.group(1).decode()
-    except UnicodeDecodeError:
-        return None
-    version = m.group(2)
-    return model, version.decode() if version else ""
-
-
-def _body_bytes(msg: Message) -> int:
-    return msg.size if msg.error is None else 0  # a refused body is dropped, not held
-
-
-def error_body(message: str) -> bytes:
-    return orjson.dumps({"error": message})
 
 
 class LeanConnection(asyncio.Protocol):
@@ -184,7 +99,7 @@ class LeanConnection(asyncio.Protocol):
             self._last_request()  # no protocol upgrades: answer what was parsed, then close
         except httptools.HttpParserCallbackError as e:
             limit = e.__context__
-            if isinstance(limit, _HttpLimit):
+            if isinstance(limit, HttpLimit):
                 self._reject(limit.status, limit.message)
             else:  # a bug of ours: answer and close rather than leave the connection hanging
                 log.error("HTTP parser callback failed", exc_info=limit)
@@ -213,27 +128,27 @@ class LeanConnection(asyncio.Protocol):
         msg = self._msg
         msg.url += url
         if len(msg.url) > MAX_URL:
-            raise _HttpLimit(414, f"request line is longer than {MAX_URL} bytes")
+            raise HttpLimit(414, f"request line is longer than {MAX_URL} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         msg = self._msg
         if len(name) + len(value) > MAX_FIELD:
-            raise _HttpLimit(431, f"a header field is longer than {MAX_FIELD} bytes")
+            raise HttpLimit(431, f"a header field is longer than {MAX_FIELD} bytes")
         msg.headers.append((name, value))
         if len(msg.headers) > MAX_HEADERS:
-            raise _HttpLimit(431, f"more than {MAX_HEADERS} header fields")
-        field = _FIELDS.get(name)
+            raise HttpLimit(431, f"more than {MAX_HEADERS} header fields")
+        field = FIELDS.get(name)
         if field is None:
-            field = _FIELDS.get(name.lower())
+            field = FIELDS.get(name.lower())
             if field is None:
                 return
-        if field is _Field.HEADER_LENGTH:
+        if field is Field.HEADER_LENGTH:
             msg.header_length = value.decode("latin-1")
-        elif field is _Field.CONTENT_ENCODING:
+        elif field is Field.CONTENT_ENCODING:
             msg.content_encoding = value.decode("latin-1")
-        elif field is _Field.ACCEPT_ENCODING:
+        elif field is Field.ACCEPT_ENCODING:
             msg.accept_encoding = value.decode("latin-1")
-        elif field is _Field.CONTENT_LENGTH:
+        elif field is Field.CONTENT_LENGTH:
             try:
                 declared = int(value)
             except ValueError:
@@ -249,7 +164,7 @@ class LeanConnection(asyncio.Protocol):
         msg.method = parser.get_method()
         msg.version = parser.get_http_version()
         msg.keep_alive = parser.should_keep_alive()
-        msg.route = _infer_route(msg.method, msg.url)
+        msg.route = infer_route(msg.method, msg.url)
         self.state = BODY
         if msg.error is not None:  # refused in turn without waiting for the body, then closed
             self._queue_message(msg)
@@ -287,7 +202,7 @@ class LeanConnection(asyncio.Protocol):
         """Start the next queued request if none is being served and the client reads."""
         while not self._busy and self._queue and not self._write_paused and self.transport is not None:
             msg = self._queue.popleft()
-            self._queued_bytes -= _body_bytes(msg)
+            self._queued_bytes -= held_bytes(msg)
             if msg.error is not None:
                 self._respond(msg, msg.error[0], JSON_TYPE, error_body(msg.error[1]))
                 self._close()
@@ -353,20 +268,11 @@ class LeanConnection(asyncio.Protocol):
     # -- writing -----------------------------------------------------------------------------
     def _respond(self, msg: Message, status: int, content_type: str, body: bytes,
                  headers: dict[str, str] | None = None) -> None:
-        head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nDate: {self.ctx.date}\r\n"
-                f"Content-Type: {content_type}\r\nContent-Length: {len(body)}\r\n"]
-        if headers:
-            head += [f"{k}: {v}\r\n" for k, v in headers.items()]
-        if not msg.keep_alive or msg.error is not None:
-            head.append("Connection: close\r\n")
-        elif msg.version == "1.0":
-            head.append("Connection: keep-alive\r\n")
-        head.append("\r\n")
-        data = "".join(head).encode("latin-1")
+        head = response_head(msg, status, content_type, len(body), headers, self.ctx.date)
         if len(body) < _JOIN_BELOW:
-            self.write(data + body)
+            self.write(head + body)
         else:
-            self.write(data)
+            self.write(head)
             self.write(body)
 
     def write(self, data: bytes) -> None:
@@ -392,7 +298,7 @@ class LeanConnection(asyncio.Protocol):
 
     def _queue_message(self, msg: Message) -> None:
         self._queue.append(msg)
-        self._queued_bytes += _body_bytes(msg)
+        self._queued_bytes += held_bytes(msg)
 
     def _too_large(self, size: int) -> str:
         return f"Maximum request body size {self.ctx.max_input_size} exceeded, actual body size {size}"
@@ -447,7 +353,7 @@ class LeanConnection(asyncio.Protocol):
         elif self._busy or self._queue:
             return
         elif self.state == HEADERS and elapsed > ctx.header_timeout:
-            self._queue_message(_timeout_message())
+            self._queue_message(timeout_message())
             self._last_request()
             self._serve()
         elif elapsed > ctx.keepalive_timeout:  # idle, or a body that stopped arriving
@@ -459,10 +365,3 @@ class LeanConnection(asyncio.Protocol):
             self._last_request()
         else:
             self._close()
-
-
-
-def _timeout_message() -> Message:
-    msg = Message()
-    msg.error = (408, "timed out waiting for the request headers")
-    return msg
