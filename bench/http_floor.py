@@ -9,12 +9,16 @@ servers in compare_triton.py.
            queue, response framing) answering from the infer route itself; the metadata
            calls perf_analyzer makes first cross the bridge to aiohttp, as in the server
 
-Whatever triton-shm's HTTP infer path does per request comes on top of its row.
+Whatever triton-shm's HTTP infer path does per request comes on top of its row. A second
+table prices what the lean server adds to every other route: GET /v2/health/ready on one
+keep-alive connection from a plain Python client, served by aiohttp directly or through
+the lean connection's bridge.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import http.client
 import io
 import subprocess
 import sys
@@ -101,13 +105,24 @@ def served(port: int) -> int:
         return int(r.read())
 
 
-def measure(ref, mode: str, concurrencies: list[str], interval_ms: int) -> list[str]:
+def control_row(mode: str, port: int, pid: int, n: int) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port)
+    cpu0 = cpu_seconds(process_tree(pid))
+    for _ in range(n):
+        conn.request("GET", "/v2/health/ready")
+        conn.getresponse().read()
+    conn.close()
+    return f"| {mode} | {n} | {1e6 * (cpu_seconds(process_tree(pid)) - cpu0) / n:.0f} |"
+
+
+def measure(ref, mode: str, concurrencies: list[str], interval_ms: int, control_n: int) -> tuple[list[str], str]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-c", SERVER, mode, str(port)], stdout=subprocess.PIPE, text=True)
     rows = []
     try:
         if proc.stdout.readline().strip() != "ready":
             raise RuntimeError(f"the do-nothing {mode} server did not start")
+        control = control_row(mode, port, proc.pid, control_n)
         for c in concurrencies:
             with tempfile.NamedTemporaryFile(suffix=".csv") as f:
                 n0, cpu0 = served(port), cpu_seconds(process_tree(proc.pid))
@@ -124,7 +139,7 @@ def measure(ref, mode: str, concurrencies: list[str], interval_ms: int) -> list[
     finally:
         proc.terminate()
         proc.wait(30)
-    return rows
+    return rows, control
 
 
 def main() -> None:
@@ -132,14 +147,19 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,8,16")
     parser.add_argument("--interval-ms", type=int, default=2000)
     parser.add_argument("--modes", default="aiohttp,lean")
+    parser.add_argument("--control-requests", type=int, default=5000)
     args = parser.parse_args()
     ref = ensure_reference()
     print("| do-nothing HTTP server, perf_analyzer HTTP, 2 x FP32[16] | concurrency | infer/s | p50 µs | p99 µs "
           "| server CPU-µs / request |")
     print("|---|---|---|---|---|---|")
+    controls = []
     for mode in args.modes.split(","):
-        for row in measure(ref, mode, args.concurrency.split(","), args.interval_ms):
-            print(row, flush=True)
+        rows, control = measure(ref, mode, args.concurrency.split(","), args.interval_ms, args.control_requests)
+        print("\n".join(rows), flush=True)
+        controls.append(control)
+    print("\n| GET /v2/health/ready, one keep-alive connection | requests | server CPU-µs / request |\n|---|---|---|")
+    print("\n".join(controls))
 
 
 if __name__ == "__main__":
