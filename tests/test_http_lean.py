@@ -422,3 +422,17 @@ def test_client_that_stops_reading(server):
         assert status == 200 and len(body) == int(headers["inference-header-content-length"]) + 4 * n
     c.close()
     assert_serving(server)
+
+
+def test_request_in_pieces(server):
+    """Headers split mid-line and a body in several TCP segments, with pauses between."""
+    data = infer_request("pieces")
+    c = Conn(server)
+    c.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for cut in (10, 40, 41, len(data) - 100, len(data) - 1):
+        c.send(data[:cut])
+        data = data[cut:]
+        time.sleep(0.05)
+    c.send(data)
+    check_add_sub(*c.read_response(), "pieces")
+    c.close()
