@@ -1,4 +1,5 @@
-"""The aiohttp application: routes, error mapping and limits."""
+"""The aiohttp application (routes, error mapping, limits) and :func:`start_http`, which
+serves it alone or behind the lean infer path."""
 from __future__ import annotations
 
 import asyncio
