@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_QUEUED = 16              # parsed requests waiting behind the one being served
-MAX_QUEUED_BYTES = 1 << 20   # ... and their bodies
+MAX_QUEUED_BYTES = 1 << 20   # ... and their bodies, with the body being read behind them
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _JOIN_BELOW = 64 * 1024  # join head and body into one write below this size
 LINGER_TIME = 10.0  # seconds a closing connection reads and drops what the client still sends
@@ -107,7 +107,7 @@ class LeanConnection(asyncio.Protocol):
         except httptools.HttpParserError as e:
             self._reject(400, f"malformed HTTP request: {e}")
         self._serve()
-        if not self._read_paused and (len(self._queue) >= MAX_QUEUED or self._queued_bytes >= MAX_QUEUED_BYTES):
+        if not self._read_paused and self._over_budget():
             self._pause_reading()
 
     def eof_received(self) -> bool | None:
@@ -212,7 +212,12 @@ class LeanConnection(asyncio.Protocol):
                 self._task = self.loop.create_task(self._infer(msg))
             else:
                 self._forward(msg)
-        if self._busy or self.transport is None:
+        if self.transport is None:
+            return
+        if self._read_paused and not self._write_paused and not self._over_budget():
+            self._read_paused = False
+            self.transport.resume_reading()
+        if self._busy:
             return
         if self._discard and not self._queue:
             self._close()  # the last request this connection serves is answered
@@ -221,9 +226,6 @@ class LeanConnection(asyncio.Protocol):
         if msg is not None and msg.expect_continue and not self._queue and not self._discard:
             msg.expect_continue = False
             self.write(_CONTINUE)
-        if self._read_paused and len(self._queue) < MAX_QUEUED // 2:
-            self._read_paused = False
-            self.transport.resume_reading()
 
     async def _infer(self, msg: Message) -> None:
         model, version = msg.route
@@ -304,6 +306,14 @@ class LeanConnection(asyncio.Protocol):
         return f"Maximum request body size {self.ctx.max_input_size} exceeded, actual body size {size}"
 
     # -- flow control and closing -----------------------------------------------------------------
+    def _over_budget(self) -> bool:
+        """Too much read ahead of the request being served: queued requests, and the next one's
+        body so far (the request at the head may take its whole --http-max-input-size)."""
+        held = self._queued_bytes
+        if self._busy and self._msg is not None:
+            held += self._msg.size
+        return len(self._queue) >= MAX_QUEUED or held >= MAX_QUEUED_BYTES
+
     def _pause_reading(self) -> None:
         if not self._read_paused and self.transport is not None:
             self._read_paused = True
