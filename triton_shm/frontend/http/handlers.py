@@ -170,6 +170,7 @@ class HttpHandlers:
         # not inflate (auto_decompress=False), so compressed bodies are capped here.
         return decode_body(await request.read(), request.headers.get("Content-Encoding"), self.max_input_size)
 
+
 def build_routes(h: HttpHandlers) -> list[web.RouteDef]:
     """Triton's HTTP routes, in match order (fixed paths before ``{model}`` patterns)."""
     routes = [
