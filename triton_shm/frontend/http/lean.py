@@ -154,7 +154,7 @@ class LeanConnection(asyncio.Protocol):
             except ValueError:
                 return  # llhttp refuses it
             if declared > self.ctx.max_input_size:
-                msg.error = (413, self._too_large(declared))
+                msg.error = (413, self._too_large())
         elif value.lower() == b"100-continue":
             msg.expect_continue = True
 
@@ -181,7 +181,7 @@ class LeanConnection(asyncio.Protocol):
             return  # read and dropped, so the answer can follow
         msg.size += len(chunk)
         if msg.size > self.ctx.max_input_size:
-            msg.error = (413, self._too_large(msg.size))
+            msg.error = (413, self._too_large())
             msg.parts.clear()
             self._queue_message(msg)
             self._last_request()
@@ -302,8 +302,8 @@ class LeanConnection(asyncio.Protocol):
         self._queue.append(msg)
         self._queued_bytes += held_bytes(msg)
 
-    def _too_large(self, size: int) -> str:
-        return f"Maximum request body size {self.ctx.max_input_size} exceeded, actual body size {size}"
+    def _too_large(self) -> str:
+        return f"Maximum request body size {self.ctx.max_input_size} exceeded."  # aiohttp's words
 
     # -- flow control and closing -----------------------------------------------------------------
     def _over_budget(self) -> bool:
