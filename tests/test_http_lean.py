@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import random
 import socket
 import threading
 import time
@@ -436,3 +437,35 @@ def test_request_in_pieces(server):
     c.send(data)
     check_add_sub(*c.read_response(), "pieces")
     c.close()
+
+
+def test_garbage_never_hangs_or_crashes(server):
+    """Random bytes, corrupted and truncated requests, each followed by the client's half-close:
+    every connection is answered or closed promptly, and the server logs no traceback."""
+    rng = random.Random(13)
+    valid = infer_request("fuzz")
+    for i in range(60):
+        if i % 3 == 0:
+            data = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 400)))
+        elif i % 3 == 1:
+            data = bytearray(valid)
+            for _ in range(rng.randrange(1, 4)):
+                data[rng.randrange(200)] = rng.randrange(256)
+            data = bytes(data)
+        else:
+            data = valid[:rng.randrange(1, len(valid))]
+        c = Conn(server, timeout=10)
+        try:
+            c.send(data)
+            c.sock.shutdown(socket.SHUT_WR)
+            while c._fill():
+                pass
+        except (ConnectionResetError, BrokenPipeError):
+            pass
+        finally:
+            c.close()
+        if c.buf:
+            assert c.buf.startswith(b"HTTP/1."), c.buf[:100]
+    assert_serving(server)
+    if LEAN:
+        assert "Traceback" not in server.log(), server.log()[-3000:]
