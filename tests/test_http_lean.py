@@ -9,6 +9,7 @@ header timeout) is checked where it runs.
 """
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 import os
@@ -469,3 +470,85 @@ def test_garbage_never_hangs_or_crashes(server):
     assert_serving(server)
     if LEAN:
         assert "Traceback" not in server.log(), server.log()[-3000:]
+
+
+# --------------------------------------------------------------------------- timeouts, in-process
+class _Transport:
+    """Records what the connection does to its transport."""
+
+    def __init__(self):
+        self.calls: list[str] = []
+        self.written = b""
+        self.closing = False
+
+    def write(self, data):
+        self.written += data
+
+    def write_eof(self):
+        self.calls.append("write_eof")
+
+    def close(self):
+        self.calls.append("close")
+        self.closing = True
+
+    def abort(self):
+        self.calls.append("abort")
+        self.closing = True
+
+    def is_closing(self):
+        return self.closing
+
+    def can_write_eof(self):
+        return True
+
+    def pause_reading(self):
+        self.calls.append("pause_reading")
+
+    def resume_reading(self):
+        self.calls.append("resume_reading")
+
+
+def _with_connection(check) -> None:
+    """Run ``check(conn, transport, now)`` on a lean connection with a 1 s header timeout and
+    a 5 s keep-alive timeout, its clock driven by hand."""
+    from triton_shm.frontend.http.lean import LeanConnection
+    from triton_shm.frontend.http.lean_server import LeanContext
+
+    async def main():
+        ctx = LeanContext(None, MAX_INPUT, None, header_timeout=1.0, keepalive_timeout=5.0)
+        conn, transport = LeanConnection(ctx), _Transport()
+        conn.connection_made(transport)
+        check(conn, transport, conn.since)
+    asyncio.run(main())
+
+
+@pytest.mark.skipif(not LEAN, reason="the lean connection's own timeouts")
+def test_idle_and_stalled_connections_time_out():
+    def idle(conn, t, now):
+        conn.check_timeouts(now + 4.0)
+        assert t.calls == []
+        conn.check_timeouts(now + 6.0)  # idle past keep-alive: half-closed, then lingering
+        assert t.calls == ["write_eof"] and t.written == b""
+        conn.check_timeouts(now + 6.0 + 11.0)  # lingering past its limit
+        assert t.calls[-1] == "abort"
+    _with_connection(idle)
+
+    def stalled_body(conn, t, now):
+        conn.data_received(b"POST /v2/models/m/infer HTTP/1.1\r\nContent-Length: 100\r\n\r\n0123456789")
+        conn.check_timeouts(conn.since + 2.0)  # past the header timeout, but the headers are in
+        assert t.calls == []
+        conn.check_timeouts(conn.since + 6.0)
+        assert t.calls == ["write_eof"]
+    _with_connection(stalled_body)
+
+    def slow_headers(conn, t, now):
+        conn.data_received(b"POST /v2/models/m/infer HTTP/1.1\r\nHost: x\r\n")
+        conn.check_timeouts(conn.since + 2.0)
+        assert t.written.startswith(b"HTTP/1.1 408 ") and t.calls == ["write_eof"]
+    _with_connection(slow_headers)
+
+    def never_reads(conn, t, now):
+        conn.pause_writing()
+        conn.check_timeouts(conn.since + 6.0)
+        assert t.calls == ["abort"]
+    _with_connection(never_reads)
