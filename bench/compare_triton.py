@@ -28,6 +28,7 @@ Scenarios:
   small     add_sub, two FP32[16] inputs; gRPC and HTTP at concurrency 1 and 8
   large     identity, one FP32 tensor of 1 MiB and of 16 MiB; gRPC in-band and through
             system shared memory, at concurrency 1
+  large_http  the same identity model, 1 MiB and 16 MiB in-band over HTTP, at concurrency 1
   batching  a batch-friendly model (per-call overhead + one matmul per batch) at
             concurrency 16, dynamic batching off and on, over gRPC and HTTP
 """
@@ -141,6 +142,8 @@ SCENARIOS: dict[str, list[Case]] = {
              ["--shape", "INPUT0:4194304", "--concurrency-range", "1", "--shared-memory", "system",
               "--output-shared-memory-size", str(16 << 20)]),
     ],
+    "large_http": [Case(f"identity {mib} MiB, HTTP in-band, concurrency 1", "identity",
+                        ["--shape", f"INPUT0:{mib << 18}", "--concurrency-range", "1"], "http") for mib in (1, 16)],
     "batching": [Case(f"matmul 256x256, {name}, concurrency 16, dynamic batching {state}", model,
                       ["--concurrency-range", "16"], protocol)
                  for protocol, name in (("grpc", "gRPC"), ("http", "HTTP"))
