@@ -137,11 +137,9 @@ class LeanConnection(asyncio.Protocol):
         msg.headers.append((name, value))
         if len(msg.headers) > MAX_HEADERS:
             raise HttpLimit(431, f"more than {MAX_HEADERS} header fields")
-        field = FIELDS.get(name)
-        if field is None:
-            field = FIELDS.get(name.lower())
-            if field is None:
-                return
+        field = FIELDS.get(name) or FIELDS.get(name.lower())
+        if field is None or field is Field.OTHER:
+            return
         if field is Field.HEADER_LENGTH:
             msg.header_length = value.decode("latin-1")
         elif field is Field.CONTENT_ENCODING:

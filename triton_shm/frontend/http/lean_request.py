@@ -28,10 +28,15 @@ class Field(enum.Enum):
     ACCEPT_ENCODING = b"accept-encoding"
     CONTENT_LENGTH = b"content-length"
     EXPECT = b"expect"
+    OTHER = b""  # a field every client sends that the lean path does not read
 
 
 # Field name -> field, lower case and as clients usually spell it (saves a lower() a field).
-FIELDS = {**{f.value: f for f in Field}, **{f.value.title(): f for f in Field}}
+_READ = [f for f in Field if f is not Field.OTHER]
+FIELDS = {**{f.value: f for f in _READ}, **{f.value.title(): f for f in _READ},
+          **dict.fromkeys([b"Host", b"host", b"Accept", b"accept", b"User-Agent", b"Content-Type", b"Connection"],
+                          Field.OTHER)}
+
 
 class HttpLimit(Exception):
     """A request over a limit, raised from a parser callback (it stops the parser)."""
