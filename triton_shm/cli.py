@@ -47,6 +47,7 @@ class ServerOptions:
     metrics_interval_ms: float = 2000.0
     metrics_config: list[str] = field(default_factory=list)
     http_max_input_size: int = 64 * 1024 * 1024
+    http_header_timeout_secs: float = 30.0
     exit_timeout_secs: int = 30
     log_verbose: int = 0
     log_info: bool = True
@@ -268,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
              "picks their quantiles, counter_latencies=false drops the latency counters")
     add("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
         help="largest HTTP request body accepted, after decompression (default 64 MiB)")
+    add("--http-header-timeout-secs", type=float, default=30.0, metavar="SECONDS",
+        help="close an HTTP connection whose request headers take longer than this to arrive (default 30)")
     add("--exit-timeout-secs", type=int, default=30, metavar="SECONDS",
         help="on SIGINT/SIGTERM, how long in-flight requests may take to finish (default 30)")
     add("--log-verbose", type=int, default=0, metavar="LEVEL", help="verbose logging level (default 0)")

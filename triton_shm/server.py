@@ -59,7 +59,8 @@ async def serve(options: ServerOptions) -> int:
             from .frontend.http.app import start_http
             runners.append(("HTTP", await start_http(service, options.http_address, options.http_port,
                                                      max_input_size=options.http_max_input_size,
-                                                     shutdown_timeout=options.exit_timeout_secs)))
+                                                     shutdown_timeout=options.exit_timeout_secs,
+                                                     header_timeout=options.http_header_timeout_secs)))
             log.info("Started HTTPService at %s:%d", options.http_address, options.http_port)
         if options.allow_grpc:
             from .frontend.grpc.server import start_grpc
