@@ -1,6 +1,6 @@
 # Two entry points, each doing all set-up on a fresh machine (a venv in .venv):
 #   make serve   run the server on examples/model_repository
-#   make test    run the whole test suite
+#   make test    check the installed package, then run the whole test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
@@ -16,8 +16,11 @@ install: $(VENV)/.installed
 serve: $(VENV)/.installed
 	$(VENV)/bin/triton-shm --model-repository examples/model_repository
 
-# The whole suite twice: with the C extensions, then with their pure-Python twins.
+# First the user's path (sdist and wheel built, installed into clean venvs, the console
+# script serving from outside the checkout), then the whole suite twice: with the C
+# extensions, then with their pure-Python twins.
 test: $(VENV)/.installed
+	$(PY) tests/check_install.py
 	$(PY) -m pytest tests
 	TRITON_SHM_NO_EXTENSIONS=1 $(PY) -m pytest tests
 

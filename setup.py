@@ -12,6 +12,7 @@ from setuptools.command.build_py import build_py
 ROOT = Path(__file__).parent.resolve()
 PROTO_DIR = ROOT / "protos"
 PROTO_OUT = ROOT / "triton_shm" / "_proto"
+PROTO_PACKAGE = "triton_shm._proto"
 
 
 def generate_protos() -> None:
@@ -35,8 +36,13 @@ def generate_protos() -> None:
 
 
 class BuildPyWithProtos(build_py):
+    """Generates the stubs, then builds them as a package of their own: the package list was
+    computed from the source tree before they existed (a clean checkout has no _proto/)."""
+
     def run(self) -> None:
         generate_protos()
+        if self.packages is not None and PROTO_PACKAGE not in self.packages:
+            self.packages.append(PROTO_PACKAGE)
         super().run()
 
 

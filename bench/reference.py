@@ -1,16 +1,18 @@
 """Installs the systems triton-shm is compared against, into bench/.cache (idempotent):
 the real Triton 2.51 with its python backend (carried by the nvidia-pytriton 0.7.0 wheel;
-CPU, python-backend models only) and perf_analyzer from the tritonclient 2.50.0 wheel
-(needs Debian's libb64-0d and libcudart.so.12 from nvidia-cuda-runtime-cu12)."""
+CPU, python-backend models only) and perf_analyzer (tests/perf_analyzer.py installs it)."""
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
 import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.perf_analyzer import ensure_perf_analyzer  # noqa: E402  (the one installer, shared with the tests)
 
 CACHE = Path(__file__).resolve().parent / ".cache"
 
@@ -59,19 +61,7 @@ def ensure_reference() -> Reference:
     stub = home / "backends" / "python" / "triton_python_backend_stub"
     if not stub.exists():
         shutil.copy(home / "python_backend_stubs" / ver / "triton_python_backend_stub", stub)
-    pa = CACHE / "bin" / "perf_analyzer"
-    if not pa.exists():
-        wheels = CACHE / "wheels"
-        wheels.mkdir(parents=True, exist_ok=True)
-        _run(str(py), "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "tritonclient==2.50.0",
-             "-d", str(wheels))
-        wheel = next(wheels.glob("tritonclient-2.50.0-*.whl"))
-        pa.parent.mkdir(parents=True, exist_ok=True)
-        with zipfile.ZipFile(wheel) as z:
-            pa.write_bytes(z.read("tritonclient-2.50.0.data/data/bin/perf_analyzer"))
-        pa.chmod(0o755)
-    if "libb64.so.0d" not in subprocess.run(["ldconfig", "-p"], capture_output=True, text=True).stdout:
-        _run("apt-get", "install", "-y", "-qq", "libb64-0d")
+    pa = ensure_perf_analyzer(CACHE)
     return Reference(python=py, tritonserver=home / "bin" / "tritonserver", backends=home / "backends",
-                     triton_libs=site / "nvidia_pytriton.libs", perf_analyzer=pa,
-                     pa_libs=site / "nvidia" / "cuda_runtime" / "lib")
+                     triton_libs=site / "nvidia_pytriton.libs", perf_analyzer=pa.exe,
+                     pa_libs=pa.lib_dir)

@@ -7,6 +7,7 @@ import pytest
 
 from .harness import ServerProcess
 from .models import add_sub_onnx_model, python_identity
+from .perf_analyzer import PerfAnalyzer, Unavailable, ensure_perf_analyzer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "model_repository"
 ALL_DATATYPES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
@@ -28,3 +29,12 @@ def server(tmp_path_factory) -> ServerProcess:
     srv = ServerProcess(repo, root / "server.log").start()
     yield srv
     srv.stop_cleanly()
+
+
+@pytest.fixture(scope="session")
+def perf_analyzer() -> PerfAnalyzer:
+    """The real perf_analyzer, installed on first use; skipped only where it cannot be installed."""
+    try:
+        return ensure_perf_analyzer()
+    except Unavailable as e:
+        pytest.skip(f"perf_analyzer unavailable: {e}")

@@ -43,10 +43,14 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """``python -m triton_shm`` on 127.0.0.1 with its own ports and log file."""
+    """``python -m triton_shm`` (or ``program``, e.g. an installed console script) on 127.0.0.1
+    with its own ports and log file."""
 
     def __init__(self, repository: Path | list[Path], log_path: Path, *, extra_args: list[str] = (),
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, program: list[str] | None = None,
+                 cwd: Path | None = None):
+        self.program = program or [sys.executable, "-m", "triton_shm"]
+        self.cwd = cwd
         self.repositories = repository if isinstance(repository, list) else [repository]
         self.http_port, self.grpc_port = free_port(), free_port()
         self.log_path = log_path
@@ -63,13 +67,14 @@ class ServerProcess:
         return f"127.0.0.1:{self.grpc_port}"
 
     def start(self, timeout: float = 90.0, wait_ready: bool = True) -> "ServerProcess":
-        args = [sys.executable, "-m", "triton_shm", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+        args = [*self.program, "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
                 "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                 "--allow-metrics", "false", *self.extra_args]
         for repo in self.repositories:
             args += ["--model-repository", str(repo)]
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env)
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     cwd=self.cwd)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

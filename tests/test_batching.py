@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -762,18 +760,11 @@ def test_invalid_batching_configs_fail_to_load(server):
 
 # -- perf_analyzer ------------------------------------------------------------------------
 
-REF_ENV = Path("/root/.cache/triton-reference/env.sh")
-
-
-def test_perf_analyzer_concurrency_batches(server):
-    if not REF_ENV.exists():
-        pytest.skip(f"{REF_ENV} is absent: no perf_analyzer")
-    if shutil.which("bash") is None:
-        pytest.skip("no bash")
-    cmd = (f"source {REF_ENV} && pa -m pa_batch -u {server.proc.grpc_url} -i grpc --concurrency-range 8 "
-           "--measurement-interval 800 --max-trials 4 --stability-percentage 1000")
+def test_perf_analyzer_concurrency_batches(server, perf_analyzer):
     before = server.stats("pa_batch")
-    proc = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+    proc = perf_analyzer.run("-m", "pa_batch", "-u", server.proc.grpc_url, "-i", "grpc", "--concurrency-range", "8",
+                             "--measurement-interval", "800", "--max-trials", "4", "--stability-percentage", "1000",
+                             timeout=60)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     after = server.stats("pa_batch")
     assert after["inference_count"] > before["inference_count"]

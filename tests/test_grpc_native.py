@@ -519,21 +519,42 @@ def test_plain_grpcio_stubs_and_health(server):
         assert len(replies) == 3 and all(not r.error_message for r in replies)
 
 
-def test_perf_analyzer_streaming(server):
-    from .test_shm import PA_ENV, _perf_analyzer
-    pa = _perf_analyzer()
-    if pa is None:
-        pytest.skip(f"perf_analyzer not installed ({PA_ENV} missing)")
-    exe, libs = pa
-    args = [exe, "-m", "identity_fp32", "-u", server.grpc_url, "-i", "grpc", "--streaming", "--shape", "INPUT0:16",
+def test_perf_analyzer_streaming(server, perf_analyzer):
+    args = ["-m", "identity_fp32", "-u", server.grpc_url, "-i", "grpc", "--streaming", "--shape", "INPUT0:16",
             "--concurrency-range", "4", "--measurement-interval", "1000", "--max-trials", "5",
             "--stability-percentage", "80"]
     for attempt in range(3):  # a loaded machine can miss the stability window: measure again
-        proc = subprocess.run(args, env={**os.environ, "LD_LIBRARY_PATH": libs}, capture_output=True, text=True,
-                              timeout=90)
+        proc = perf_analyzer.run(*args, timeout=90)
         if proc.returncode == 0 or "Failed to obtain stable measurement" not in proc.stdout + proc.stderr:
             break
     assert proc.returncode == 0 and "Throughput" in proc.stdout, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def test_max_connection_age_and_ping_policy(tmp_path):
+    """--grpc-max-connection-age: GOAWAY after the age, clients reconnect and go on;
+    --grpc-http2-max-ping-strikes: pings with no data in between get GOAWAY too_many_pings."""
+    repo = build_core_repository(tmp_path / "models")
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
+        "--grpc-transport", "native", "--grpc-max-connection-age", "700", "--grpc-max-connection-age-grace", "500",
+        "--grpc-http2-max-ping-strikes", "1"]).start()
+    try:
+        conn = RawH2(srv)
+        t0 = time.monotonic()
+        goaway = conn.wait_for(lambda f: isinstance(f, GoAwayFrame), timeout=5)
+        assert goaway is not None and goaway.error_code == 0 and 0.5 < time.monotonic() - t0 < 2
+        conn.close()
+        with grpcclient.InferenceServerClient(srv.grpc_url) as c:
+            for _ in range(3):
+                x = np.arange(4, dtype=np.float32)
+                np.testing.assert_array_equal(c.infer("identity_fp32", identity_inputs(x)).as_numpy("OUTPUT0"), x)
+                time.sleep(0.4)
+        pinger = RawH2(srv)
+        pinger.send(PingFrame(0, opaque_data=b"12345678").serialize() * 3)  # strikes 1 and 2: past the limit of 1
+        goaway = pinger.wait_for(lambda f: isinstance(f, GoAwayFrame), timeout=5)
+        assert goaway is not None and goaway.error_code == ENHANCE_YOUR_CALM and b"too_many_pings" in goaway.additional_data
+        pinger.close()
+    finally:
+        srv.stop_cleanly()
 
 
 def test_shutdown_finishes_in_flight_calls(tmp_path):

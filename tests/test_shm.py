@@ -14,7 +14,6 @@ import json
 import os
 import re
 import struct
-import subprocess
 import threading
 import time
 import urllib.error
@@ -970,39 +969,17 @@ def test_server_fd_count_bounded(proto, client, server, regions):
 
 # =========================================================================== perf_analyzer
 
-PA_ENV = Path("/root/.cache/triton-reference/env.sh")
-
-
-def _perf_analyzer() -> tuple[str, str] | None:
-    if not PA_ENV.exists():
-        return None
-    env = {}
-    for line in PA_ENV.read_text().splitlines():
-        if line.startswith("export ") and "=" in line:
-            k, v = line[len("export "):].split("=", 1)
-            env[k.strip()] = v.strip().strip('"')
-    exe, libs = env.get("PERF_ANALYZER"), env.get("PERF_ANALYZER_LIBS", "")
-    if not exe or not os.access(exe, os.X_OK):
-        return None
-    return exe, libs
-
-
 @pytest.mark.parametrize("output_shm", [False, True], ids=["in_shm", "in_out_shm"])
-def test_perf_analyzer_system_shm(proto, server, output_shm):
-    pa = _perf_analyzer()
-    if pa is None:
-        pytest.skip(f"perf_analyzer not installed ({PA_ENV} missing)")
-    exe, libs = pa
+def test_perf_analyzer_system_shm(proto, server, output_shm, perf_analyzer):
     url = server.grpc_url if proto == "grpc" else server.http_url
-    args = [exe, "-m", "identity_fp32", "-u", url, "-i", proto, "--shared-memory", "system",
+    args = ["-m", "identity_fp32", "-u", url, "-i", proto, "--shared-memory", "system",
             "--shape", "INPUT0:1024", "--concurrency-range", "2", "--measurement-interval", "1000",
             "--max-trials", "3", "--stability-percentage", "80"]
     if output_shm:
         args += ["--output-shared-memory-size", "4096"]
     before = shm_listing()
-    env = {**os.environ, "LD_LIBRARY_PATH": libs}
     for attempt in range(3):  # on a loaded machine the 80% stability window can be missed: measure again
-        proc = subprocess.run(args, env=env, capture_output=True, text=True, timeout=90)
+        proc = perf_analyzer.run(*args, timeout=90)
         unstable = "Failed to obtain stable measurement" in proc.stdout + proc.stderr
         if proc.returncode == 0 or not unstable:
             break

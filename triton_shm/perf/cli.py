@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import os
 import signal
 import sys
@@ -16,6 +17,15 @@ import traceback
 from . import PerfError, UsageError
 
 DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
+# What the 'perf' extra brings; the server's own install does not need them.
+PERF_EXTRA_MODULES = ("tritonclient", "hpack")
+
+
+def check_dependencies() -> None:
+    missing = [m for m in PERF_EXTRA_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UsageError(f"the load generator needs {' and '.join(missing)}, not installed here: "
+                         "pip install 'triton-shm[perf]'")
 
 
 def _positive_int(v: str) -> int:
@@ -165,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     prog = "triton-shm perf"
     try:
+        check_dependencies()
         opts = options_from_args(ns)
     except UsageError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)

@@ -46,15 +46,8 @@ def generic_handlers(methods: list[Method]) -> list[grpc.GenericRpcHandler]:
     return [grpc.method_handlers_generic_handler(s, handlers) for s, handlers in by_service.items()]
 
 
-async def start_aio(methods: list[Method], host: str, port: int, *,
-                    max_message_bytes: int) -> grpc.aio.Server:
-    server = grpc.aio.server(options=[
-        # grpcio's default receive limit is 4 MiB, far below what clients send.
-        ("grpc.max_receive_message_length", max_message_bytes),
-        ("grpc.max_send_message_length", max_message_bytes),
-        # One server per port: without this a second process could silently share it.
-        ("grpc.so_reuseport", 0),
-    ])
+async def start_aio(methods: list[Method], host: str, port: int, options: list[tuple[str, int]]) -> grpc.aio.Server:
+    server = grpc.aio.server(options=options)
     server.add_generic_rpc_handlers(generic_handlers(methods))
     address = f"{host}:{port}"
     try:

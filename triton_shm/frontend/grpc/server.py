@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from .keepalive import Keepalive
 from .servicer import methods
 
 if TYPE_CHECKING:
@@ -11,6 +12,20 @@ if TYPE_CHECKING:
 
 # Triton's MAX_GRPC_MESSAGE_SIZE; tritonclient sends up to this too.
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
+
+__all__ = ["Keepalive", "MAX_GRPC_MESSAGE_BYTES", "default_transport", "server_options", "start_grpc"]
+
+
+def server_options(keepalive: Keepalive, max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES) -> list[tuple[str, int]]:
+    """grpc.aio's server options."""
+    return [
+        # grpcio's default receive limit is 4 MiB, far below what clients send.
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        # One server per port: without this a second process could silently share it.
+        ("grpc.so_reuseport", 0),
+        *keepalive.options(),
+    ]
 
 
 def default_transport() -> str:
@@ -20,13 +35,13 @@ def default_transport() -> str:
 
 
 async def start_grpc(service: "InferenceService", host: str, port: int, *, transport: str | None = None,
-                     max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES) -> Any:
+                     max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES, keepalive: Keepalive = Keepalive()) -> Any:
     """Bind ``host:port`` and start serving; the caller stops the returned server with
     ``await server.stop(grace)``. Raises OSError when the address cannot be bound."""
     transport = transport or default_transport()
     table = methods(service)
     if transport == "native":
         from .native.server import start_native
-        return await start_native(table, host, port, max_message_bytes=max_message_bytes)
+        return await start_native(table, host, port, max_message_bytes=max_message_bytes, keepalive=keepalive)
     from .aio import start_aio
-    return await start_aio(table, host, port, max_message_bytes=max_message_bytes)
+    return await start_aio(table, host, port, server_options(keepalive, max_message_bytes))

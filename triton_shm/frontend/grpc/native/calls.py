@@ -49,6 +49,8 @@ class CallRunner:
     loop: asyncio.AbstractEventLoop
     waiting_writers: set[Call]
     pending_resets: list[int]
+    ping_strikes: int
+    last_ping: float
 
     def schedule_flush(self) -> None:  # the connection's
         raise NotImplementedError
@@ -126,6 +128,7 @@ class CallRunner:
 
     def _send_message(self, call: Call, message: bytes) -> None:
         h2, sid = self.h2, call.stream_id
+        self.ping_strikes, self.last_ping = 0, float("-inf")  # gRPC's ping policy: data sent
         try:
             if not call.headers_sent:
                 call.headers_sent = True

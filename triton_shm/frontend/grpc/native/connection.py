@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -66,16 +67,19 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         self.waiting_writers: set[Call] = set()
         self.pending_resets: list[int] = []
         self.control_frames = TokenBucket(*server.control_frame_limit)
+        self.last_ping = float("-inf")  # the client's last PING, for the ping policy ...
+        self.ping_strikes = 0  # ... both reset whenever we send response data
         self.last_read: float | None = None
         self.ping_timeout: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
+        self.age_timer: asyncio.TimerHandle | None = None
         self.shutting_down = False
         self._dispatch: dict[type, Callable[[Any], None]] = {
             ngh2.RequestReceived: self._on_request,
             ngh2.DataReceived: self._on_data,
             ngh2.StreamReset: self._on_reset,
             ngh2.StreamClosed: self._on_stream_closed,
-            ngh2.PingReceived: self._on_control_frame,
+            ngh2.PingReceived: self._on_ping,
             ngh2.SettingsReceived: self._on_control_frame,
             ngh2.PingAcknowledged: self._on_ping_ack,
             ngh2.TrailersReceived: self._on_trailers,
@@ -97,6 +101,9 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         # A peer that never sends its preface (or anything) is dropped; keepalive
         # pings take over once it is talking.
         self.idle_timer = self.loop.call_later(self.server.handshake_timeout, self._handshake_check)
+        if self.server.max_connection_age is not None:  # +-10% so connections do not all age at once
+            age = self.server.max_connection_age * random.uniform(0.9, 1.1)
+            self.age_timer = self.loop.call_later(age, self._aged)
         self.flush()
 
     def data_received(self, data: bytes) -> None:
@@ -131,7 +138,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         if self not in self.server.connections:  # refused in connection_made
             return
         self.server.connections.discard(self)
-        for timer in (self.idle_timer, self.ping_timeout):
+        for timer in (self.idle_timer, self.ping_timeout, self.age_timer):
             if timer is not None:
                 timer.cancel()
         for call in list(self.calls.values()):
@@ -358,7 +365,22 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
     # -- connection-level -----------------------------------------------------------------------
     def _on_control_frame(self, event: Any) -> None:
         if not self.control_frames.take():
-            self._goaway(ngh2.ErrorCode.ENHANCE_YOUR_CALM, b"too_many_pings")
+            self._goaway(ngh2.ErrorCode.ENHANCE_YOUR_CALM, b"too_many_control_frames")
+
+    def _on_ping(self, event: ngh2.PingReceived) -> None:
+        """gRPC's ping policy: a ping sooner than the allowed interval after the previous one,
+        with no response data sent in between, is a strike; past max_ping_strikes, GOAWAY."""
+        server, now = self.server, self.loop.time()
+        idle = not self.calls
+        interval = 7200.0 if idle and not server.pings_without_calls else server.min_ping_interval
+        too_soon = self.last_ping + interval > now
+        self.last_ping = now
+        if too_soon:
+            self.ping_strikes += 1
+            if server.max_ping_strikes and self.ping_strikes > server.max_ping_strikes:
+                self._goaway(ngh2.ErrorCode.ENHANCE_YOUR_CALM, b"too_many_pings")
+                return
+        self._on_control_frame(event)
 
     def _on_ping_ack(self, event: ngh2.PingAcknowledged) -> None:
         if self.ping_timeout is not None:
@@ -400,7 +422,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         if self.closed:
             return
         try:
-            self.h2.terminate_connection(code)
+            self.h2.send_goaway(code, debug_data=debug)  # the debug text tells the client why
         except ngh2.NGH2Error:
             pass
         log.warning("gRPC connection from %s closed: %s", self._peer(), debug.decode())
@@ -429,6 +451,16 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
             self.ping_timeout = self.loop.call_later(self.server.keepalive_timeout, self._abort)
             self.flush()
         self.idle_timer = self.loop.call_later(self.server.keepalive_time, self._keepalive)
+
+    def _aged(self) -> None:
+        """--grpc-max-connection-age: GOAWAY; the open calls get the grace period, if any."""
+        self.age_timer = None
+        if self.closed or self.shutting_down:
+            return
+        self.begin_shutdown()
+        grace = self.server.max_connection_age_grace
+        if grace is not None:
+            self.age_timer = self.loop.call_later(grace, self.cancel_calls)
 
     def begin_shutdown(self) -> None:
         """GOAWAY: no new calls; the open ones finish, then the connection closes."""

@@ -7,6 +7,7 @@ import ssl as ssl_module
 
 import ngh2
 
+from ..keepalive import Keepalive
 from ..rpc import Method
 from .connection import GrpcConnection
 
@@ -23,7 +24,7 @@ class NativeServer:
     """Protocol limits are attributes so tests and embedders can tighten them."""
 
     def __init__(self, methods: list[Method], *, max_message_bytes: int,
-                 max_concurrent_streams: int = MAX_CONCURRENT_STREAMS):
+                 max_concurrent_streams: int = MAX_CONCURRENT_STREAMS, keepalive: Keepalive | None = None):
         self.methods = {m.path.encode(): m for m in methods}
         self.max_message_bytes = max_message_bytes
         self.settings = {
@@ -40,11 +41,26 @@ class NativeServer:
                                             max_inbound_header_list_size=MAX_HEADER_LIST)
         self.control_frame_limit = (500.0, 100.0)  # PING/SETTINGS burst, then per second
         self.handshake_timeout = 10.0  # seconds for a new connection to send anything
-        self.keepalive_time = 7200.0  # a quiet connection is pinged after this ...
-        self.keepalive_timeout = 20.0  # ... and dropped if the ping is not answered
+        self.apply_keepalive(keepalive or Keepalive())
         self.connections: set[GrpcConnection] = set()
         self._server: asyncio.AbstractServer | None = None
         self._idle = asyncio.Event()
+
+    def apply_keepalive(self, k: Keepalive) -> None:
+        """tritonserver's --grpc-keepalive-* / --grpc-http2-* / --grpc-max-connection-age* settings,
+        with gRPC's meaning: a quiet connection is pinged every ``time`` and dropped if the ping
+        is not answered within ``timeout``; a client's pings closer together than the minimum
+        interval (two hours on a connection with no calls, unless permitted) are strikes, and
+        past ``max_ping_strikes`` it gets GOAWAY ENHANCE_YOUR_CALM; a connection older than
+        ``max_connection_age`` gets GOAWAY, and its calls ``grace`` more to finish."""
+        self.keepalive_time = k.time_ms / 1000
+        self.keepalive_timeout = k.timeout_ms / 1000
+        self.pings_without_calls = k.permit_without_calls
+        self.min_ping_interval = k.min_recv_ping_interval_without_data_ms / 1000
+        self.max_ping_strikes = k.max_ping_strikes
+        self.max_connection_age = None if k.max_connection_age_ms is None else k.max_connection_age_ms / 1000
+        self.max_connection_age_grace = (None if k.max_connection_age_grace_ms is None
+                                         else k.max_connection_age_grace_ms / 1000)
 
     async def start(self, host: str, port: int, ssl: "ssl_module.SSLContext | None" = None) -> None:
         """Listen on ``host:port``; with ``ssl``, TLS whose ALPN must select ``h2``."""
@@ -84,7 +100,8 @@ class NativeServer:
             await self._server.wait_closed()
 
 
-async def start_native(methods: list[Method], host: str, port: int, *, max_message_bytes: int) -> NativeServer:
-    server = NativeServer(methods, max_message_bytes=max_message_bytes)
+async def start_native(methods: list[Method], host: str, port: int, *, max_message_bytes: int,
+                       keepalive: Keepalive | None = None) -> NativeServer:
+    server = NativeServer(methods, max_message_bytes=max_message_bytes, keepalive=keepalive)
     await server.start(host, port)
     return server
