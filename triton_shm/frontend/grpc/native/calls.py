@@ -85,8 +85,9 @@ class CallRunner:
 
     async def _run_stream(self, call: Call) -> None:
         method = call.method
+        replies = method.handler(self._requests(call))
         try:
-            async for reply in method.handler(self._requests(call)):
+            async for reply in replies:
                 if call.finished:
                     return
                 self._send_message(call, self._frame(method, reply, call.send_encoding))
@@ -99,6 +100,8 @@ class CallRunner:
             raise
         except Exception as e:  # noqa: BLE001
             status = rpc_status(e, method.path)
+        finally:
+            await replies.aclose()  # the body's own cleanup (its requests' tasks) runs now
         self._finish(call, *status)
 
     async def _requests(self, call: Call) -> AsyncIterator[Any]:
