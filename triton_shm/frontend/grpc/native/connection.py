@@ -73,7 +73,8 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         self.ping_timeout: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
         self.age_timer: asyncio.TimerHandle | None = None
-        self.shutting_down = False
+        self.shutting_down = False  # GOAWAY sent: no new calls
+        self.terminated = False  # final GOAWAY: the rest of the input is dropped
         self._dispatch: dict[type, Callable[[Any], None]] = {
             ngh2.RequestReceived: self._on_request,
             ngh2.DataReceived: self._on_data,
@@ -107,7 +108,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         self.flush()
 
     def data_received(self, data: bytes) -> None:
-        if self.closed:  # lingering after GOAWAY: input is read and dropped
+        if self.closed or self.terminated:  # lingering after GOAWAY: input is read and dropped
             return
         self.last_read = self.loop.time()
         h2 = self.h2
@@ -127,7 +128,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
                 return
             self._process_events()
             start += RECEIVE_SLICE
-            if view is None or start >= len(data) or self.closed:
+            if view is None or start >= len(data) or self.closed or self.terminated:
                 break
             if h2.want_write:
                 self.flush()
@@ -210,6 +211,8 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         dispatch = self._dispatch
         try:
             for event in self.h2.events():
+                if self.terminated:
+                    break
                 handler = dispatch.get(type(event))
                 if handler is not None:
                     handler(event)
@@ -393,7 +396,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
             log.warning("gRPC connection from %s closed by the HTTP/2 engine: %s %s", self._peer(),
                         ngh2.ErrorCode(event.error_code).name if event.error_code <= 0xD else event.error_code,
                         event.debug_data.decode("utf-8", "replace"))
-        self.shutting_down = True
+        self.shutting_down = self.terminated = True
         for call in list(self.calls.values()):
             self._drop(call)
         self.calls.clear()
@@ -419,7 +422,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
 
     def _goaway(self, code: int, debug: bytes) -> None:
         """Stop the connection now: GOAWAY, then close once it is written."""
-        if self.closed:
+        if self.closed or self.terminated:
             return
         try:
             self.h2.send_goaway(code, debug_data=debug)  # the debug text tells the client why
