@@ -56,6 +56,8 @@ def extensions() -> list[Extension]:
                   ["triton_shm/core/_codec.pyx", "csrc/bytes_codec.c"],
                   include_dirs=["csrc"],
                   extra_compile_args=["-O2", "-Wall"]),
+        Extension("triton_shm.ipc._protocol", ["triton_shm/ipc/_protocol.pyx"],
+                  extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.worker._assembler",
                   ["triton_shm/worker/_assembler.pyx", "csrc/assembler.c"],
                   include_dirs=["csrc"],

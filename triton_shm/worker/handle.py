@@ -2,10 +2,12 @@
 channel, share memory with it, and notice at once when it dies.
 
 Each handle owns the input arena the front-end writes request tensors into and maps the
-worker's output arena. A reply goes to the callback registered for its message id, called
-at once from the channel's reader (no event-loop hop: the scheduler hands the freed
-instance its next batch there); ``stream`` messages go to the handler registered for
-their batch (decoupled models); ``bls`` messages go to the pool's BLS handler.
+worker's output arena. Frames are ``ipc.protocol``'s, checked by its decoder. A reply
+goes to the callback registered for its message id, called at once from the channel's
+reader (no event-loop hop: the scheduler hands the freed instance its next batch there);
+a reply that breaks the protocol fails that message with INTERNAL. STREAM frames go to
+the handler registered for their batch (decoupled models); ``bls`` control ops go to the
+pool's BLS handler.
 """
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import TritonShmError, Unavailable
-from ..ipc import channel
+from ..errors import Internal, TritonShmError, Unavailable
+from ..ipc import channel, protocol
+from ..ipc.protocol import Op
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
 
 if TYPE_CHECKING:
@@ -159,44 +162,59 @@ class WorkerHandle:
             self.on_death(self)
 
     # -- messaging -----------------------------------------------------------------------
-    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    def _send_frame(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
         if self.sock is None:
             raise Unavailable(f"worker '{self.name}' is not running")
-        if self._releases:  # piggyback freed output blocks: no message of their own
-            message["release"], self._releases, self._release_bytes = self._releases, [], 0
         try:
-            channel.send(self.sock, message, fds)
+            channel.send(self.sock, frame, fds)
         except BlockingIOError:
             # The worker is not draining its channel; treat as overload rather than block the loop.
             raise Unavailable(f"worker '{self.name}' is not keeping up (control channel full)") from None
         except (BrokenPipeError, ConnectionError):
             raise Unavailable(f"worker '{self.name}' is not running") from None
 
-    def request(self, message: dict[str, Any], on_reply: Callable[[dict[str, Any] | Exception], None],
-                fds: list[int] | None = None,
-                on_stream: Callable[[dict[str, Any] | None], None] | None = None) -> int:
-        """Send a message and return its id. ``on_reply`` gets the reply, or an exception:
-        the worker's error reply, or UNAVAILABLE if the worker dies first. It is called
-        synchronously from the channel reader. ``on_stream`` receives the ``stream`` messages that carry this message's id
-        (decoupled responses), until it drops itself."""
-        msg_id = message.setdefault("id", self.next_id())
+    def _take_releases(self) -> list[list[int]]:
+        """Freed output blocks ride on the next frame: no message of their own."""
+        releases, self._releases, self._release_bytes = self._releases, [], 0
+        return releases
+
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        """A control op that gets no reply."""
+        if self.sock is None:
+            raise Unavailable(f"worker '{self.name}' is not running")
+        self._send_frame(protocol.encode_control(0, message, self._take_releases()), fds)
+
+    def request(self, build: Callable[[int, list[list[int]]], bytes | bytearray],
+                on_reply: Callable[[Any], None], fds: list[int] | None = None,
+                on_stream: Callable[[dict[str, Any] | None], None] | None = None,
+                msg_id: int | None = None) -> int:
+        """Send ``build(msg_id, frees)`` and return its id. ``on_reply`` gets the reply's
+        body, or an exception: the worker's FAIL, a reply that breaks the protocol
+        (INTERNAL), or UNAVAILABLE if the worker dies first. It is called synchronously
+        from the channel reader. ``on_stream`` receives the STREAM frames that carry this
+        id (decoupled responses), until ``end_stream``."""
+        if self.sock is None:
+            raise Unavailable(f"worker '{self.name}' is not running")
+        msg_id = self.next_id() if msg_id is None else msg_id
         self._pending[msg_id] = on_reply
         if on_stream is not None:
             self._streams[msg_id] = on_stream
         try:
-            self.send(message, fds)
+            self._send_frame(build(msg_id, self._take_releases()), fds)
         except BaseException:
             self._pending.pop(msg_id, None)
             self._streams.pop(msg_id, None)
             raise
         return msg_id
 
-    async def call(self, message: dict[str, Any], fds: list[int] | None = None,
-                   on_stream: Callable[[dict[str, Any] | None], None] | None = None) -> dict[str, Any]:
-        """Send and wait for the reply; an error reply is raised."""
+    def end_stream(self, msg_id: int) -> None:
+        self._streams.pop(msg_id, None)
+
+    async def call(self, message: dict[str, Any] | None, fds: list[int] | None = None) -> Any:
+        """Send a control op (or a PING for None) and wait for the reply; a FAIL is raised."""
         fut = self._loop.create_future()
 
-        def on_reply(reply: dict[str, Any] | Exception) -> None:
+        def on_reply(reply: Any) -> None:
             if fut.done():
                 return
             if isinstance(reply, Exception):
@@ -204,7 +222,12 @@ class WorkerHandle:
             else:
                 fut.set_result(reply)
 
-        msg_id = self.request(message, on_reply, fds, on_stream)
+        if message is None:
+            build = protocol.encode_ping
+        else:
+            def build(msg_id: int, frees: list[list[int]]) -> bytearray:
+                return protocol.encode_control(msg_id, message, frees)
+        msg_id = self.request(build, on_reply, fds)
         try:
             return await fut
         finally:
@@ -213,37 +236,75 @@ class WorkerHandle:
     def _on_readable(self) -> None:
         while self.sock is not None:
             try:
-                msg, fds = channel.recv(self.sock)
+                data, fds = channel.recv(self.sock)
             except BlockingIOError:
                 return
             except (ConnectionError, OSError, ValueError):
-                msg = None
-            if msg is None:
+                data, fds = None, []
+            if data is None:
                 self._died()
                 return
-            op = msg.get("op")
-            if op is None:
-                on_reply = self._pending.pop(msg.get("id"), None)
-                if on_reply is not None:
-                    _deliver(on_reply, TritonShmError.from_wire(msg["error"]) if "error" in msg else msg)
-            elif op == "stream":
-                handler = self._streams.get(msg.get("id"))
-                if handler is not None:
-                    handler(msg)
-            elif op == "segment" and len(fds) == 1:
-                self.outputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
+            try:
+                msg = protocol.decode(data)
+            except protocol.ProtocolError as e:
+                channel.close_fds(fds)
+                self._bad_frame(e)
+                continue
+            if fds and msg.op != Op.CONTROL:
+                channel.close_fds(fds)
+                fds = []
+            self._dispatch(msg, fds)
+
+    def _dispatch(self, msg: "protocol.Message", fds: list[int]) -> None:
+        op = msg.op
+        if op == Op.REPLY or op == Op.PONG or (op == Op.CONTROL and msg.id):
+            on_reply = self._pending.pop(msg.id, None)
+            if on_reply is not None:
+                _deliver(on_reply, msg.body if msg.body is not None else {})
+            channel.close_fds(fds)
+        elif op == Op.FAIL:
+            on_reply = self._pending.pop(msg.id, None)
+            if on_reply is not None:
+                _deliver(on_reply, TritonShmError.from_wire(msg.body["error"]))
+        elif op == Op.STREAM:
+            handler = self._streams.get(msg.id)
+            if handler is not None:
+                msg.body["id"] = msg.id
+                handler(msg.body)
+        elif op == Op.CONTROL:
+            self._control(msg.body, fds)
+        else:
+            self._bad_frame(protocol.ProtocolError(f"op {op} is not one a worker sends", msg.id))
+
+    def _control(self, body: dict[str, Any], fds: list[int]) -> None:
+        op = body["op"]
+        try:
+            if op == "segment" and len(fds) == 1:
+                self.outputs.add(int(body["seg"]), int(body["size"]), fds.pop())
             elif op == "drop":
-                self.outputs.drop(int(msg["seg"]))
+                self.outputs.drop(int(body["seg"]))
             elif op == "bls" and self.on_bls is not None:
-                self.on_bls(self, msg)
+                self.on_bls(self, body)
             elif op == "bls_release":
-                self._release_staged(msg.get("blocks") or [])
-            elif op == "hello":
-                pass
-            else:
-                for fd in fds:
-                    os.close(fd)
+                self._release_staged(body.get("blocks") or [])
+            elif op != "hello":
                 log.warning("unexpected message from worker '%s': %s", self.name, op)
+        except (KeyError, TypeError, ValueError, TritonShmError) as e:
+            log.warning("malformed '%s' message from worker '%s': %s", op, self.name, e)
+        finally:
+            channel.close_fds(fds)
+
+    def _bad_frame(self, e: "protocol.ProtocolError") -> None:
+        """A frame that breaks the protocol fails the message it answers. One whose
+        header is illegible answers nothing we can name: the worker is not to be
+        trusted any more, so it is killed, and its death fails every request it holds."""
+        log.error("worker '%s': %s", self.name, e.message)
+        if e.msg_id is not None:
+            on_reply = self._pending.pop(e.msg_id, None)
+            if on_reply is not None:
+                _deliver(on_reply, Internal(f"worker '{self.name}' sent a malformed reply: {e.message}"))
+        elif self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -251,7 +312,7 @@ class WorkerHandle:
     def cancel(self, msg_id: int, index: int) -> None:
         """The client of request ``index`` of batch ``msg_id`` is gone (decoupled models)."""
         try:
-            self.send({"op": "cancel", "id": msg_id, "index": index})
+            self.send({"op": "cancel", "batch": msg_id, "index": index})
         except TritonShmError:
             pass  # the worker is gone too
 
@@ -287,7 +348,7 @@ class WorkerHandle:
         self._flush_scheduled = False
         if self._releases and self.sock is not None:
             try:
-                self.send({"op": "release"})
+                self._send_frame(protocol.encode_free(self._take_releases()))
             except TritonShmError:
                 pass  # worker gone: its arena went with it
 

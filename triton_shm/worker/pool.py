@@ -17,7 +17,9 @@ from ..core.datatypes import element_size
 from ..core.model_config import mc
 from ..core.types import InferResponse, OutputTensor
 from ..errors import Internal, TritonShmError, Unavailable
+from ..ipc import protocol
 from ..ipc.arena import Block
+from ..ipc.protocol import PLACE_ARENA, PLACE_NONE, PLACE_REGION
 from .handle import WorkerHandle
 
 if TYPE_CHECKING:
@@ -149,7 +151,7 @@ class WorkerPool:
             worker.drop_region(region)
 
     async def ping(self, worker: str = "cpu") -> None:
-        await self.workers[worker].call({"op": "ping"})
+        await self.workers[worker].call(None)
 
     # -- inference -----------------------------------------------------------------------
     def start_batch(self, mv: "ModelVersion", instance: tuple[str, int], batch: list["Pending"],
@@ -189,9 +191,12 @@ class WorkerPool:
             for i, p in enumerate(batch):
                 p.stream.cancel = functools.partial(worker.cancel, msg_id, i)
         try:
-            messages = [self._request_message(worker, p, blocks) for p in batch]
-            worker.request({"op": "infer", "id": msg_id, "model": mv.key, "instance": index, "requests": messages},
-                           on_reply, on_stream=on_stream)
+            requests = [self._request_record(worker, p, blocks) for p in batch]
+
+            def build(msg_id: int, frees: list[list[int]]) -> bytearray:
+                return protocol.encode_infer(msg_id, mv.key, index, requests, frees)
+
+            worker.request(build, on_reply, on_stream=on_stream, msg_id=msg_id)
         except BaseException:
             free_inputs()
             raise
@@ -215,7 +220,7 @@ class WorkerPool:
                 results.append(None)  # executed; its responses arrive on its stream
             else:
                 try:
-                    results.append(self._response(worker, mv, p, r["outputs"]))
+                    results.append(self._response(worker, mv, p, r["outputs"], complete=True))
                 except Exception as e:  # the worker is not trusted: a malformed entry fails its request
                     results.append(e if isinstance(e, TritonShmError)
                                    else Internal(f"worker '{worker.name}' sent a malformed response: {e}"))
@@ -255,32 +260,35 @@ class WorkerPool:
             if final:  # an error response does not end the request: only the final flag does
                 open_requests.discard(i)
             if not open_requests:
-                worker._streams.pop(msg.get("id"), None)
+                worker.end_stream(msg["id"])
 
         return handle
 
-    def _request_message(self, worker: WorkerHandle, p: "Pending", blocks: list[Block]) -> dict[str, Any]:
-        """Descriptors of one request: in-band inputs copied once into the worker's arena,
-        client shared-memory tensors named in place."""
+    def _request_record(self, worker: WorkerHandle, p: "Pending", blocks: list[Block]) -> tuple:
+        """One request of an INFER frame: in-band inputs copied once into the worker's
+        arena, client shared-memory tensors named in place."""
         plan, request = p.plan, p.request
-        shm_outputs = {}
-        for name, ref in plan.shm_outputs.items():
-            region = self._client_region(worker, p.regions[ref.region])
-            shm_outputs[name] = [region.id, ref.offset, ref.byte_size]
         inputs = []
         for inp in request.inputs:
             ref = plan.shm_inputs.get(inp.name)
             if ref is not None:  # read in place by the worker: no copy here
                 region = self._client_region(worker, p.regions[ref.region])
-                inputs.append([inp.name, inp.datatype, inp.shape, ["r", region.id, ref.offset, ref.byte_size]])
+                inputs.append((inp.name, inp.datatype, inp.shape, PLACE_REGION, region.id, ref.offset, ref.byte_size))
                 continue
             data = inp.data
             block = worker.arena.alloc(len(data) if not isinstance(data, memoryview) else data.nbytes)
             blocks.append(block)
             block.view[:] = data  # the one copy of an in-band tensor
-            inputs.append([inp.name, inp.datatype, inp.shape, block.descriptor()])
-        return {"request_id": request.id, "inputs": inputs, "outputs": plan.outputs, "shm_outputs": shm_outputs,
-                "parameters": request.model_parameters()}
+            inputs.append((inp.name, inp.datatype, inp.shape, PLACE_ARENA, block.segment.id, block.offset, block.size))
+        outputs = []
+        for name in plan.outputs:
+            ref = plan.shm_outputs.get(name)
+            if ref is None:
+                outputs.append((name, PLACE_NONE, 0, 0, 0))
+            else:
+                region = self._client_region(worker, p.regions[ref.region])
+                outputs.append((name, PLACE_REGION, region.id, ref.offset, ref.byte_size))
+        return request.id, request.model_parameters(), inputs, outputs
 
     @staticmethod
     def _client_region(worker: WorkerHandle, region: "Region") -> "Region":
@@ -288,10 +296,15 @@ class WorkerPool:
         return region
 
     def _response(self, worker: WorkerHandle, mv: "ModelVersion", p: "Pending",
-                  encoded: list[list[Any]]) -> InferResponse:
+                  encoded: list[list[Any]], complete: bool = False) -> InferResponse:
+        """``complete``: every requested output, once each (a decoupled response may
+        carry some of them)."""
         plan, request = p.plan, p.request
         descriptors: list[list[int]] = []
         outputs: list[OutputTensor] = []
+        names = [e[0] for e in encoded]
+        if len(set(names)) != len(names) or (complete and sorted(names) != sorted(plan.outputs)):
+            raise Internal(f"worker returned outputs {names} for model '{mv.name}' where {plan.outputs} were asked")
         try:
             for name, datatype, shape, desc in encoded:
                 spec = mv.outputs.get(name)
@@ -299,7 +312,9 @@ class WorkerPool:
                     raise Internal(f"worker returned an unexpected output '{name}' for model '{mv.name}'")
                 ref = plan.shm_outputs.get(name)
                 if ref is not None:
-                    if not (desc[0] == "r" and 0 <= desc[3] <= ref.byte_size):
+                    region = p.regions[ref.region]
+                    if not (desc[0] == "r" and desc[1] == region.id and desc[2] == ref.offset
+                            and 0 <= desc[3] <= ref.byte_size):
                         raise Internal(f"worker misplaced output '{name}' bound for shared memory")
                     outputs.append(OutputTensor(name, datatype, list(shape), b"", in_shared_memory=True))
                     continue

@@ -22,7 +22,8 @@ from typing import Any
 from ..backends import get_backend
 from ..backends.base import Backend, InstanceSpec, ModelContext
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
-from ..ipc import channel
+from ..ipc import channel, protocol
+from ..ipc.protocol import Op
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
 from ..core.datatypes import config_to_wire
 from ..backends.python import triton_python_backend_utils as pb_utils
@@ -67,13 +68,28 @@ class Worker:
         self.loader = ThreadPoolExecutor(max_workers=4, thread_name_prefix="loader")
 
     # -- sending -------------------------------------------------------------------------
-    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    def send_frame(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
         with self._send_lock:
-            channel.send(self.sock, message, fds)
+            channel.send(self.sock, frame, fds)
+
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        """A control op of our own (segment, drop, bls, ...)."""
+        self.send_frame(protocol.encode_control(0, message), fds)
 
     def reply(self, msg_id: int, body: dict[str, Any]) -> None:
-        body["id"] = msg_id
-        self.send(body)
+        """Answer message ``msg_id``: a batch's results, an error, or a control op's reply."""
+        if "responses" in body:
+            frame = protocol.encode_reply(msg_id, body["responses"], body["timing"])
+        elif "error" in body:
+            frame = protocol.encode_fail(msg_id, body["error"])
+        else:
+            frame = protocol.encode_control(msg_id, {"op": "reply", **body})
+        self.send_frame(frame)
+
+    def stream(self, body: dict[str, Any]) -> None:
+        """One response of a decoupled request (``execution``'s ``stream`` body)."""
+        response = body if ("outputs" in body or "error" in body) else None
+        self.send_frame(protocol.encode_stream(body["id"], body["index"], body["final"], response))
 
     def view(self, desc: list) -> memoryview:
         """An input's bytes: ``[segment, offset, size]`` in the front-end's arena, or
@@ -112,37 +128,55 @@ class Worker:
     def run(self) -> None:
         while True:
             try:
-                msg, fds = channel.recv(self.sock)
+                data, fds = channel.recv(self.sock)
             except (ConnectionError, OSError):
                 break
-            if msg is None:
+            if data is None:
                 break
+            msg_id = 0
             try:
+                msg = protocol.decode(data)
+                msg_id = msg.id
                 self._dispatch(msg, fds)
             except TritonShmError as e:
-                if "id" in msg:
-                    self.reply(msg["id"], {"error": e.to_wire()})
+                if isinstance(e, protocol.ProtocolError):
+                    log.error("%s", e.message)
+                    channel.close_fds(fds)
+                    msg_id = e.msg_id or 0
+                if msg_id:
+                    self.reply(msg_id, {"error": e.to_wire()})
             except Exception as e:
-                log.exception("control message %s failed", msg.get("op"))
-                if "id" in msg:
-                    self.reply(msg["id"], {"error": Internal(f"worker error: {e}").to_wire()})
+                log.exception("message %d failed", msg_id)
+                if msg_id:
+                    self.reply(msg_id, {"error": Internal(f"worker error: {e}").to_wire()})
         self.shutdown()
 
-    def _dispatch(self, msg: dict[str, Any], fds: list[int]) -> None:
-        for seg_id, offset, size in msg.get("release") or ():  # freed output blocks ride along
+    def _dispatch(self, msg: "protocol.Message", fds: list[int]) -> None:
+        for seg_id, offset, size in msg.frees:  # freed output blocks ride along
             self.arena.free(seg_id, offset, size)
-        op = msg.get("op")
-        if op == "infer":
-            model = self.models.get(msg["model"])
+        op = msg.op
+        if op == Op.INFER:
+            body = msg.body
+            model = self.models.get(body["model"])
             if model is None:
-                raise NotFound(f"model '{msg['model']}' is not loaded in worker '{self.name}'")
-            idx = int(msg.get("instance", 0))
+                raise NotFound(f"model '{body['model']}' is not loaded in worker '{self.name}'")
+            idx = body["instance"]
             if not 0 <= idx < len(model.runners):
-                raise InvalidArgument(f"no instance {idx} of model '{msg['model']}'")
-            model.runners[idx].queue.put(msg)
-        elif op == "release":
-            pass  # handled above
-        elif op == "segment":
+                raise InvalidArgument(f"no instance {idx} of model '{body['model']}'")
+            body["id"] = msg.id
+            model.runners[idx].queue.put(body)
+        elif op == Op.PING:
+            self.send_frame(protocol.encode_pong(msg.id))
+        elif op == Op.CONTROL:
+            body = msg.body
+            body["id"] = msg.id
+            self._control(body, fds)
+        elif op != Op.FREE:
+            raise InvalidArgument(f"op {op} is not one the front-end sends")
+
+    def _control(self, msg: dict[str, Any], fds: list[int]) -> None:
+        op = msg["op"]
+        if op == "segment":
             if len(fds) != 1:
                 raise Internal("segment message without exactly one fd")
             self.inputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
@@ -155,11 +189,9 @@ class Worker:
         elif op == "region_drop":
             self.regions.drop(int(msg["rid"]))
         elif op == "cancel":
-            self.cancelled.add((msg.get("id"), msg.get("index")))
+            self.cancelled.add((msg.get("batch"), msg.get("index")))
         elif op == "bls_reply":
             self.bls.deliver(msg)
-        elif op == "ping":
-            self.reply(msg["id"], {})
         elif op == "auto_complete":
             self.loader.submit(self._guarded, msg, self._auto_complete)
         elif op == "load":

@@ -1,0 +1,107 @@
+"""The front-end ⇄ worker wire protocol: both implementations, frame by frame, and a
+worker that breaks it."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from triton_shm.ipc import protocol_py
+from triton_shm.ipc.protocol_py import Op, ProtocolError
+
+try:
+    from triton_shm.ipc import _protocol
+except ImportError:  # extensions not built
+    _protocol = None
+
+IMPLS = [pytest.param(protocol_py, id="python"),
+         pytest.param(_protocol, id="cython", marks=pytest.mark.skipif(_protocol is None, reason="not built"))]
+
+INPUTS = [("INPUT0", "FP32", [1, 16], 0, 3, 128, 64), ("TEXT", "BYTES", [2], 1, 7, 0, 12),
+          ("SCALAR", "INT64", [], 0, 3, 192, 8)]
+OUTPUTS = [("OUTPUT0", 0, 0, 0, 0), ("OUTPUT1", 1, 9, 64, 4096)]
+REQUESTS = [("req-1", {"p": 1, "s": "x"}, INPUTS, OUTPUTS), ("", {}, INPUTS[:1], OUTPUTS[:1])]
+RESPONSES = [{"outputs": [["OUTPUT0", "FP32", [1, 16], [4, 0, 64]], ["OUTPUT1", "BYTES", [2], ["r", 9, 64, 20]]]},
+             {"error": {"code": "INVALID_ARG", "message": "bad ünïcode"}},
+             {"decoupled": True}]
+
+
+def frames(m) -> list[bytes]:
+    """One frame of every op."""
+    return [bytes(f) for f in (
+        m.encode_infer(7, "add_sub/1#3", 2, REQUESTS, [(1, 64, 128), (2, 0, 8)]),
+        m.encode_reply(8, RESPONSES, (1, 2, 3)),
+        m.encode_stream(9, 4, True, None),
+        m.encode_stream(9, 5, False, RESPONSES[0]),
+        m.encode_fail(10, {"code": "INTERNAL", "message": "boom"}),
+        m.encode_free([(1, 0, 64)]),
+        m.encode_ping(11),
+        m.encode_pong(11),
+        m.encode_control(12, {"op": "load", "config": {"a": [1, 2]}}, [(3, 64, 64)]),
+    )]
+
+
+@pytest.mark.skipif(_protocol is None, reason="not built")
+def test_both_implementations_write_the_same_bytes():
+    assert frames(protocol_py) == frames(_protocol)
+
+
+@pytest.mark.parametrize("m", IMPLS)
+def test_every_op_round_trips(m):
+    infer, reply, final, stream, fail, free, ping, pong, control = (m.decode(f) for f in frames(m))
+    assert (infer.op, infer.id, infer.frees) == (Op.INFER, 7, [(1, 64, 128), (2, 0, 8)])
+    assert infer.body["model"] == "add_sub/1#3" and infer.body["instance"] == 2
+    first, second = infer.body["requests"]
+    assert first == {"request_id": "req-1", "parameters": {"p": 1, "s": "x"},
+                     "inputs": [["INPUT0", "FP32", [1, 16], [3, 128, 64]], ["TEXT", "BYTES", [2], ["r", 7, 0, 12]],
+                                ["SCALAR", "INT64", [], [3, 192, 8]]],
+                     "outputs": ["OUTPUT0", "OUTPUT1"], "shm_outputs": {"OUTPUT1": [9, 64, 4096]}}
+    assert second["parameters"] == {} and second["outputs"] == ["OUTPUT0"]
+    assert reply.op == Op.REPLY and reply.body == {"responses": RESPONSES, "timing": (1, 2, 3)}
+    assert final.body == {"index": 4, "final": True}
+    assert stream.body == {"index": 5, "final": False, **RESPONSES[0]}
+    assert fail.op == Op.FAIL and fail.body == {"error": {"code": "INTERNAL", "message": "boom"}}
+    assert (free.op, free.frees, ping.op, ping.id, pong.op) == (Op.FREE, [(1, 0, 64)], Op.PING, 11, Op.PONG)
+    assert control.body == {"op": "load", "config": {"a": [1, 2]}} and control.frees == [(3, 64, 64)]
+
+
+def _errors(m, data: bytes) -> tuple[str, int | None]:
+    with pytest.raises(ProtocolError) as info:
+        m.decode(data)
+    return info.value.message, info.value.msg_id
+
+
+def _corruptions() -> list[bytes]:
+    """Frames that break the protocol in every way a peer can."""
+    good = frames(protocol_py)
+    reply = good[1]
+    bad = [f[:n] for f in good for n in range(len(f)) if n != len(f)]  # every truncation
+    bad += [f + b"\0" for f in good]                                   # trailing bytes
+    bad.append(bytes([99]) + reply[1:])                                # unknown op
+    bad.append(reply[:1] + b"\1" + reply[2:])                          # reserved bits
+    t = protocol_py.HEADER_SIZE + 24 + 3                               # first TENSOR of the reply
+    bad.append(reply[:t] + bytes([200]) + reply[t + 1:])               # unknown datatype
+    bad.append(reply[:t + 1] + bytes([65]) + reply[t + 2:])            # too many dimensions
+    bad.append(reply[:t + 2] + bytes([5]) + reply[t + 3:])             # unknown place
+    d = t + 26                                                         # its first dimension
+    bad.append(reply[:d] + struct.pack("<q", -1) + reply[d + 8:])      # negative dimension
+    bad.append(reply[:protocol_py.HEADER_SIZE + 24] + bytes([9]) + reply[protocol_py.HEADER_SIZE + 25:])  # status
+    bad.append(reply[:4] + struct.pack("<I", 1000) + reply[8:])        # more responses than the frame holds
+    bad.append(reply[:8] + struct.pack("<I", 1 << 30) + reply[12:])    # more frees than the frame holds
+    bad.append(bytes(protocol_py.encode_control(1, {"op": "x"}))[:-1] + b"\xff")  # invalid JSON
+    bad.append(bytes(protocol_py._start(Op.CONTROL, 1, 0, ())) + b"[1]")  # JSON that is no control op
+    return bad
+
+
+@pytest.mark.parametrize("m", IMPLS)
+def test_every_corruption_is_refused_with_the_message_id(m):
+    for data in _corruptions():
+        message, msg_id = _errors(m, data)
+        assert message.startswith("malformed message from peer")
+        assert msg_id == (None if len(data) < protocol_py.HEADER_SIZE else struct.unpack_from("<Q", data, 12)[0])
+
+
+@pytest.mark.skipif(_protocol is None, reason="not built")
+def test_both_decoders_agree_on_every_corruption():
+    for data in _corruptions():
+        assert _errors(protocol_py, data) == _errors(_protocol, data)
