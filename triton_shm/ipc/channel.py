@@ -33,22 +33,42 @@ def send(sock: socket.socket, frame: bytes | bytearray, fds: list[int] | None = 
         sock.send(frame)
 
 
-def recv(sock: socket.socket) -> tuple[bytes | None, list[int]]:
-    """One frame and the fds that came with it; ``(None, [])`` at end-of-file."""
-    data, ancdata, flags, _ = sock.recvmsg(MAX_MESSAGE, _FD_SPACE)
+class Receiver:
+    """Receives frames into one reused buffer: ``recvmsg(MAX_MESSAGE)`` would allocate
+    (and fault in) a fresh megabyte per message, which costs more than the message."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._buf = bytearray(MAX_MESSAGE)
+        self._view = memoryview(self._buf)
+
+    def recv(self) -> tuple[bytes | None, list[int]]:
+        """One frame (a copy, the caller may keep it) and the fds that came with it;
+        ``(None, [])`` at end-of-file."""
+        n, ancdata, flags, _ = self.sock.recvmsg_into([self._buf], _FD_SPACE)
+        fds = _fds(ancdata)
+        if not n:
+            close_fds(fds)
+            return None, []
+        if flags & socket.MSG_TRUNC:
+            close_fds(fds)
+            raise ValueError("control message truncated")
+        return bytes(self._view[:n]), fds
+
+
+def _fds(ancdata: list) -> list[int]:
     fds: list[int] = []
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             arr = array.array("i")
             arr.frombytes(payload[: len(payload) - (len(payload) % arr.itemsize)])
             fds.extend(arr)
-    if not data:
-        close_fds(fds)
-        return None, []
-    if flags & socket.MSG_TRUNC:
-        close_fds(fds)
-        raise ValueError("control message truncated")
-    return data, fds
+    return fds
+
+
+def recv(sock: socket.socket) -> tuple[bytes | None, list[int]]:
+    """One frame on a socket that receives rarely (see ``Receiver``)."""
+    return Receiver(sock).recv()
 
 
 def close_fds(fds: list[int]) -> None:

@@ -76,6 +76,7 @@ class WorkerHandle:
         theirs.close()
         ours.setblocking(False)
         self.sock = ours
+        self._receiver = channel.Receiver(ours)
         self.outputs = SegmentMap()
         self.arena = Arena(INPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
         self.regions: set[int] = set()  # client regions whose fd this worker holds
@@ -236,7 +237,7 @@ class WorkerHandle:
     def _on_readable(self) -> None:
         while self.sock is not None:
             try:
-                data, fds = channel.recv(self.sock)
+                data, fds = self._receiver.recv()
             except BlockingIOError:
                 return
             except (ConnectionError, OSError, ValueError):

@@ -126,9 +126,10 @@ class Worker:
 
     # -- control loop --------------------------------------------------------------------
     def run(self) -> None:
+        receiver = channel.Receiver(self.sock)
         while True:
             try:
-                data, fds = channel.recv(self.sock)
+                data, fds = receiver.recv()
             except (ConnectionError, OSError):
                 break
             if data is None:
