@@ -105,3 +105,65 @@ def test_every_corruption_is_refused_with_the_message_id(m):
 def test_both_decoders_agree_on_every_corruption():
     for data in _corruptions():
         assert _errors(protocol_py, data) == _errors(_protocol, data)
+
+
+# -- the shared-memory ring ---------------------------------------------------------------------
+from triton_shm.ipc import ring_py  # noqa: E402
+
+try:
+    from triton_shm.ipc import _ring
+except ImportError:
+    _ring = None
+
+RINGS = [pytest.param(ring_py.Ring, id="python"),
+         pytest.param(_ring and _ring.Ring, id="cython", marks=pytest.mark.skipif(_ring is None, reason="not built"))]
+
+
+def _pair(Ring, capacity=256):
+    buf = bytearray(ring_py.HEADER + capacity)
+    return buf, Ring(buf, capacity), Ring(buf, capacity)
+
+
+@pytest.mark.parametrize("Ring", RINGS)
+def test_ring_keeps_order_across_the_wrap_and_refuses_when_full(Ring):
+    buf, tx, rx = _pair(Ring)
+    assert tx.max_record == 120
+    sent = []
+    for i in range(200):  # many wraps of a 256-byte ring
+        record = bytes([i % 251]) * (i % 50)
+        assert tx.push(record, i & 1) >= 0
+        sent.append((record, i & 1))
+        if i % 3 == 2:
+            while (got := rx.pop()) is not None:
+                assert got == sent.pop(0)
+    while (got := rx.pop()) is not None:
+        assert got == sent.pop(0)
+    assert sent == [] and rx.pop() is None
+    while tx.push(b"x" * 40) >= 0:
+        pass
+    assert tx.push(b"x" * 121) == -1  # larger than a record may be
+    assert rx.pop() == (b"x" * 40, 0)
+    assert tx.push(b"y" * 40) >= 0  # room again once the consumer moved on
+
+
+@pytest.mark.parametrize("Ring", RINGS)
+def test_ring_wakes_a_sleeping_consumer_only(Ring):
+    buf, tx, rx = _pair(Ring)
+    assert rx.prepare_sleep()  # empty: it may sleep
+    assert tx.push(b"a") == 1  # so the producer must wake it
+    assert not rx.prepare_sleep()  # a record is there: drain instead
+    if Ring is not ring_py.Ring:  # the twin always asks for a wake (no fences in Python)
+        assert tx.push(b"b") == 0  # awake: no wake-up
+    assert rx.pop() == (b"a", 0)
+
+
+@pytest.mark.parametrize("Ring", RINGS)
+def test_ring_refuses_positions_and_lengths_past_its_end(Ring):
+    for head_tail, first in [((0, 1 << 40), None), ((0, 4), None), ((0, 16), struct.pack("<II", 200, 0)),
+                             ((0, 16), struct.pack("<II", 100, 0)), ((0, 16), struct.pack("<II", 0xFFFFFFFF, 0))]:
+        buf, tx, rx = _pair(Ring)
+        struct.pack_into("<Q", buf, 64, head_tail[1])  # a producer that scribbled on its tail
+        if first is not None:
+            buf[ring_py.HEADER:ring_py.HEADER + 8] = first
+        with pytest.raises(ring_py.RingCorrupt):
+            rx.pop()

@@ -15,7 +15,6 @@ import asyncio
 import itertools
 import logging
 import os
-import socket
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any, Callable
@@ -24,6 +23,8 @@ from ..errors import Internal, TritonShmError, Unavailable
 from ..ipc import channel, protocol
 from ..ipc.protocol import Op
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
+from ..ipc.link import Link
+from ..ipc.ring import RingCorrupt
 
 if TYPE_CHECKING:
     from ..core.shm_registry import Region
@@ -42,7 +43,8 @@ class WorkerHandle:
     def __init__(self, name: str, gpu: int | None, log_verbose: int = 0):
         self.name, self.gpu, self.log_verbose = name, gpu, log_verbose
         self.proc: subprocess.Popen | None = None
-        self.sock: socket.socket | None = None
+        self.link: Link | None = None
+        self._spurious = 0  # socket wake-ups without a frame for it: a worker misusing the socket
         self.arena: Arena | None = None
         self.outputs = SegmentMap()
         # message id -> what gets its reply: the reply dict, or an exception (error reply, worker death)
@@ -64,25 +66,28 @@ class WorkerHandle:
     # -- process lifecycle ---------------------------------------------------------------
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        ours, theirs = channel.socket_pair()
+        link, theirs, link_fds = Link.create()
         env = dict(os.environ)
         if self.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)  # each GPU worker sees only its device
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "triton_shm.worker", "--fd", str(theirs.fileno()), "--name", self.name,
-             "--log-verbose", str(self.log_verbose)],
-            pass_fds=[theirs.fileno()], env=env,
-            start_new_session=True)  # terminal signals go to the front-end, which stops workers itself
-        theirs.close()
-        ours.setblocking(False)
-        self.sock = ours
-        self._receiver = channel.Receiver(ours)
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "triton_shm.worker", "--fd", str(theirs.fileno()), "--name", self.name,
+                 "--link", ",".join(map(str, link_fds)), "--log-verbose", str(self.log_verbose)],
+                pass_fds=[theirs.fileno(), *link_fds], env=env,
+                start_new_session=True)  # terminal signals go to the front-end, which stops workers itself
+        finally:
+            theirs.close()
+            channel.close_fds(link_fds)
+        self.link = link
+        self._spurious = 0
         self.outputs = SegmentMap()
         self.arena = Arena(INPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
         self.regions: set[int] = set()  # client regions whose fd this worker holds
         self.generation += 1
         self.alive = True
-        self._loop.add_reader(ours.fileno(), self._on_readable)
+        self._loop.add_reader(link.rx_wake, self._on_readable)
+        self._loop.add_reader(link.sock.fileno(), self._on_socket)
         log.info("started worker '%s' (pid %d)", self.name, self.proc.pid)
 
     def _share_segment(self, seg: Segment) -> None:
@@ -120,13 +125,14 @@ class WorkerHandle:
         self._cleanup_memory()
 
     def _detach(self) -> None:
-        if self.sock is not None:
-            try:
-                self._loop.remove_reader(self.sock.fileno())
-            except (ValueError, OSError):
-                pass
-            self.sock.close()  # the worker sees end-of-file and exits
-            self.sock = None
+        if self.link is not None:
+            for fd in (self.link.rx_wake, self.link.sock.fileno()):
+                try:
+                    self._loop.remove_reader(fd)
+                except (ValueError, OSError):
+                    pass
+            self.link.close()  # the worker sees end-of-file and exits
+            self.link = None
 
     def _cleanup_memory(self) -> None:
         if self.arena is not None:
@@ -164,13 +170,13 @@ class WorkerHandle:
 
     # -- messaging -----------------------------------------------------------------------
     def _send_frame(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
-        if self.sock is None:
+        if self.link is None:
             raise Unavailable(f"worker '{self.name}' is not running")
         try:
-            channel.send(self.sock, frame, fds)
+            self.link.send(frame, fds)
         except BlockingIOError:
-            # The worker is not draining its channel; treat as overload rather than block the loop.
-            raise Unavailable(f"worker '{self.name}' is not keeping up (control channel full)") from None
+            # The worker is not draining its ring; treat as overload rather than block the loop.
+            raise Unavailable(f"worker '{self.name}' is not keeping up (its ring is full)") from None
         except (BrokenPipeError, ConnectionError):
             raise Unavailable(f"worker '{self.name}' is not running") from None
 
@@ -181,7 +187,7 @@ class WorkerHandle:
 
     def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         """A control op that gets no reply."""
-        if self.sock is None:
+        if self.link is None:
             raise Unavailable(f"worker '{self.name}' is not running")
         self._send_frame(protocol.encode_control(0, message, self._take_releases()), fds)
 
@@ -194,7 +200,7 @@ class WorkerHandle:
         (INTERNAL), or UNAVAILABLE if the worker dies first. It is called synchronously
         from the channel reader. ``on_stream`` receives the STREAM frames that carry this
         id (decoupled responses), until ``end_stream``."""
-        if self.sock is None:
+        if self.link is None:
             raise Unavailable(f"worker '{self.name}' is not running")
         msg_id = self.next_id() if msg_id is None else msg_id
         self._pending[msg_id] = on_reply
@@ -235,16 +241,27 @@ class WorkerHandle:
             self._pending.pop(msg_id, None)  # cancelled: nobody waits for the reply any more
 
     def _on_readable(self) -> None:
-        while self.sock is not None:
+        """The worker's ring has frames: drain it, then tell the worker we sleep (it
+        writes our eventfd only after that)."""
+        link = self.link
+        if link is None:
+            return
+        link.clear_wake()
+        while self.link is link:
             try:
-                data, fds = self._receiver.recv()
-            except BlockingIOError:
-                return
-            except (ConnectionError, OSError, ValueError):
-                data, fds = None, []
-            if data is None:
+                got = link.recv()
+            except RingCorrupt as e:  # nothing in it can be trusted or attributed any more
+                self._bad_frame(protocol.ProtocolError(e.message))
                 self._died()
                 return
+            except (ConnectionError, OSError, ValueError):
+                self._died()
+                return
+            if got is None:
+                if link.rx.prepare_sleep():
+                    return
+                continue
+            data, fds = got
             try:
                 msg = protocol.decode(data)
             except protocol.ProtocolError as e:
@@ -255,6 +272,22 @@ class WorkerHandle:
                 channel.close_fds(fds)
                 fds = []
             self._dispatch(msg, fds)
+
+    def _on_socket(self) -> None:
+        """The socket is readable: a frame whose record is in the ring (drain it), or the
+        worker's end-of-file."""
+        self._on_readable()
+        link = self.link
+        if link is None:
+            return
+        if link.peer_gone():
+            self._died()
+        elif not link.rx.pending():
+            self._spurious += 1
+            if self._spurious > 10000:  # data on the socket that no record names
+                self._bad_frame(protocol.ProtocolError("socket message without its ring record"))
+        else:
+            self._spurious = 0
 
     def _dispatch(self, msg: "protocol.Message", fds: list[int]) -> None:
         op = msg.op
@@ -347,7 +380,7 @@ class WorkerHandle:
 
     def _flush_releases(self) -> None:
         self._flush_scheduled = False
-        if self._releases and self.sock is not None:
+        if self._releases and self.link is not None:
             try:
                 self._send_frame(protocol.encode_free(self._take_releases()))
             except TritonShmError:

@@ -25,6 +25,8 @@ from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc import channel, protocol
 from ..ipc.protocol import Op
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
+from ..ipc.link import Link
+from ..ipc.ring import RingCorrupt
 from ..core.datatypes import config_to_wire
 from ..backends.python import triton_python_backend_utils as pb_utils
 from . import assembler
@@ -54,9 +56,16 @@ def _context(msg: dict[str, Any]) -> ModelContext:
                         config=msg["config"])
 
 
+# After its last frame, the control thread waits this long for the next one before it
+# sleeps on its eventfd (without the GIL): the front-end's next request is usually that
+# close behind, and then it costs neither a wake-up nor a system call.
+SPIN_NS = int(os.environ.get("TRITON_SHM_WORKER_SPIN_US", "50")) * 1000
+RING_FULL_WAIT = 30.0  # s a sender waits for room in its ring before giving the front-end up
+
+
 class Worker:
-    def __init__(self, sock: socket.socket, name: str):
-        self.sock, self.name = sock, name
+    def __init__(self, link: Link, name: str):
+        self.link, self.name = link, name
         self._send_lock = threading.Lock()
         self.inputs = SegmentMap()
         self.regions = RegionMap()
@@ -69,8 +78,18 @@ class Worker:
 
     # -- sending -------------------------------------------------------------------------
     def send_frame(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
+        """Waits while the ring is full: the front-end drains it unless it is gone."""
         with self._send_lock:
-            channel.send(self.sock, frame, fds)
+            deadline = None
+            while True:
+                try:
+                    return self.link.send(frame, fds)
+                except BlockingIOError:
+                    now = time.monotonic()
+                    deadline = deadline or now + RING_FULL_WAIT
+                    if now > deadline:
+                        raise BrokenPipeError("the front-end stopped reading") from None
+                    time.sleep(50e-6)
 
     def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
         """A control op of our own (segment, drop, bls, ...)."""
@@ -126,14 +145,16 @@ class Worker:
 
     # -- control loop --------------------------------------------------------------------
     def run(self) -> None:
-        receiver = channel.Receiver(self.sock)
         while True:
             try:
-                data, fds = receiver.recv()
-            except (ConnectionError, OSError):
+                got = self.link.recv()
+                if got is None:
+                    if not self.link.wait(SPIN_NS):
+                        break  # the front-end has gone
+                    continue
+            except (ConnectionError, OSError, RingCorrupt):
                 break
-            if data is None:
-                break
+            data, fds = got
             msg_id = 0
             try:
                 msg = protocol.decode(data)
@@ -260,14 +281,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="triton_shm.worker")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--name", required=True)
+    parser.add_argument("--link", required=True, help="fds of the rings and eventfds (ipc.link.Link.create)")
     parser.add_argument("--log-verbose", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.log_verbose else logging.INFO,
                         format=f"%(asctime)s {args.name} %(levelname).1s %(name)s] %(message)s", stream=sys.stderr)
     from ..backends.python import install_module_alias
     install_module_alias()
-    sock = socket.socket(fileno=args.fd)
-    worker = Worker(sock, args.name)
+    link = Link.attach(socket.socket(fileno=args.fd), [int(fd) for fd in args.link.split(",")])
+    worker = Worker(link, args.name)
     try:
         worker.send({"op": "hello", "pid": os.getpid(), "time": time.time()})
         worker.run()
