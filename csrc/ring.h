@@ -24,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sched.h>
 #include <time.h>
 
 #define TSM_RING_HEADER 4096u
@@ -148,6 +149,7 @@ static inline int tsm_ring_spin(const tsm_ring *r, uint64_t ns) {
         if (tsm_ring_pending(r))
             return 1;
         if ((++i & 63) == 0) {
+            sched_yield();  /* on a busy machine, whoever we wait for may need this CPU */
             clock_gettime(CLOCK_MONOTONIC, &t);
             spent = (uint64_t)(t.tv_sec - t0.tv_sec) * 1000000000u + (uint64_t)(t.tv_nsec - t0.tv_nsec);
             if (spent >= ns)
