@@ -167,3 +167,239 @@ def test_ring_refuses_positions_and_lengths_past_its_end(Ring):
             buf[ring_py.HEADER:ring_py.HEADER + 8] = first
         with pytest.raises(ring_py.RingCorrupt):
             rx.pop()
+
+
+# -- a worker that breaks the protocol, against a running server --------------------------------
+# The model below is the fault hook: only these tests load it. It finds its worker (gc) and
+# replaces the worker's next reply with a broken one, or breaks the worker's ring, or stops
+# the worker from reading.
+HOSTILE_PY = """
+import gc
+import json
+import os
+import struct
+import time
+
+import triton_python_backend_utils as pb_utils
+from triton_shm.ipc import protocol
+from triton_shm.worker.process import Worker
+
+
+def _worker():
+    return next(o for o in gc.get_objects() if isinstance(o, Worker))
+
+
+def _break_next_reply(worker, fault):
+    send = worker.send_frame
+
+    def send_frame(frame, fds=None):
+        msg = protocol.decode(frame)
+        if msg.op != protocol.Op.REPLY:
+            return send(frame, fds)
+        del worker.send_frame  # once
+        responses = msg.body["responses"]
+        if fault == "out_of_range":
+            seg, offset, size = responses[0]["outputs"][0][3]
+            responses[0]["outputs"][0][3] = [seg, 1 << 40, size]
+        elif fault == "wrong_count":
+            responses[0]["outputs"].append(list(responses[0]["outputs"][0]))
+        elif fault == "missing_output":
+            responses[0]["outputs"] = []
+        frame = bytearray(protocol.encode_reply(msg.id, responses, msg.body["timing"]))
+        if fault == "unknown_op":
+            frame[0] = 99
+        elif fault == "truncated":
+            frame = frame[:-3]
+        send(bytes(frame), fds)
+
+    worker.send_frame = send_frame
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        fault = json.loads(requests[0].parameters() or "{}").get("fault")
+        worker = _worker()
+        if fault == "ring_past_end":  # scribble on our tail of the ring to the front-end, and wake it
+            struct.pack_into("<Q", worker.link._maps[0], 64, 1 << 50)
+            os.eventfd_write(worker.link.tx_wake, 1)
+        elif fault == "stop_reading":
+            worker._dispatch = lambda msg, fds: time.sleep(3600)
+        elif fault == "slow":
+            time.sleep(1.0)
+        elif fault:
+            _break_next_reply(worker, fault)  # the reply to this very batch
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(
+            r, "INPUT0").as_numpy())]) for r in requests]
+"""
+
+
+def _hostile_repo(root):
+    from .models import write_model
+    write_model(root, "hostile", model_py=HOSTILE_PY, config="""
+        name: "hostile"
+        backend: "python"
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        instance_group [ { count: 1 kind: KIND_CPU } ]
+        """)
+    return root
+
+
+def _infer(srv, fault=None, timeout_us=None):
+    import numpy as np
+    import tritonclient.http as httpclient
+    client = httpclient.InferenceServerClient(srv.http_url, network_timeout=60)
+    try:
+        inp = httpclient.InferInput("INPUT0", [4], "FP32")
+        data = np.arange(4, dtype=np.float32)
+        inp.set_data_from_numpy(data)
+        params = {"fault": fault} if fault else {}
+        if timeout_us:
+            params["timeout"] = timeout_us
+        result = client.infer("hostile", [inp], parameters=params or None)
+        assert list(result.as_numpy("OUTPUT0")) == list(data)
+        return result
+    finally:
+        client.close()
+
+
+def _fails(srv, fault, status, needle, **kw):
+    from tritonclient.utils import InferenceServerException
+    with pytest.raises(InferenceServerException) as e:
+        _infer(srv, fault, **kw)
+    assert e.value.status() == status, (e.value.status(), e.value.message())
+    assert needle in e.value.message(), e.value.message()
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tmp_path_factory):
+    from .harness import ServerProcess
+    root = tmp_path_factory.mktemp("hostile")
+    srv = ServerProcess(_hostile_repo(root / "models"), root / "server.log").start()
+    yield srv
+    srv.stop_cleanly()
+
+
+@pytest.fixture
+def own_hostile_server(tmp_path):
+    from .harness import ServerProcess
+    srv = ServerProcess(_hostile_repo(tmp_path / "models"), tmp_path / "server.log")
+    yield srv
+    if srv.proc is not None and srv.proc.poll() is None:
+        srv.stop()
+
+
+def _worker_pid(srv) -> int:
+    from .harness import children
+    (pid,) = children(srv.proc.pid)
+    return pid
+
+
+@pytest.mark.parametrize("fault, needle", [
+    ("unknown_op", "unknown op 99"),
+    ("truncated", "truncated record"),
+    ("out_of_range", "out of bounds"),
+    ("wrong_count", "where ['OUTPUT0'] were asked"),
+    ("missing_output", "where ['OUTPUT0'] were asked"),
+])
+def test_a_malformed_reply_fails_its_request_with_internal_and_loses_nothing(hostile_server, fault, needle):
+    pid = _worker_pid(hostile_server)
+    _fails(hostile_server, fault, "500", needle)
+    for _ in range(3):  # the instance was not lost, nothing waits
+        _infer(hostile_server)
+    assert _worker_pid(hostile_server) == pid  # a legible frame answers for itself: no restart
+
+
+def _recovers(srv, old_pid: int) -> None:
+    from .test_lifecycle import wait_for
+    import tritonclient.http as httpclient
+    from .harness import children
+    wait_for(lambda: children(srv.proc.pid) and children(srv.proc.pid) != [old_pid], 30, "a new worker")
+    client = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        wait_for(lambda: client.is_model_ready("hostile"), 30, "the model to be ready again")
+    finally:
+        client.close()
+    _infer(srv)
+
+
+def test_a_ring_index_past_its_end_restarts_the_worker(own_hostile_server):
+    srv = own_hostile_server.start()
+    pid = _worker_pid(srv)
+    from tritonclient.utils import InferenceServerException
+    with pytest.raises(InferenceServerException) as e:
+        _infer(srv, "ring_past_end")
+    assert e.value.status() == "503", e.value.message()
+    assert "worker 'cpu' broke the worker protocol" in e.value.message(), e.value.message()
+    assert "ring index past its end" in srv.log()
+    _recovers(srv, pid)
+    srv.stop_cleanly()
+
+
+def test_a_worker_that_stops_reading_fails_requests_by_their_timeout(own_hostile_server):
+    import concurrent.futures
+    import os
+    import signal
+    import time
+    srv = own_hostile_server.start()
+    pid = _worker_pid(srv)
+    _infer(srv, "stop_reading")  # answered; the worker reads nothing after it
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:  # more than the instance's slots
+        errors = list(pool.map(lambda _: _catch(srv, 500_000), range(12)))
+    assert time.monotonic() - t0 < 20
+    assert all(e is not None and "timeout" in e.message().lower() for e in errors), errors
+    rss = _rss_kib(srv.proc.pid)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: _catch(srv, 100_000), range(200)))
+    assert _rss_kib(srv.proc.pid) < rss + 20_000  # bounded: frames wait in a fixed ring, requests time out
+    os.kill(pid, signal.SIGKILL)  # a stuck worker can only be restarted
+    _recovers(srv, pid)
+    srv.stop_cleanly()
+
+
+def _catch(srv, timeout_us):
+    from tritonclient.utils import InferenceServerException
+    try:
+        _infer(srv, timeout_us=timeout_us)
+    except InferenceServerException as e:
+        return e
+    return None
+
+
+def _rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_a_worker_killed_mid_batch_with_frames_both_ways_fails_them_and_recovers(own_hostile_server):
+    import concurrent.futures
+    import os
+    import signal
+    import time
+    srv = own_hostile_server.start()
+    pid = _worker_pid(srv)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        # one runs (1 s), one is held in the worker, the rest wait in the front-end
+        slow = [pool.submit(_catch_fault, srv, "slow") for _ in range(4)]
+        quick = [pool.submit(_catch, srv, None) for _ in range(2)]
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        errors = [f.result(timeout=30) for f in slow + quick]
+    failed = [e for e in errors if e is not None]
+    assert failed, "nothing was in flight when the worker died"
+    for e in failed:
+        assert e.status() == "503" and "worker 'cpu'" in e.message(), (e.status(), e.message())
+    _recovers(srv, pid)
+    srv.stop_cleanly()
+
+
+def _catch_fault(srv, fault):
+    from tritonclient.utils import InferenceServerException
+    try:
+        _infer(srv, fault)
+    except InferenceServerException as e:
+        return e
+    return None

@@ -45,6 +45,7 @@ class WorkerHandle:
         self.proc: subprocess.Popen | None = None
         self.link: Link | None = None
         self._spurious = 0  # socket wake-ups without a frame for it: a worker misusing the socket
+        self._broke_protocol = False
         self.arena: Arena | None = None
         self.outputs = SegmentMap()
         # message id -> what gets its reply: the reply dict, or an exception (error reply, worker death)
@@ -81,6 +82,7 @@ class WorkerHandle:
             channel.close_fds(link_fds)
         self.link = link
         self._spurious = 0
+        self._broke_protocol = False
         self.outputs = SegmentMap()
         self.arena = Arena(INPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
         self.regions: set[int] = set()  # client regions whose fd this worker holds
@@ -153,6 +155,8 @@ class WorkerHandle:
                 self.proc.kill()
                 code = self.proc.wait()
         how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        if self._broke_protocol:
+            how = "broke the worker protocol and was stopped"
         log.error("worker '%s' %s; restarting it", self.name, how)
         error = Unavailable(f"worker '{self.name}' {how} while running the request; it is being restarted")
         pending, self._pending = self._pending, {}
@@ -338,6 +342,7 @@ class WorkerHandle:
             if on_reply is not None:
                 _deliver(on_reply, Internal(f"worker '{self.name}' sent a malformed reply: {e.message}"))
         elif self.proc is not None and self.proc.poll() is None:
+            self._broke_protocol = True
             self.proc.kill()
 
     def next_id(self) -> int:
