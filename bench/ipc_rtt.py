@@ -20,7 +20,7 @@ import time
 
 import uvloop
 
-from triton_shm.worker.pool import WorkerPool
+from triton_shm.supervisor.pool import WorkerPool
 
 
 async def measure(n: int) -> dict[str, float]:

@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidArgument, TritonShmError, Unavailable
 from .model_config import mc
 from .statistics import ModelStats
-from .types import InferRequest, InferResponse, ResponseStream
+from .types import BatchRequest, InferRequest, InferResponse, ResponseStream
 
 if TYPE_CHECKING:
-    from ..worker.pool import WorkerPool
+    from ..supervisor.pool import WorkerPool
     from .repository import ModelVersion
     from .shm_registry import Region
     from .validation import RequestPlan
@@ -38,10 +38,8 @@ HELD_BATCHES = 1  # batches an instance may hold in its worker beside the one it
 
 
 @dataclass(eq=False)
-class Pending:
-    request: InferRequest
-    plan: "RequestPlan"
-    regions: dict[str, "Region"]
+class Pending(BatchRequest):
+    """A queued request: what the pool needs (``BatchRequest``) and the queue's own state."""
     rows: int                     # batch rows this request contributes (1 without batching)
     priority: int
     enqueued_ns: int
@@ -51,7 +49,6 @@ class Pending:
     seq: int = 0
     result: Any = None            # preserve_ordering: held until earlier requests are answered
     trace: Any = None             # a tracing.Trace when this request is traced
-    stream: Any = None            # decoupled models: a types.ResponseStream
 
 
 @dataclass(slots=True)
@@ -154,9 +151,8 @@ class Scheduler:
             raise Unavailable(f"Exceeds maximum queue size for model '{self.model.name}'")
         now = time.monotonic_ns()
         timeout = self._timeout_ns(request, policy)
-        pending = Pending(request, plan, regions, plan.batch_size or 1, level, now,
-                          now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq, trace=trace,
-                          stream=stream)
+        pending = Pending(request, plan, regions, stream, plan.batch_size or 1, level, now,
+                          now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq, trace=trace)
         if trace is not None:
             trace.stamp("QUEUE_START", now)
         self._seq += 1

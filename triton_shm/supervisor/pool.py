@@ -2,8 +2,9 @@
 and supervision.
 
 One :class:`~.handle.WorkerHandle` per worker process (one CPU worker, one per GPU). A
-worker that dies is seen at once (end-of-file on its channel): its in-flight requests
-fail with UNAVAILABLE, it is restarted and its models are loaded again.
+worker that dies is seen at once (end-of-file on its socket): its in-flight requests
+fail with UNAVAILABLE, the pool reports it down, restarts it with backoff and reports it
+back; the model manager owns what that means for model states and reloads.
 """
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..core import codec
 from ..core.datatypes import element_size
-from ..core.model_config import mc
-from ..core.types import InferResponse, OutputTensor
+from ..core.model_config import config_to_json, mc
+from ..core.types import BatchRequest, InferResponse, OutputTensor
 from ..errors import Internal, TritonShmError, Unavailable
 from ..ipc import protocol
 from ..ipc.arena import Block
@@ -24,7 +25,6 @@ from .handle import WorkerHandle
 
 if TYPE_CHECKING:
     from ..core.repository import ModelVersion
-    from ..core.scheduler import Pending
     from ..core.shm_registry import Region
 
 log = logging.getLogger("triton_shm.workers")
@@ -47,6 +47,10 @@ class WorkerPool:
         # serves a model's BLS call: async (worker, message) -> None, set by the service
         self.bls_handler: Callable[[WorkerHandle, dict[str, Any]], Awaitable[None]] | None = None
         self._bls_tasks: set[asyncio.Task] = set()
+        # what the owner of model state hears: "worker down" (name), then "worker back" (name)
+        # once its process runs again (it then loads the models placed there)
+        self.on_worker_down: Callable[[str], None] | None = None
+        self.on_worker_back: Callable[[str], Awaitable[None]] | None = None
 
     @property
     def gpu_count(self) -> int:
@@ -80,9 +84,8 @@ class WorkerPool:
     def _on_death(self, worker: WorkerHandle) -> None:
         if self._closing:
             return
-        for mv in self._placements[worker.name]:
-            if mv.state == "READY":
-                mv.state, mv.reason = "LOADING", f"worker '{worker.name}' is restarting"
+        if self.on_worker_down is not None:
+            self.on_worker_down(worker.name)
         asyncio.get_running_loop().create_task(self._restart(worker))
 
     async def _restart(self, worker: WorkerHandle) -> None:
@@ -92,13 +95,16 @@ class WorkerPool:
         if self._closing:
             return
         worker.start()
-        for mv in list(self._placements[worker.name]):
-            try:
-                await self._load_on(worker, mv)
-                if all(self.workers[w].alive for w, _ in mv.instances):
-                    mv.state, mv.reason = "READY", ""
-            except TritonShmError as e:
-                mv.state, mv.reason = "UNAVAILABLE", f"reload after worker restart failed: {e.message}"
+        if self.on_worker_back is not None:
+            await self.on_worker_back(worker.name)
+
+    def placed_on(self, worker: str) -> list["ModelVersion"]:
+        """The model versions with instances in ``worker``."""
+        return list(self._placements[worker])
+
+    def hosts_alive(self, mv: "ModelVersion") -> bool:
+        """Every worker that hosts an instance of ``mv`` is running."""
+        return all(self.workers[w].alive for w, _ in mv.instances)
 
     # -- model lifecycle -----------------------------------------------------------------
     @staticmethod
@@ -124,16 +130,16 @@ class WorkerPool:
                                   "device_id": device if device is not None else 0})
         return by_worker
 
-    async def _load_on(self, worker: WorkerHandle, mv: "ModelVersion") -> None:
-        from ..core.model_config import config_to_json
-        specs = self._instances_by_worker(mv)[worker.name]
+    async def load_on(self, worker: str, mv: "ModelVersion") -> None:
+        """Load ``mv``'s instances that belong in ``worker``."""
+        specs = self._instances_by_worker(mv)[worker]
         msg = self._model_message("load", mv, config_to_json(mv.config))
         msg["instances"] = specs
-        await worker.call(msg)
+        await self.workers[worker].call(msg)
 
     async def load(self, mv: "ModelVersion") -> None:
         by_worker = self._instances_by_worker(mv)
-        await asyncio.gather(*(self._load_on(self.workers[w], mv) for w in by_worker))
+        await asyncio.gather(*(self.load_on(w, mv) for w in by_worker))
         mv.instances = [(w, i) for w, specs in by_worker.items() for i in range(len(specs))]
         for w in by_worker:
             self._placements[w].append(mv)
@@ -154,7 +160,7 @@ class WorkerPool:
         await self.workers[worker].call(None)
 
     # -- inference -----------------------------------------------------------------------
-    def start_batch(self, mv: "ModelVersion", instance: tuple[str, int], batch: list["Pending"],
+    def start_batch(self, mv: "ModelVersion", instance: tuple[str, int], batch: list[BatchRequest],
                     done: Callable[[list[InferResponse | Exception], tuple[int, int, int] | None], None]) -> None:
         """Send a batch of validated requests to one instance: one control message there
         and back. When the reply arrives, ``done`` gets one response or error per request
@@ -201,7 +207,7 @@ class WorkerPool:
             free_inputs()
             raise
 
-    def _batch_results(self, worker: WorkerHandle, mv: "ModelVersion", batch: list["Pending"],
+    def _batch_results(self, worker: WorkerHandle, mv: "ModelVersion", batch: list[BatchRequest],
                        reply: dict[str, Any], on_stream) -> tuple[list[InferResponse | Exception],
                                                                    tuple[int, int, int]]:
         responses = reply.get("responses")
@@ -231,7 +237,7 @@ class WorkerPool:
             raise Internal(f"worker '{worker.name}' sent a malformed timing") from None
 
     def _stream_handler(self, worker: WorkerHandle, mv: "ModelVersion",
-                        batch: list["Pending"]) -> Callable[[dict[str, Any] | None], None]:
+                        batch: list[BatchRequest]) -> Callable[[dict[str, Any] | None], None]:
         """Routes a decoupled batch's responses to each request's stream queue, until
         every request has had its final response."""
         open_requests = set(range(len(batch)))
@@ -264,7 +270,7 @@ class WorkerPool:
 
         return handle
 
-    def _request_record(self, worker: WorkerHandle, p: "Pending", blocks: list[Block]) -> tuple:
+    def _request_record(self, worker: WorkerHandle, p: BatchRequest, blocks: list[Block]) -> tuple:
         """One request of an INFER frame: in-band inputs copied once into the worker's
         arena, client shared-memory tensors named in place."""
         plan, request = p.plan, p.request
@@ -295,7 +301,7 @@ class WorkerPool:
         worker.share_region(region)
         return region
 
-    def _response(self, worker: WorkerHandle, mv: "ModelVersion", p: "Pending",
+    def _response(self, worker: WorkerHandle, mv: "ModelVersion", p: BatchRequest,
                   encoded: list[list[Any]], complete: bool = False) -> InferResponse:
         """``complete``: every requested output, once each (a decoupled response may
         carry some of them)."""
