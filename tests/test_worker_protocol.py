@@ -65,6 +65,13 @@ def test_every_op_round_trips(m):
     assert control.body == {"op": "load", "config": {"a": [1, 2]}} and control.frees == [(3, 64, 64)]
 
 
+@pytest.mark.parametrize("m", IMPLS)
+def test_a_request_id_too_long_for_its_field_is_the_client_s_error(m):
+    from triton_shm.errors import InvalidArgument
+    with pytest.raises(InvalidArgument, match="request id is longer than 65535 bytes"):
+        m.encode_infer(1, "m", 0, [("x" * 65536, {}, [], [])])
+
+
 def _errors(m, data: bytes) -> tuple[str, int | None]:
     with pytest.raises(ProtocolError) as info:
         m.decode(data)

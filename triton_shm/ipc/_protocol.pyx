@@ -9,8 +9,8 @@ from libc.string cimport memcpy
 
 import orjson
 
-from ..errors import Internal
-from .protocol_py import DATATYPES, MAX_DIMS, Message, Op, ProtocolError, Status
+from ..errors import Internal, InvalidArgument
+from .protocol_py import _ID_TOO_LONG, DATATYPES, MAX_DIMS, MAX_ID, Message, Op, ProtocolError, Status
 
 cdef dict _DTYPE_CODE = {name: i for i, name in enumerate(DATATYPES)}
 cdef tuple _DTYPES = DATATYPES
@@ -158,6 +158,8 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
             _uint(&b, <uint64_t>len(inputs), 2)
             _uint(&b, <uint64_t>len(outputs), 2)
             rb = (<str>request_id).encode("utf-8")
+            if len(rb) > MAX_ID:
+                raise InvalidArgument(_ID_TOO_LONG)
             _uint(&b, <uint64_t>len(rb), 2)
             _uint(&b, <uint64_t>len(pb), 4)
             _put(&b, <const char *>rb, len(rb))

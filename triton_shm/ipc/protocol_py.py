@@ -8,7 +8,7 @@ from typing import Any, NamedTuple, Sequence
 
 import orjson
 
-from ..errors import Internal
+from ..errors import Internal, InvalidArgument
 
 
 class Op(enum.IntEnum):
@@ -32,6 +32,8 @@ class Status(enum.IntEnum):
 PLACE_NONE = PLACE_ARENA = 0
 PLACE_REGION = 1
 MAX_DIMS = 64
+MAX_ID = 0xFFFF  # bytes of a request id (its length is a u16)
+_ID_TOO_LONG = f"request id is longer than {MAX_ID} bytes"
 # The datatype codes of TENSOR records: index in this tuple. Append only.
 DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
              "FP16", "FP32", "FP64", "BF16", "BYTES")
@@ -128,6 +130,8 @@ def encode_infer(msg_id: int, key: str, instance: int, requests: Sequence[tuple]
     out += kb
     for request_id, parameters, inputs, outputs in requests:
         rb = _utf8(request_id)
+        if len(rb) > MAX_ID:
+            raise InvalidArgument(_ID_TOO_LONG)
         pb = orjson.dumps(parameters) if parameters else b""
         out += _REQUEST.pack(len(inputs), len(outputs), len(rb), len(pb))
         out += rb

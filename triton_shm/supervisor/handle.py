@@ -37,6 +37,7 @@ INPUT_CHUNK = 64 << 20
 # which costs more than the memory they hold for a few milliseconds.
 RELEASE_DELAY = 0.02
 RELEASE_BYTES = 8 << 20
+DRAIN_BATCH = 256  # frames read from a worker's ring before the event loop gets a turn
 
 
 class WorkerHandle:
@@ -251,7 +252,9 @@ class WorkerHandle:
         if link is None:
             return
         link.clear_wake()
-        while self.link is link:
+        for _ in range(DRAIN_BATCH):
+            if self.link is not link:
+                return
             try:
                 got = link.recv()
             except RingCorrupt as e:  # nothing in it can be trusted or attributed any more
@@ -276,6 +279,8 @@ class WorkerHandle:
                 channel.close_fds(fds)
                 fds = []
             self._dispatch(msg, fds)
+        # Still awake (no wake-up will come): let the loop serve others, then drain on.
+        self._loop.call_soon(self._on_readable)
 
     def _on_socket(self) -> None:
         """The socket is readable: a frame whose record is in the ring (drain it), or the
