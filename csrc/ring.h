@@ -81,6 +81,12 @@ static inline int tsm_ring_push(tsm_ring *r, const uint8_t *data, uint32_t len, 
     return TSM_RING_OK;
 }
 
+/* Producer: bytes free for records (0 if the consumer's position makes no sense). */
+static inline uint64_t tsm_ring_room(const tsm_ring *r) {
+    uint64_t used = r->pos - __atomic_load_n(tsm_ring_head(r), __ATOMIC_ACQUIRE);
+    return used > r->capacity ? 0 : r->capacity - used;
+}
+
 /* Consumer: the next record, in place. Returns TSM_RING_OK (*data, *len, *flags set; call
  * tsm_ring_consume(r, *next) once done with it), TSM_RING_EMPTY or TSM_RING_CORRUPT. */
 static inline int tsm_ring_peek(tsm_ring *r, const uint8_t **data, uint32_t *len, uint32_t *flags,

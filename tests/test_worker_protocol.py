@@ -146,8 +146,10 @@ def test_ring_keeps_order_across_the_wrap_and_refuses_when_full(Ring):
     while (got := rx.pop()) is not None:
         assert got == sent.pop(0)
     assert sent == [] and rx.pop() is None
+    assert tx.room() == 256
     while tx.push(b"x" * 40) >= 0:
         pass
+    assert tx.room() < 48
     assert tx.push(b"x" * 121) == -1  # larger than a record may be
     assert rx.pop() == (b"x" * 40, 0)
     assert tx.push(b"y" * 40) >= 0  # room again once the consumer moved on

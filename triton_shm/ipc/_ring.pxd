@@ -14,6 +14,7 @@ cdef extern from "ring.h" nogil:
         uint64_t capacity
         uint64_t pos
     uint64_t tsm_ring_max_record(const tsm_ring *r)
+    uint64_t tsm_ring_room(const tsm_ring *r)
     int tsm_ring_push(tsm_ring *r, const uint8_t *data, uint32_t len, uint32_t flags, int *wake)
     int tsm_ring_peek(tsm_ring *r, const uint8_t **data, uint32_t *len, uint32_t *flags, uint64_t *next)
     void tsm_ring_consume(tsm_ring *r, uint64_t next)

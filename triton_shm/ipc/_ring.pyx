@@ -37,6 +37,10 @@ cdef class Ring:
             return -1
         return 1 if wake else 0
 
+    def room(self) -> int:
+        """Bytes free for records (producer side)."""
+        return tsm_ring_room(&self.r)
+
     def pop(self):
         """``(payload, flags)`` of the next record, or None when empty."""
         cdef const uint8_t *p

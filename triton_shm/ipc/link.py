@@ -67,6 +67,8 @@ class Link:
         """Raises BlockingIOError when the ring (or the socket) is full."""
         flags = 0
         if fds or len(frame) > self.tx.max_record:
+            if self.tx.room() < 8:  # the record that keeps its place must fit once it is sent
+                raise BlockingIOError("ring full")
             channel.send(self.sock, frame, fds)
             frame, flags = b"", ON_SOCKET
         rc = self.tx.push(frame, flags)

@@ -58,6 +58,10 @@ class Ring:
         _U64.pack_into(buf, 64, self.pos)
         return 1
 
+    def room(self) -> int:
+        used = self.pos - _U64.unpack_from(self.buf, 0)[0]
+        return 0 if used > self.capacity else self.capacity - used
+
     def pop(self) -> tuple[bytes, int] | None:
         buf, cap = self.buf, self.capacity
         head = self.pos
@@ -67,7 +71,7 @@ class Ring:
         if not 8 <= tail - head <= cap:
             raise RingCorrupt("ring index past its end (the peer broke the ring)")
         idx = head & (cap - 1)
-        n, flags = _REC.unpack_from(buf, HEADER + idx) if idx + 8 <= cap else (_WRAP, 0)
+        n, flags = _REC.unpack_from(buf, HEADER + idx)  # idx is 8-aligned: the record header fits
         if n == _WRAP:
             head += cap - idx
             if not 8 <= tail - head <= cap:
