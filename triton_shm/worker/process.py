@@ -1,9 +1,10 @@
 """The worker process: hosts model instances and runs them on tensors in shared memory.
 
-Started by the front-end as ``python -m triton_shm.worker --fd N --name NAME``; the
-inherited fd is its end of the control channel. The main thread receives control
-messages; each model instance has its own thread and queue, so a slow model never
-blocks another, and loads run on a loader thread so inference continues meanwhile.
+Started by the front-end as ``python -m triton_shm.worker --fd N --link A,B,C,D --name
+NAME``; the inherited fds are its end of the socket and of its two rings and eventfds
+(``ipc.link``). The main thread reads frames (``ipc.protocol``) from the ring; each model
+instance has its own thread and queue, so a slow model never blocks another, and loads
+run on a loader thread so inference continues meanwhile.
 """
 from __future__ import annotations
 
