@@ -2,7 +2,9 @@
 
 A message is one *frame*: a fixed header, the freed blocks it carries, then a body whose
 layout depends on the op. All integers are little-endian; strings are UTF-8 with an
-explicit length (no terminator); nothing is padded or aligned.
+explicit length (no terminator); nothing is padded or aligned. Frames travel as records
+of the link's shared-memory rings (``ipc.link``, ``csrc/ring.h``); a frame with file
+descriptors travels on the socket instead, its place in the ring kept by an empty record.
 
 Header (``HEADER``, 20 bytes)::
 
@@ -24,15 +26,16 @@ Ops and their bodies:
 
     instance u32, key_len u16, key          the load key of the model version
     count × request:
-        n_inputs u16, n_outputs u16, id_len u16, params_len u32, id, params
+        n_inputs u16, n_outputs u16, id_len u16 (at most MAX_ID), params_len u32, id, params
             params: a JSON object (the request's model parameters), empty for none
         n_inputs × TENSOR                   the request's inputs
         n_outputs × OUTPUT                  the outputs it asks for, in order
 
 ``TENSOR`` (26 bytes, then ``ndim`` × i64 dims, then the name)::
 
-    dtype u8 (index in DATATYPES), ndim u8, place u8 (PLACE_ARENA | PLACE_REGION), _ u8,
-    name_len u16, segment u32 (arena segment or client region id), offset u64, size u64
+    dtype u8 (index in DATATYPES), ndim u8 (at most MAX_DIMS), place u8 (PLACE_ARENA |
+    PLACE_REGION), _ u8, name_len u16, segment u32 (arena segment or client region id),
+    offset u64, size u64; dims are i64 and never negative
 
 ``OUTPUT`` (23 bytes, then the name)::
 
@@ -79,7 +82,8 @@ from __future__ import annotations
 import os
 
 from .protocol_py import (  # noqa: F401
-    DATATYPES, HEADER_SIZE, MAX_DIMS, Message, Op, PLACE_ARENA, PLACE_NONE, PLACE_REGION, ProtocolError, Status)
+    DATATYPES, HEADER_SIZE, MAX_DIMS, MAX_ID, Message, Op, PLACE_ARENA, PLACE_NONE, PLACE_REGION, ProtocolError,
+    Status)
 
 NO_EXTENSIONS = os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") not in ("", "0")
 
@@ -97,6 +101,6 @@ if not NO_EXTENSIONS:
     except ImportError:  # not built: the pure-Python twin serves
         pass
 
-__all__ = ["DATATYPES", "HEADER_SIZE", "MAX_DIMS", "Message", "Op", "PLACE_ARENA", "PLACE_NONE", "PLACE_REGION",
-           "ProtocolError", "Status", "decode", "encode_control", "encode_fail", "encode_free", "encode_infer",
+__all__ = ["DATATYPES", "HEADER_SIZE", "MAX_DIMS", "MAX_ID", "Message", "Op", "PLACE_ARENA", "PLACE_NONE",
+           "PLACE_REGION", "ProtocolError", "Status", "decode", "encode_control", "encode_fail", "encode_free", "encode_infer",
            "encode_ping", "encode_pong", "encode_reply", "encode_stream", "USING_EXTENSION"]
