@@ -1,7 +1,8 @@
 """triton-shm vs the real Triton 2.51, driven by two load generators, in one run.
 
     python bench/compare_triton.py [--scenarios small,large,batching] [--rounds 2] [--interval-ms 3000]
-                                   [--generators perf_analyzer,triton-shm-perf]
+                                   [--generators perf_analyzer,triton-shm-perf] [--protocols grpc,http]
+                                   [--servers triton-shm,triton-shm-aiohttp,triton]
 
 Both servers serve the same repository of python-backend models (the only kind the
 reference Triton build runs) and are measured alternately, A B A B, so drift hits both
@@ -13,6 +14,8 @@ For each generator it prints one table: medians of throughput and p50/p99 latenc
 generator reports them, plus each server's CPU-seconds per 1,000 inferences and peak RSS
 (its whole process tree: Triton's stubs, our workers), and the ratios triton-shm / Triton.
 These server-side figures are measured the same way whichever generator drives the load.
+With --servers, triton-shm-aiohttp (TRITON_SHM_LEAN_HTTP=0: HTTP served by aiohttp alone)
+is measured as well, each variant of ours in its own rows against Triton.
 
 The server-side time per request comes from each server's own statistics extension
 (success ns / count over the run); so does the request count that CPU-seconds are divided by.
@@ -25,6 +28,7 @@ Scenarios:
   small     add_sub, two FP32[16] inputs; gRPC and HTTP at concurrency 1 and 8
   large     identity, one FP32 tensor of 1 MiB and of 16 MiB; gRPC in-band and through
             system shared memory, at concurrency 1
+  large_http  the same identity model, 1 MiB and 16 MiB in-band over HTTP, at concurrency 1
   batching  a batch-friendly model (per-call overhead + one matmul per batch) at
             concurrency 16, dynamic batching off and on, over gRPC and HTTP
   gap       one instance of a 1 ms model, batching off, concurrency 16 over gRPC: at most
@@ -159,6 +163,8 @@ SCENARIOS: dict[str, list[Case]] = {
              ["--shape", "INPUT0:4194304", "--concurrency-range", "1", "--shared-memory", "system",
               "--output-shared-memory-size", str(16 << 20)]),
     ],
+    "large_http": [Case(f"identity {mib} MiB, HTTP in-band, concurrency 1", "identity",
+                        ["--shape", f"INPUT0:{mib << 18}", "--concurrency-range", "1"], "http") for mib in (1, 16)],
     "batching": [Case(f"matmul 256x256, {name}, concurrency 16, dynamic batching {state}", model,
                       ["--concurrency-range", "16"], protocol)
                  for protocol, name in (("grpc", "gRPC"), ("http", "HTTP"))
@@ -222,6 +228,10 @@ def peak_rss_mib(pids: list[int]) -> float:
     return total / 1024
 
 
+# Our server variants: name -> environment on top of ours.
+VARIANTS = {"triton-shm": {}, "triton-shm-aiohttp": {"TRITON_SHM_LEAN_HTTP": "0"}}
+
+
 class Server:
     def __init__(self, kind: str, repo: Path, ref, log):
         self.kind, self.port = kind, free_port()
@@ -231,7 +241,7 @@ class Server:
             cmd = [sys.executable, "-m", "triton_shm", "--model-repository", str(repo), "--http-port", str(self.port),
                    "--grpc-port", str(self.port + 1), "--allow-metrics", "false", "--allow-client-shm", "true",
                    "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]
-            env = dict(os.environ)
+            env = {**os.environ, **VARIANTS[kind]}
         # On this 2-vCPU machine, shared with the load generator, numpy's OpenBLAS worker thread
         # spin-waits between the batching model's matmuls and takes ~65% of a core in either
         # server's model process (Triton's stub, our worker). Both servers get the same setting.
@@ -316,34 +326,40 @@ def run_case(ref, server: Server, case: Case, interval_ms: int,
     return result
 
 
-def table(cases: list[Case], med: dict, generator: str) -> str:
+def table(cases: list[Case], med: dict, generator: str, ours: list[str]) -> str:
     lines = ["| case | triton-shm infer/s | Triton infer/s | ratio | triton-shm p50 µs | Triton p50 µs | "
              "triton-shm p99 µs | Triton p99 µs | server-side µs/request (ours / Triton) | "
              "CPU-s/1k inf (ours / Triton) | peak RSS MiB (ours / Triton) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for case in cases:
-        a, b = med[("triton-shm", generator, case.label)], med[("triton", generator, case.label)]
-        lines.append(
-            f"| {case.label} | {a['throughput']:.0f} | {b['throughput']:.0f} | {a['throughput'] / b['throughput']:.2f} "
-            f"| {a['p50_us']:.0f} | {b['p50_us']:.0f} | {a['p99_us']:.0f} | {b['p99_us']:.0f} "
-            f"| {a['server_us']:.0f} / {b['server_us']:.0f} "
-            f"| {a['cpu_s_per_1k']:.2f} / {b['cpu_s_per_1k']:.2f} | {a['rss_mib']:.0f} / {b['rss_mib']:.0f} |")
+        for kind in ours:
+            lines.append(_row(case, kind, med[(kind, generator, case.label)], med[("triton", generator, case.label)],
+                              len(ours) > 1))
     return "\n".join(lines)
 
 
-def batching_gains(cases: list[Case], med: dict, generators: list[str]) -> str:
+def _row(case: Case, kind: str, a: dict, b: dict, named: bool) -> str:
+    label = f"{case.label} ({kind})" if named else case.label
+    return (f"| {label} | {a['throughput']:.0f} | {b['throughput']:.0f} | {a['throughput'] / b['throughput']:.2f} "
+            f"| {a['p50_us']:.0f} | {b['p50_us']:.0f} | {a['p99_us']:.0f} | {b['p99_us']:.0f} "
+            f"| {a['server_us']:.0f} / {b['server_us']:.0f} "
+            f"| {a['cpu_s_per_1k']:.2f} / {b['cpu_s_per_1k']:.2f} | {a['rss_mib']:.0f} / {b['rss_mib']:.0f} |")
+
+
+def batching_gains(cases: list[Case], med: dict, generators: list[str], ours: list[str]) -> str:
     """Throughput with dynamic batching on / off, per protocol and generator, for each server."""
     pairs = [(off, on) for off in cases for on in cases
              if "dynamic batching off" in off.label and on.label == off.label.replace("batching off", "batching on")]
     if not pairs:
         return ""
-    lines = ["| load generator | case | triton-shm gain (on / off) | Triton gain (on / off) |", "|---|---|---|---|"]
+    lines = [f"| load generator | case | {' | '.join(f'{k} gain (on / off)' for k in ours)} | Triton gain (on / off) |",
+             "|---|---|" + "---|" * (len(ours) + 1)]
     for g in generators:
         for off, on in pairs:
             gain = {k: med[(k, g, on.label)]["throughput"] / med[(k, g, off.label)]["throughput"]
-                    for k in ("triton-shm", "triton")}
-            lines.append(f"| {GENERATORS[g]} | {off.label.replace(', dynamic batching off', '')} "
-                         f"| {gain['triton-shm']:.2f}x | {gain['triton']:.2f}x |")
+                    for k in (*ours, "triton")}
+            lines.append(f"| {GENERATORS[g]} | {off.label.replace(', dynamic batching off', '')} | "
+                         + " | ".join(f"{gain[k]:.2f}x" for k in (*ours, "triton")) + " |")
     return "#### dynamic batching gain\n\n" + "\n".join(lines)
 
 
@@ -354,8 +370,16 @@ def main() -> None:
     parser.add_argument("--interval-ms", type=int, default=3000)
     parser.add_argument("--generators", default=",".join(GENERATORS),
                         help=f"load generators to drive every case with, in turn (from: {', '.join(GENERATORS)})")
+    parser.add_argument("--protocols", default="grpc,http", help="only the cases over these protocols")
+    parser.add_argument("--servers", default="triton-shm,triton",
+                        help=f"servers to measure: triton and any of {', '.join(VARIANTS)}")
     args = parser.parse_args()
-    cases = [c for s in args.scenarios.split(",") for c in SCENARIOS[s]]
+    protocols = args.protocols.split(",")
+    cases = [c for s in args.scenarios.split(",") for c in SCENARIOS[s] if c.protocol in protocols]
+    kinds = args.servers.split(",")
+    ours = [k for k in kinds if k != "triton"]
+    if "triton" not in kinds or not ours or any(k not in VARIANTS for k in ours):
+        parser.error(f"--servers: triton and at least one of {', '.join(VARIANTS)}")
     generators = args.generators.split(",")
     for g in generators:
         if g not in GENERATORS:
@@ -367,7 +391,7 @@ def main() -> None:
         build_repository(repo)
         log = open(Path(tmp) / "servers.log", "wb")
         for _ in range(args.rounds):
-            for kind in ("triton-shm", "triton"):
+            for kind in kinds:
                 server = Server(kind, repo, ref, log)
                 try:
                     for case in cases:
@@ -379,8 +403,8 @@ def main() -> None:
                 finally:
                     server.stop()
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
-    print("\n\n".join(f"#### driven by {GENERATORS[g]}\n\n{table(cases, med, g)}" for g in generators))
-    gains = batching_gains(cases, med, generators)
+    print("\n\n".join(f"#### driven by {GENERATORS[g]}\n\n{table(cases, med, g, ours)}" for g in generators))
+    gains = batching_gains(cases, med, generators, ours)
     if gains:
         print(f"\n{gains}")
 

@@ -15,6 +15,7 @@ STEPS = [
     ("Batch assembler", ["assembler.py"]),
     ("triton-shm vs Triton 2.51 (perf_analyzer and triton-shm perf)", ["compare_triton.py", "--rounds", "2", "--interval-ms", "2000"]),
     ("The Python gRPC floor", ["grpc_floor.py"]),
+    ("The HTTP floor: aiohttp's web layer vs the lean connection", ["http_floor.py"]),
     ("Scheduler cost per request", ["scheduler_cost.py"]),
     ("Ensemble vs three client calls", ["ensemble.py"]),
     ("Model load and reload", ["model_load.py"]),

@@ -168,27 +168,48 @@ def test_half_precision_json_input_is_rejected(server, datatype):
     status, body = _post_json(server.http_url, f"/v2/models/identity_{datatype.lower()}/infer", {
         "inputs": [{"name": "INPUT0", "datatype": datatype, "shape": [2], "data": [1.0, 2.0]}]})
     assert status == 400, body
-    assert datatype in body["error"] and "JSON" in body["error"], body
+    assert body == {"error": f"receiving {datatype} data via JSON is not supported. Please use the binary data "
+                             "format for input INPUT0"}, body
     # The server keeps serving the model afterwards.
     data = sample(datatype)
     assert_exact(_http_infer(server.http_url, f"identity_{datatype.lower()}", data, datatype, True),
                  data, datatype)
 
 
-@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
-def test_half_precision_binary_input_json_output(server, datatype):
-    """Binary in, JSON out: FP16/BF16 outputs become JSON numbers that parse back exactly."""
-    data = sample(datatype, special=False)
-    client = httpclient.InferenceServerClient(server.http_url)
+def _binary_input_json_output(url: str, model: str, data: np.ndarray, datatype: str,
+                              outputs: list | None) -> tuple[int, dict]:
+    """A binary input; the output in JSON, asked for (``outputs``) or by default (None)."""
+    raw = data.tobytes()
+    doc: dict = {"inputs": [{"name": "INPUT0", "datatype": datatype, "shape": list(data.shape),
+                             "parameters": {"binary_data_size": len(raw)}}]}
+    if outputs is not None:
+        doc["outputs"] = outputs
+    header = json.dumps(doc).encode()
+    req = urllib.request.Request(f"http://{url}/v2/models/{model}/infer", data=header + raw, method="POST",
+                                 headers={"Inference-Header-Content-Length": str(len(header))})
     try:
-        inp = httpclient.InferInput("INPUT0", list(data.shape), datatype)
-        inp.set_data_from_numpy(data, binary_data=True)
-        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
-        result = client.infer(f"identity_{datatype.lower()}", [inp], outputs=[out])
-    finally:
-        client.close()
-    assert "data" in result.get_output("OUTPUT0")
-    assert_exact(result.as_numpy("OUTPUT0"), data, datatype)
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+@pytest.mark.parametrize("outputs", [
+    [{"name": "OUTPUT0", "parameters": {"binary_data": False}}],
+    [{"name": "OUTPUT0"}],
+    None,
+], ids=["binary_data_false", "listed_without_binary_data", "not_listed"])
+@pytest.mark.parametrize("datatype", ["FP16", "BF16"])
+def test_half_precision_json_output_is_rejected(server, datatype, outputs):
+    """FP16/BF16 outputs can not be sent as JSON: 400, naming the binary data format."""
+    data = sample(datatype, special=False)
+    model = f"identity_{datatype.lower()}"
+    status, body = _binary_input_json_output(server.http_url, model, data.view(np.uint16), datatype, outputs)
+    assert status == 400, body
+    assert body == {"error": f"sending {datatype} data via JSON is not supported. Please use the binary data "
+                             "format for output"}, body
+    # as binary the same output comes back exactly
+    assert_exact(_http_infer(server.http_url, model, data, datatype, True), data, datatype)
 
 
 @pytest.mark.parametrize("datatype", ALL_DATATYPES)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import queue
 import struct
 import time
 
@@ -242,6 +243,55 @@ def test_aio_infer(server):
         finally:
             await c.close()
     asyncio.run(run())
+
+
+@pytest.mark.parametrize("empty_final", [True, False], ids=["empty_final_asked", "not_asked"])
+def test_stream_non_decoupled_response_is_final(server, empty_final):
+    """A non-decoupled model's one stream response is flagged final, asked or not, so a
+    client reading up to the final response stops there."""
+    results: queue.Queue = queue.Queue()
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    c.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        c.async_stream_infer("add_sub", add_sub_inputs(), request_id="s1",
+                             enable_empty_final_response=empty_final)
+        result, error = results.get(timeout=10)
+        with pytest.raises(queue.Empty):  # one response only: no empty final one after it
+            results.get(timeout=0.5)
+    finally:
+        c.stop_stream()
+        c.close()
+    assert error is None, error
+    response = result.get_response()
+    assert response.id == "s1"
+    assert dict(response.parameters) == {"triton_final_response": service_pb2.InferParameter(bool_param=True)}
+    np.testing.assert_allclose(result.as_numpy("OUTPUT0"), A + B)
+
+
+def test_batch_size_mismatch_names_both_inputs(client):
+    inputs = add_sub_inputs(A, np.full((2, 16), 0.5, dtype=np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", inputs)
+    assert e.value.status() == "StatusCode.INVALID_ARGUMENT"
+    assert e.value.message() == (
+        "[request id: <id_unknown>] input 'INPUT1' batch size does not match other inputs for 'add_sub': "
+        "input 'INPUT0' has batch size 1, input 'INPUT1' has batch size 2")
+
+
+_BATCH_NOTE = ("NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be "
+               "prepended to each input shape. If you want to specify the full shape including the batch dim "
+               "in your input dims config, try setting max_batch_size to zero. See the model configuration "
+               "docs for more info on max_batch_size.")
+
+
+def test_batched_shape_error_message(client):
+    inp = grpcclient.InferInput("INPUT0", [1, 5], "FP32")
+    inp.set_data_from_numpy(np.zeros((1, 5), dtype=np.float32))
+    with pytest.raises(InferenceServerException) as e:
+        client.infer("add_sub", [inp, add_sub_inputs()[1]])
+    assert e.value.message() == (
+        "[request id: <id_unknown>] unexpected shape for input 'INPUT0' for model 'add_sub'. Expected "
+        f"[-1,16], got [1,5]. {_BATCH_NOTE}")
 
 
 def test_large_tensor(client):

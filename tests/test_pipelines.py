@@ -1132,6 +1132,7 @@ def explicit_server(tmp_path_factory) -> ServerProcess:
     root = tmp_path_factory.mktemp("explicit")
     repo = root / "models"
     build_pipeline_models(repo)
+    write_model(repo, "pipeline2", config=PIPELINE_CONFIG.replace('name: "pipeline"', 'name: "pipeline2"'))
     srv = ServerProcess(repo, root / "server.log", extra_args=["--model-control-mode", "explicit"]).start()
     yield srv
     assert srv.stop() == 0
@@ -1168,6 +1169,27 @@ def test_explicit_ensemble_load_and_unload_dependents(explicit_server):
     assert not g.is_model_ready("pipeline")
     with pytest.raises(InferenceServerException):
         infer_pipeline(srv, "grpc", x)
+
+
+def test_unload_ensemble_with_dependents_unloads_its_composing_models(explicit_server):
+    """Composing models the ensemble's load brought in go with it, unless another ensemble
+    still uses them; a model loaded on its own request stays."""
+    srv, g = explicit_server, client(explicit_server, "grpc")
+    for name in ["pipeline", "pipeline2", "preprocess", "add_sub", "postprocess"]:
+        g.unload_model(name)
+    g.load_model("add_sub")
+    g.load_model("pipeline")  # brings in preprocess and postprocess
+    g.load_model("pipeline2")
+    g.unload_model("pipeline", unload_dependents=True)
+    assert _ready(srv) == {"pipeline2", "preprocess", "add_sub", "postprocess"}  # pipeline2 uses them
+    g.unload_model("pipeline2", unload_dependents=True)
+    assert _ready(srv) == {"add_sub"}
+    rows = index_of(srv)
+    assert rows["preprocess"]["state"] == rows["postprocess"]["state"] == "UNAVAILABLE", rows
+    # without unload_dependents the composing models stay
+    g.load_model("pipeline")
+    g.unload_model("pipeline")
+    assert _ready(srv) == {"preprocess", "add_sub", "postprocess"}
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -2,7 +2,10 @@
 
 A deployment script written for tritonserver should start triton-shm by changing only
 the program name: ``--flag value`` and ``--flag=value`` both work, booleans are
-``true``/``false``, ``--model-repository`` repeats.
+``true``/``false``, ``--model-repository`` repeats, and an unambiguous prefix of a flag
+is accepted (as tritonserver's getopt does). Every flag tritonserver lists is accepted:
+those with a meaning here act; the rest are in :data:`INERT_FLAGS` and each one used
+logs one start-up warning saying why it has no effect.
 """
 from __future__ import annotations
 
@@ -10,6 +13,9 @@ import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable, NamedTuple
+
+from . import TRITON_PROTOCOL_VERSION, __version__
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -41,6 +47,7 @@ class ServerOptions:
     metrics_interval_ms: float = 2000.0
     metrics_config: list[str] = field(default_factory=list)
     http_max_input_size: int = 64 * 1024 * 1024
+    http_header_timeout_secs: float = 30.0
     exit_timeout_secs: int = 30
     log_verbose: int = 0
     log_info: bool = True
@@ -57,14 +64,185 @@ class ServerOptions:
     exit_on_error: bool = True
     model_load_thread_count: int = 4
     model_control_mode: str = "none"
+    server_id: str = "triton"
+    disable_auto_complete_config: bool = False
+    strict_model_config: bool = False
+    model_config_name: str = ""
+    # gRPC transport (milliseconds), tritonserver's defaults; None leaves the setting unset
+    grpc_keepalive_time: int = 7_200_000
+    grpc_keepalive_timeout: int = 20_000
+    grpc_keepalive_permit_without_calls: bool = False
+    grpc_http2_max_pings_without_data: int = 2
+    grpc_http2_min_recv_ping_interval_without_data: int = 300_000
+    grpc_http2_max_ping_strikes: int = 2
+    grpc_max_connection_age: int | None = None
+    grpc_max_connection_age_grace: int | None = None
+    # compatibility flags that were given: flag -> value, and the warnings to log at start
+    inert: dict[str, Any] = field(default_factory=dict)
+    startup_warnings: list[str] = field(default_factory=list)
+
+    @property
+    def auto_complete_config(self) -> bool:
+        """Whether configs are completed from the model files (tritonserver's default)."""
+        return not (self.disable_auto_complete_config or self.strict_model_config)
+
+
+# -- value forms of tritonserver's flags ------------------------------------------------------
+def _form(pattern: str, check: Callable[[str], bool]) -> Callable[[str], str]:
+    """An argparse type that keeps the text but refuses values not of ``pattern``."""
+    def parse(value: str) -> str:
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"expected {pattern}, got '{value}'")
+        return value
+    parse.__name__ = pattern  # argparse names the type in its error message
+    return parse
+
+
+def _is_number(text: str, kind: type) -> bool:
+    try:
+        kind(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _has_setting(value: str) -> bool:
+    key, sep, _ = value.rpartition(",")[2].partition("=")
+    return bool(sep and key.strip())
+
+
+def _named_setting(value: str) -> bool:
+    name, comma, _ = value.partition(",")
+    return bool(comma and name.strip()) and _has_setting(value)
+
+
+def _fields(value: str, sep: str, kinds: tuple[type, ...], optional: int = 0) -> bool:
+    parts = value.split(sep)
+    if not len(kinds) - optional <= len(parts) <= len(kinds):
+        return False
+    return all(_is_number(p, k) for p, k in zip(parts, kinds))
+
+
+SETTING = _form("[<name>,]<setting>=<value>", _has_setting)
+NAMED_SETTING = _form("<name>,<setting>=<value>", _named_setting)
+DEVICE_BYTES = _form("<integer>:<integer>", lambda v: _fields(v, ":", (int, int)))
+DEVICE_FRACTION = _form("<device_id>:<fraction>", lambda v: _fields(v, ":", (int, float)))
+PORT_RANGE = _form("<integer>-<integer>", lambda v: _fields(v, "-", (int, int)))
+RESOURCE = _form("<string>:<integer>[:<integer>]",
+                 lambda v: _fields(v, ":", (str, int, int), optional=1) and bool(v.split(":")[0]))
+
+
+def _config_name(value: str) -> str:
+    # it names a file inside the model's configs/ folder: nothing that could leave it
+    if value and (any(c in value for c in "/\\\x00 ") or value in (".", "..")):
+        raise argparse.ArgumentTypeError(f"invalid config name '{value}' (a file name without spaces)")
+    return value
+
+
+# -- accepted for compatibility, no effect here -----------------------------------------------
+class InertFlag(NamedTuple):
+    flag: str
+    type: Callable[[str], Any]
+    reason: str               # completes "<flag> has no effect: ..."
+    repeat: bool = False
+    choices: tuple[str, ...] | None = None
+
+
+INERT_FLAGS: tuple[InertFlag, ...] = (
+    InertFlag("--model-load-retry-count", int, "a failed load is not retried; load the model again over the API"),
+    InertFlag("--model-namespacing", parse_bool, "model names must be unique across all repositories"),
+    InertFlag("--enable-peer-access", parse_bool, "GPU workers do not copy between devices"),
+    InertFlag("--reuse-http-port", parse_bool, "each server binds its HTTP port exclusively"),
+    InertFlag("--http-header-forward-pattern", str, "HTTP headers are not forwarded as request parameters"),
+    InertFlag("--http-thread-count", int, "HTTP is served by the front-end's event loop, not a thread pool"),
+    InertFlag("--reuse-grpc-port", parse_bool, "each server binds its gRPC port exclusively"),
+    InertFlag("--grpc-header-forward-pattern", str, "gRPC headers are not forwarded as request parameters"),
+    InertFlag("--grpc-infer-allocation-pool-size", int, "gRPC request/response objects are not pooled"),
+    InertFlag("--grpc-infer-response-compression-level", str, "gRPC responses are sent uncompressed",
+              choices=("none", "low", "medium", "high")),
+    InertFlag("--grpc-server-cert", str, "gRPC is served without TLS"),
+    InertFlag("--grpc-server-key", str, "gRPC is served without TLS"),
+    InertFlag("--grpc-root-cert", str, "gRPC is served without TLS"),
+    InertFlag("--allow-sagemaker", parse_bool, "triton-shm serves no SageMaker endpoint"),
+    InertFlag("--sagemaker-port", int, "triton-shm serves no SageMaker endpoint"),
+    InertFlag("--sagemaker-safe-port-range", PORT_RANGE, "triton-shm serves no SageMaker endpoint"),
+    InertFlag("--sagemaker-thread-count", int, "triton-shm serves no SageMaker endpoint"),
+    InertFlag("--allow-vertex-ai", parse_bool, "triton-shm serves no Vertex AI endpoint"),
+    InertFlag("--vertex-ai-port", int, "triton-shm serves no Vertex AI endpoint"),
+    InertFlag("--vertex-ai-thread-count", int, "triton-shm serves no Vertex AI endpoint"),
+    InertFlag("--vertex-ai-default-model", str, "triton-shm serves no Vertex AI endpoint"),
+    InertFlag("--backend-directory", str, "the backends (onnxruntime, python) are built in"),
+    InertFlag("--repoagent-directory", str, "triton-shm runs no repository agents"),
+    InertFlag("--cache-config", SETTING, "triton-shm has no response cache", repeat=True),
+    InertFlag("--cache-directory", str, "triton-shm has no response cache"),
+    InertFlag("--response-cache-byte-size", int, "triton-shm has no response cache"),
+    InertFlag("--rate-limit", str, "triton-shm has no rate limiter: a request runs as soon as an instance is free",
+              choices=("execution_count", "off")),
+    InertFlag("--rate-limit-resource", RESOURCE, "triton-shm has no rate limiter", repeat=True),
+    InertFlag("--pinned-memory-pool-byte-size", int, "triton-shm has no pinned-memory pool"),
+    InertFlag("--cuda-memory-pool-byte-size", DEVICE_BYTES, "triton-shm has no CUDA memory pool", repeat=True),
+    InertFlag("--cuda-virtual-address-size", DEVICE_BYTES, "triton-shm has no growable implicit state",
+              repeat=True),
+    InertFlag("--min-supported-compute-capability", float, "every GPU listed in --gpus is used"),
+    InertFlag("--buffer-manager-thread-count", int, "tensors are copied by the worker's own threads"),
+    InertFlag("--host-policy", NAMED_SETTING, "workers are not pinned to NUMA nodes or cores", repeat=True),
+    InertFlag("--model-load-gpu-limit", DEVICE_FRACTION, "GPU memory use is not checked before a load",
+              repeat=True),
+)
+
+# Flags whose being ignored would weaken security: refused rather than served without.
+REFUSED_FLAGS: dict[str, str] = {
+    "--grpc-use-ssl": "gRPC TLS is not supported",
+    "--grpc-use-ssl-mutual": "gRPC TLS is not supported",
+    "--http-restricted-api": "restricting HTTP APIs by header is not supported",
+    "--grpc-restricted-protocol": "restricting gRPC protocols by header is not supported",
+}
+
+# --backend-config settings of the python backend; any other setting gets the generic reason.
+BACKEND_SETTINGS: dict[str, str] = {
+    "shm-default-byte-size": "Python models share the worker's memory arenas, which grow on demand "
+                             "in 64 MiB chunks",
+    "shm-growth-byte-size": "Python models share the worker's memory arenas, which grow on demand "
+                            "in 64 MiB chunks",
+    "shm-message-queue-size": "requests reach Python models over the worker's control channel",
+    "shm-region-prefix-name": "worker arenas are anonymous memfd segments with no /dev/shm name",
+    "stub-timeout-seconds": "Python models run in the worker process itself (no stub); a dead worker "
+                            "is noticed at once",
+}
+_BACKEND_GENERIC = "the built-in backends take no backend settings"
+
+# Deprecated tracing flags, translated into their --trace-config settings.
+DEPRECATED_TRACE: dict[str, str] = {
+    "--trace-file": "triton,file", "--trace-level": "level", "--trace-rate": "rate",
+    "--trace-count": "count", "--trace-log-frequency": "log_frequency",
+}
+
+
+def _dest(flag: str, kind: str) -> str:
+    return f"_{kind}_{flag.lstrip('-').replace('-', '_')}"
+
+
+def _add_inert(group: argparse._ArgumentGroup, spec: InertFlag) -> None:
+    group.add_argument(spec.flag, dest=_dest(spec.flag, "inert"), type=spec.type, choices=spec.choices,
+                       action="append" if spec.repeat else "store", default=argparse.SUPPRESS,
+                       metavar=_metavar(spec),
+                       help=f"no effect: {spec.reason}")
+
+
+def _metavar(spec: InertFlag) -> str | None:
+    if spec.choices:
+        return None  # argparse shows the choices
+    return {parse_bool: "BOOL", int: "INTEGER", float: "FLOAT", str: "STRING"}.get(spec.type, spec.type.__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="triton-shm",
+        prog="triton-shm", usage="%(prog)s --model-repository PATH [options]",
         description="Triton-compatible inference server (KServe V2 over HTTP and gRPC) with a "
                     "shared-memory data plane. Load testing: 'triton-shm perf --help'.")
     add = p.add_argument
+    add("--version", action="version",
+        version=f"triton-shm {__version__} (Triton server protocol {TRITON_PROTOCOL_VERSION})")
     add("--model-repository", "--model-store", dest="model_repositories", action="append", type=Path,
         required=True, metavar="PATH", help="model repository path; repeat for several")
     add("--http-address", default="0.0.0.0", help="address the HTTP server binds (default 0.0.0.0)")
@@ -91,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
              "picks their quantiles, counter_latencies=false drops the latency counters")
     add("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
         help="largest HTTP request body accepted, after decompression (default 64 MiB)")
+    add("--http-header-timeout-secs", type=float, default=30.0, metavar="SECONDS",
+        help="close an HTTP connection whose request headers take longer than this to arrive (default 30)")
     add("--exit-timeout-secs", type=int, default=30, metavar="SECONDS",
         help="on SIGINT/SIGTERM, how long in-flight requests may take to finish (default 30)")
     add("--log-verbose", type=int, default=0, metavar="LEVEL", help="verbose logging level (default 0)")
@@ -121,12 +301,127 @@ def build_parser() -> argparse.ArgumentParser:
         help="let clients register system/CUDA shared-memory regions (default false)")
     add("--gpus", default=None, metavar="IDS",
         help="comma-separated GPU ids to serve, one worker each (default: all visible GPUs; 'none' for none)")
+    _add_implemented(p)
+    _add_grpc_transport(p.add_argument_group("gRPC transport (milliseconds; tritonserver's defaults)"))
+    _add_deprecated(p.add_argument_group("deprecated tritonserver flags (still honoured)"))
+    _add_inert_flags(p.add_argument_group(
+        "tritonserver compatibility", "accepted so tritonserver command lines start unchanged; each one "
+        "used has no effect here and logs one warning at start-up"))
+    _add_refused_flags(p.add_argument_group(
+        "tritonserver security flags", "accepted in their off form only: serving without what they ask "
+        "for would weaken security, so the server refuses to start"))
     return p
 
 
+def _add_implemented(p: argparse.ArgumentParser) -> None:
+    add = p.add_argument
+    add("--id", dest="server_id", default="triton", metavar="STRING",
+        help="the server's name in server metadata (default triton)")
+    add("--disable-auto-complete-config", action="store_true",
+        help="do not complete model configs from the model files: every model needs a config file "
+             "that declares its inputs and outputs")
+    add("--model-config-name", type=_config_name, default="", metavar="NAME",
+        help="load <model>/configs/NAME.pbtxt where it exists instead of config.pbtxt")
+    add("--backend-config", action="append", default=[], type=SETTING, metavar="[BACKEND,]SETTING=VALUE",
+        help="accepted for compatibility: no setting has an effect here (each one used logs a warning)")
+
+
+def _add_grpc_transport(g: argparse._ArgumentGroup) -> None:
+    add = g.add_argument
+    add("--grpc-keepalive-time", type=int, default=7_200_000, metavar="MS",
+        help="period after which a keepalive ping is sent (default 7200000)")
+    add("--grpc-keepalive-timeout", type=int, default=20_000, metavar="MS",
+        help="how long to wait for a keepalive ping's acknowledgement (default 20000)")
+    add("--grpc-keepalive-permit-without-calls", type=parse_bool, default=False, metavar="BOOL",
+        help="allow keepalive pings without calls in flight (default false)")
+    add("--grpc-http2-max-pings-without-data", type=int, default=2, metavar="N",
+        help="pings that may be sent without data (0 = no limit; default 2)")
+    add("--grpc-http2-min-recv-ping-interval-without-data", type=int, default=300_000, metavar="MS",
+        help="shortest interval between a client's pings without data; shorter ones are strikes (default 300000)")
+    add("--grpc-http2-max-ping-strikes", type=int, default=2, metavar="N",
+        help="bad pings tolerated before GOAWAY (0 = any number; default 2)")
+    add("--grpc-max-connection-age", type=int, default=None, metavar="MS",
+        help="longest a connection may live (default unlimited)")
+    add("--grpc-max-connection-age-grace", type=int, default=None, metavar="MS",
+        help="grace period after --grpc-max-connection-age (default unlimited)")
+
+
+def _add_deprecated(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--strict-model-config", type=parse_bool, default=None, metavar="BOOL",
+                   help="true is --disable-auto-complete-config")
+    for flag, kind in (("--trace-file", str), ("--trace-level", str), ("--trace-rate", int),
+                       ("--trace-count", int), ("--trace-log-frequency", int)):
+        g.add_argument(flag, dest=_dest(flag, "deprecated"), type=kind, default=argparse.SUPPRESS,
+                       action="append" if flag == "--trace-level" else "store",
+                       metavar="VALUE", help=f"--trace-config {DEPRECATED_TRACE[flag]}=VALUE")
+
+
+def _add_inert_flags(g: argparse._ArgumentGroup) -> None:
+    for spec in INERT_FLAGS:
+        _add_inert(g, spec)
+
+
+def _add_refused_flags(g: argparse._ArgumentGroup) -> None:
+    for flag, why in REFUSED_FLAGS.items():
+        boolean = "ssl" in flag
+        g.add_argument(flag, dest=_dest(flag, "refused"), default=argparse.SUPPRESS,
+                       type=parse_bool if boolean else SETTING, action="store" if boolean else "append",
+                       metavar="BOOL" if boolean else "SETTING",
+                       help=f"{'true is' if boolean else 'always'} refused: {why}")
+
+
 def parse_args(argv: list[str] | None = None) -> ServerOptions:
-    ns = build_parser().parse_args(argv)
-    return ServerOptions(**vars(ns))
+    parser = build_parser()
+    values = vars(parser.parse_args(argv))
+    refused = _refused(values)
+    if refused:
+        parser.error(refused)
+    inert = _pop_given(values, "inert", [s.flag for s in INERT_FLAGS])
+    deprecated = _pop_given(values, "deprecated", list(DEPRECATED_TRACE))
+    reasons = {s.flag: s.reason for s in INERT_FLAGS}
+    warnings = [f"{flag} has no effect: {reasons[flag]}" for flag in inert]
+    backend_config = values.pop("backend_config")
+    if backend_config:
+        inert["--backend-config"] = backend_config
+        warnings += _backend_config_warnings(backend_config)
+    warnings += [f"{flag} is deprecated: use --trace-config {DEPRECATED_TRACE[flag]}=<value>" for flag in deprecated]
+    values["trace_config"] = _trace_settings(deprecated) + values["trace_config"]
+    if values["strict_model_config"] is None:
+        values["strict_model_config"] = False
+    else:
+        warnings.append("--strict-model-config is deprecated: use --disable-auto-complete-config")
+    return ServerOptions(**values, inert=inert, startup_warnings=warnings)
+
+
+def _pop_given(values: dict[str, Any], kind: str, flags: list[str]) -> dict[str, Any]:
+    """The flags of one kind that were given (their dests default to SUPPRESS), removed from values."""
+    return {flag: values.pop(_dest(flag, kind)) for flag in flags if _dest(flag, kind) in values}
+
+
+def _refused(values: dict[str, Any]) -> str:
+    given = _pop_given(values, "refused", list(REFUSED_FLAGS))
+    for flag, value in given.items():
+        if value is not False:  # --grpc-use-ssl=false is what this server does anyway
+            return f"argument {flag}: {REFUSED_FLAGS[flag]} by triton-shm, and ignoring it would weaken security"
+    return ""
+
+
+def _backend_config_warnings(items: list[str]) -> list[str]:
+    """One warning per distinct setting: each has its own reason."""
+    warnings = []
+    for item in dict.fromkeys(items):
+        setting = item.rpartition(",")[2].partition("=")[0].strip()
+        warnings.append(f"--backend-config={item} has no effect: {BACKEND_SETTINGS.get(setting, _BACKEND_GENERIC)}")
+    return warnings
+
+
+def _trace_settings(deprecated: dict[str, Any]) -> list[str]:
+    """The deprecated tracing flags as --trace-config settings (given ones come after, so they win)."""
+    settings = []
+    for flag, value in deprecated.items():
+        for v in value if isinstance(value, list) else [value]:
+            settings.append(f"{DEPRECATED_TRACE[flag]}={v}")
+    return settings
 
 
 def main(argv: list[str] | None = None) -> None:

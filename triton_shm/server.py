@@ -28,9 +28,10 @@ async def serve(options: ServerOptions) -> int:
     metrics_config = MetricsConfig.parse(options.metrics_config)
     models = ModelManager(repository, pool, mode=options.model_control_mode, poll_secs=options.repository_poll_secs,
                           load_threads=options.model_load_thread_count,
-                          latency_summaries=options.allow_metrics and metrics_config.summary_latencies)
+                          latency_summaries=options.allow_metrics and metrics_config.summary_latencies,
+                          auto_complete=options.auto_complete_config, config_name=options.model_config_name)
     service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
-                               strict_readiness=options.strict_readiness)
+                               strict_readiness=options.strict_readiness, server_id=options.server_id)
     service.tracer = Tracer.from_config(options.trace_config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -58,11 +59,13 @@ async def serve(options: ServerOptions) -> int:
             from .frontend.http.app import start_http
             runners.append(("HTTP", await start_http(service, options.http_address, options.http_port,
                                                      max_input_size=options.http_max_input_size,
-                                                     shutdown_timeout=options.exit_timeout_secs)))
+                                                     shutdown_timeout=options.exit_timeout_secs,
+                                                     header_timeout=options.http_header_timeout_secs)))
             log.info("Started HTTPService at %s:%d", options.http_address, options.http_port)
         if options.allow_grpc:
             from .frontend.grpc.server import start_grpc
-            runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port)))
+            runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
+                                                     keepalive=grpc_keepalive(options))))
             log.info("Started GRPCInferenceService at %s:%d", options.grpc_address, options.grpc_port)
         await stop.wait()
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
@@ -81,6 +84,19 @@ async def serve(options: ServerOptions) -> int:
     return 0
 
 
+def grpc_keepalive(options: ServerOptions):
+    """The gRPC connection settings of the command line."""
+    from .frontend.grpc.server import Keepalive
+    return Keepalive(
+        time_ms=options.grpc_keepalive_time, timeout_ms=options.grpc_keepalive_timeout,
+        permit_without_calls=options.grpc_keepalive_permit_without_calls,
+        max_pings_without_data=options.grpc_http2_max_pings_without_data,
+        min_recv_ping_interval_without_data_ms=options.grpc_http2_min_recv_ping_interval_without_data,
+        max_ping_strikes=options.grpc_http2_max_ping_strikes,
+        max_connection_age_ms=options.grpc_max_connection_age,
+        max_connection_age_grace_ms=options.grpc_max_connection_age_grace)
+
+
 async def _stop_frontends(runners, timeout: float) -> None:
     async def stop_one(kind, runner):
         if kind == "gRPC":
@@ -97,6 +113,8 @@ def run(options: ServerOptions) -> int:
     except OSError as e:
         print(f"error: cannot open --log-file '{options.log_file}': {e.strerror}", file=sys.stderr)
         return 1
+    for warning in options.startup_warnings:  # compatibility flags that do nothing here
+        log.warning("%s", warning)
     try:
         import uvloop
         uvloop.install()

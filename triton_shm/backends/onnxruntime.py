@@ -62,6 +62,34 @@ def _io(args) -> list[tuple[str, str, list[int]]]:
     return out
 
 
+def _complete_max_batch(model: str, config: dict[str, Any], tensors: list[tuple[str, str, list[int]]]) -> None:
+    """Batching needs a variable first dim on every tensor; without one the model cannot
+    batch and any max_batch_size in the config is an error."""
+    batchable = all(dims and dims[0] == -1 for _, _, dims in tensors)
+    max_batch = int(config.get("max_batch_size", 0) or 0)
+    if not batchable:
+        if max_batch != 0:
+            raise InvalidArgument(f"autofill failed for model '{model}': model does not support batching "
+                                  "while non-zero max_batch_size is specified")
+        return
+    if max_batch == 0:
+        max_batch = config["max_batch_size"] = DEFAULT_MAX_BATCH_SIZE
+    if max_batch > 1 and "dynamic_batching" not in config and "sequence_batching" not in config:
+        config["dynamic_batching"] = {}
+
+
+def _completed_tensor(name: str, dtype: str, dims: list[int], max_batch: int) -> dict[str, Any]:
+    """A config entry for a model tensor. A scalar (per batch row, when batching) is
+    ``dims: [1]``, with an empty reshape so the model still gets its own rank; without
+    batching a 0-d tensor stays ``dims: [1]`` and the instance reshapes it."""
+    entry: dict[str, Any] = {"name": name, "data_type": dtype, "dims": dims[1:] if max_batch > 0 else dims}
+    if not entry["dims"]:
+        entry["dims"] = [1]
+        if max_batch > 0:
+            entry["reshape"] = {"shape": []}
+    return entry
+
+
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     concat_batching = True
@@ -71,18 +99,15 @@ class OnnxRuntimeBackend(Backend):
         config = copy.deepcopy(context.config)
         session = _session(context, ["CPUExecutionProvider"])
         inputs, outputs = _io(session.get_inputs()), _io(session.get_outputs())
+        if not (config.get("input") or config.get("batch_input")) or not config.get("output"):
+            _complete_max_batch(context.name, config, inputs + outputs)
         max_batch = int(config.get("max_batch_size", 0) or 0)
-        batchable = all(dims and dims[0] == -1 for _, _, dims in inputs + outputs)
-        if max_batch == 0 and batchable and not config.get("input") and not config.get("output"):
-            max_batch = DEFAULT_MAX_BATCH_SIZE
-            config["max_batch_size"] = max_batch
-            config.setdefault("dynamic_batching", {})
-        strip = 1 if max_batch > 0 else 0
         for key, tensors in (("input", inputs), ("output", outputs)):
             present = {t.get("name") for t in config.get(key) or []}
             for name, dtype, dims in tensors:
                 if name not in present:
-                    config.setdefault(key, []).append({"name": name, "data_type": dtype, "dims": dims[strip:]})
+                    config.setdefault(key, []).append(_completed_tensor(name, dtype, dims, max_batch))
+            config.setdefault(key, [])  # a graph of constants has no inputs
         known = {n for n, _, _ in inputs}
         for t in config.get("input") or []:
             if t.get("name") not in known:
@@ -103,11 +128,25 @@ class OnnxRuntimeBackend(Backend):
         return OnnxRuntimeInstance(self.context, _session(self.context, providers))
 
 
+def _scalar_output_shapes(config: dict[str, Any], names: set[str]) -> dict[str, list[int]]:
+    """The shape a 0-d model output takes: its reshape (what the model side is), else its dims."""
+    shapes = {}
+    for entry in config.get("output") or []:
+        if entry.get("name") in names:
+            reshape = entry.get("reshape")
+            shapes[entry["name"]] = list(reshape.get("shape") or []) if reshape is not None else list(entry["dims"])
+    return shapes
+
+
 class OnnxRuntimeInstance(ModelInstance):
     def __init__(self, context: ModelContext, session):
         self.context = context
         self.session = session
         self.output_names = [o.name for o in session.get_outputs()]
+        # 0-d model tensors travel as the config's one-element shape (dims: [1])
+        self.scalar_inputs = {i.name for i in session.get_inputs() if not i.shape}
+        self.scalar_outputs = _scalar_output_shapes(context.config, {o.name for o in session.get_outputs()
+                                                                     if not o.shape})
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
         return [self._run(r) for r in requests]
@@ -120,6 +159,8 @@ class OnnxRuntimeInstance(ModelInstance):
             if array.dtype == np.object_:  # ORT takes strings as str objects
                 array = np.vectorize(lambda b: b.decode("utf-8", "replace"), otypes=[object])(array) \
                     if array.size else array
+            if name in self.scalar_inputs and array.size == 1:
+                array = array.reshape(())
             feed[name] = array
         names = request.requested_outputs or self.output_names
         try:
@@ -131,5 +172,7 @@ class OnnxRuntimeInstance(ModelInstance):
             if value.dtype == np.object_:
                 value = np.vectorize(lambda s: s.encode("utf-8") if isinstance(s, str) else bytes(s),
                                      otypes=[object])(value) if value.size else value
+            if value.ndim == 0 and name in self.scalar_outputs:
+                value = value.reshape(self.scalar_outputs[name])
             outputs[name] = value
         return WorkerResponse(outputs=outputs)

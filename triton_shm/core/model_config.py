@@ -46,16 +46,30 @@ def parse_pbtxt(text: str, source: str = "config.pbtxt") -> ModelConfig:
     return config
 
 
-def read_config(model_dir: Path) -> ModelConfig:
-    """The model's config.pbtxt, or an empty config when there is none (auto-complete fills it)."""
-    path = model_dir / "config.pbtxt"
+CONFIGS_DIR = "configs"  # alternative config files, chosen with --model-config-name
+
+
+def config_path(model_dir: Path, config_name: str = "") -> Path:
+    """``configs/<config_name>.pbtxt`` where ``--model-config-name`` names one that exists,
+    else ``config.pbtxt`` (which may not exist either)."""
+    if config_name:
+        custom = model_dir / CONFIGS_DIR / f"{config_name}.pbtxt"
+        if custom.is_file():
+            return custom
+    return model_dir / "config.pbtxt"
+
+
+def read_config(model_dir: Path, config_name: str = "") -> ModelConfig:
+    """The model's config file, or an empty config when there is none (auto-complete fills it)."""
+    path = config_path(model_dir, config_name)
     if not path.is_file():
         return ModelConfig()
+    source = path.relative_to(model_dir).as_posix()
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as e:
-        raise InvalidArgument(f"failed to read {path.name} of model '{model_dir.name}': {e}") from None
-    return parse_pbtxt(text, f"config.pbtxt of model '{model_dir.name}'")
+        raise InvalidArgument(f"failed to read {source} of model '{model_dir.name}': {e}") from None
+    return parse_pbtxt(text, f"{source} of model '{model_dir.name}'")
 
 
 def _int64_to_numbers(message_descriptor, data: dict[str, Any]) -> None:
@@ -172,13 +186,11 @@ def fill_defaults(config: ModelConfig, name: str, backend: str, gpu_count: int) 
 
 
 def check_io(config: ModelConfig) -> None:
-    """What must hold once auto-complete is done."""
+    """What must hold once auto-complete is done. A model may have no inputs (a graph of
+    constants); it needs outputs."""
     name = config.name
     if config.max_batch_size < 0:
         raise InvalidArgument(f"model '{name}': max_batch_size must be >= 0")
-    if not config.input:
-        raise InvalidArgument(f"model '{name}' has no inputs in its config and none could be "
-                              "completed from the model")
     if not config.output:
         raise InvalidArgument(f"model '{name}' has no outputs in its config and none could be "
                               "completed from the model")
@@ -192,9 +204,48 @@ def check_io(config: ModelConfig) -> None:
             seen.add(t.name)
             if t.data_type == mc.TYPE_INVALID:
                 raise InvalidArgument(f"model '{name}': {kind} '{t.name}' has no data_type")
-            if any(d < -1 for d in t.dims):
-                raise InvalidArgument(f"model '{name}': {kind} '{t.name}' has an invalid dim "
-                                      f"{list(t.dims)} (dims are -1 or >= 0)")
+            problem = _shape_problem(t, config.max_batch_size)
+            if problem:
+                raise InvalidArgument(f"model {kind} '{t.name}' {problem} for {name}")
+
+
+_DIM_RULE = "must be integer >= 1, or -1 to indicate a variable-size dimension"
+
+
+def _shape_problem(t, max_batch_size: int) -> str:
+    """Why a tensor's dims / reshape cannot describe data (empty when they can)."""
+    has_reshape = t.HasField("reshape")
+    if not t.dims:
+        return "must specify 'dims'"
+    if has_reshape and not t.reshape.shape and max_batch_size == 0:
+        # an empty reshape is a scalar, which needs a batch dimension to carry any data
+        return "cannot have empty reshape for non-batching model as scalar tensors are not supported"
+    if any(d < 1 and d != -1 for d in t.dims):
+        return f"dimension {_DIM_RULE}"
+    if not has_reshape:
+        return ""
+    if any(d < 1 and d != -1 for d in t.reshape.shape):
+        return f"reshape dimensions {_DIM_RULE}"
+    dims, shape = list(t.dims), list(t.reshape.shape)
+    if not shape:  # a scalar per batch row: dims must hold one element
+        return "" if _fixed_chunks(dims) == [1] else "has different size for dims and reshape"
+    ours, theirs = _fixed_chunks(dims), _fixed_chunks(shape)
+    if len(ours) != len(theirs) and len(ours) > 1 and len(theirs) > 1:
+        return "has different number of variable-size dimensions for dims and reshape"
+    return "" if ours == theirs else "has different size for dims and reshape"
+
+
+def _fixed_chunks(dims: list[int]) -> list[int]:
+    """Element counts of the runs between variable-size dims: [2, 4, -1, 6] -> [8, 6]."""
+    chunks, count = [], 1
+    for d in dims:
+        if d == -1:
+            chunks.append(count)
+            count = 1
+        else:
+            count *= d
+    chunks.append(count)
+    return chunks
 
 
 def data_type_name(value: int) -> str:

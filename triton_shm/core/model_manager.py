@@ -73,17 +73,23 @@ def write_override_files(name: str, files: dict[str, bytes]) -> Path:
 
 class ModelManager:
     def __init__(self, repository: ModelRepository, pool: "WorkerPool", *, mode: str = "none",
-                 poll_secs: float = 15.0, load_threads: int = 4, latency_summaries: bool = False):
+                 poll_secs: float = 15.0, load_threads: int = 4, latency_summaries: bool = False,
+                 auto_complete: bool = True, config_name: str = ""):
         if mode not in MODES:
             raise ValueError(f"--model-control-mode must be one of {', '.join(MODES)}, got '{mode}'")
         self.repository, self.pool, self.mode = repository, pool, mode
         self.poll_secs = poll_secs
         self.latency_summaries = latency_summaries  # keep per-request latencies for metric summaries
+        self.auto_complete = auto_complete  # complete configs from the model files (off: --disable-auto-complete-config)
+        self.config_name = config_name      # --model-config-name: configs/<name>.pbtxt before config.pbtxt
         self._load_slots = asyncio.Semaphore(max(load_threads, 1))
         self._generations = itertools.count(1)
         self._poll_task: asyncio.Task | None = None
         self._pending_changes: dict[str, tuple] = {}
         self._temp_dirs: dict[str, Path] = {}
+        # Models loaded only because an ensemble needed them: unloading that ensemble with
+        # unload_dependents takes them too, once no other ensemble uses them.
+        self._implicit: set[str] = set()
         pool.on_worker_down, pool.on_worker_back = self._worker_down, self._worker_back
 
     # -- workers that die and come back ----------------------------------------------------
@@ -114,7 +120,7 @@ class ModelManager:
         else:
             names = list(found)
         # Ensembles check their composing models, so those load first.
-        ensembles = {n for n in names if n in found and _is_ensemble(found[n])}
+        ensembles = {n for n in names if n in found and _is_ensemble(found[n], self.config_name)}
         await asyncio.gather(*(self._load_reporting(n) for n in names if n not in ensembles))
         await asyncio.gather(*(self._load_reporting(n) for n in ensembles))
         if self.mode == "poll":
@@ -143,9 +149,15 @@ class ModelManager:
         if self.mode != "explicit":
             raise Unavailable("explicit model load / unload is not allowed if polling is enabled")
 
-    async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None) -> None:
-        """Load or reload ``name``; raises with the reason when any chosen version fails."""
+    async def load(self, name: str, config_json: str | None = None, files: dict[str, bytes] | None = None,
+                   *, for_ensemble: bool = False) -> None:
+        """Load or reload ``name``; raises with the reason when any chosen version fails.
+        ``for_ensemble``: loaded as an ensemble's composing model, not on its own request."""
         mcfg.validate_model_name(name)
+        if for_ensemble:
+            self._implicit.add(name)
+        elif not self.repository.versions_of(name):  # a loaded model keeps how it came in
+            self._implicit.discard(name)
         if files and config_json is None:
             raise InvalidArgument("file overrides need a 'config' parameter as well")
         if files:
@@ -157,12 +169,12 @@ class ModelManager:
                                       "repository")
             model_dir = found
         entry = self.repository.entry(name, model_dir)
-        if config_json is None and _is_ensemble(model_dir):
+        if config_json is None and _is_ensemble(model_dir, self.config_name):
             # Loading an ensemble loads its composing models that are not loaded yet.
-            for step_model in composing_models(mcfg.read_config(model_dir)):
+            for step_model in composing_models(mcfg.read_config(model_dir, self.config_name)):
                 if step_model != name and not self.repository.versions_of(step_model):
                     try:
-                        await self.load(step_model)
+                        await self.load(step_model, for_ensemble=True)
                     except TritonShmError as e:
                         reason = f"composing model '{step_model}' is not available: {e.message}"
                         if not entry.ready_versions():
@@ -229,7 +241,7 @@ class ModelManager:
 
     def _base_config(self, name: str, model_dir: Path, config_json: str | None) -> mcfg.ModelConfig:
         if config_json is None:
-            base = mcfg.read_config(model_dir)
+            base = self._read_config(name, model_dir)
         else:
             import orjson
             try:
@@ -241,8 +253,8 @@ class ModelManager:
             base = mcfg.config_from_json(data, f"config override of model '{name}'")
             if base.name and base.name != name:
                 raise InvalidArgument(f"the config override names model '{base.name}', not '{name}'")
-            if model_dir.is_dir() and (model_dir / "config.pbtxt").is_file():
-                on_disk = mcfg.read_config(model_dir)
+            if model_dir.is_dir() and mcfg.config_path(model_dir, self.config_name).is_file():
+                on_disk = mcfg.read_config(model_dir, self.config_name)
                 for field_name in ("platform", "backend"):
                     ours, theirs = getattr(base, field_name), getattr(on_disk, field_name)
                     if ours and theirs and ours != theirs:
@@ -251,6 +263,30 @@ class ModelManager:
         backend = mcfg.backend_of(base, model_dir)
         mcfg.fill_defaults(base, name, backend, self.repository.gpu_count)
         return base
+
+    def _read_config(self, name: str, model_dir: Path) -> mcfg.ModelConfig:
+        path = mcfg.config_path(model_dir, self.config_name)
+        if not self.auto_complete and not path.is_file():
+            raise InvalidArgument(f"model '{name}' has no {path.name} ({path}): a config file is required "
+                                  "when config auto-complete is disabled (--disable-auto-complete-config)")
+        return mcfg.read_config(model_dir, self.config_name)
+
+    async def _complete(self, mv: ModelVersion, base: mcfg.ModelConfig) -> mcfg.ModelConfig:
+        """The backend fills in what the config leaves out, unless auto-complete is off."""
+        if not self.auto_complete:
+            config = mcfg.ModelConfig()
+            config.CopyFrom(base)
+            return config
+        completed = await self.pool.auto_complete(mv, mcfg.config_to_json(base))
+        return mcfg.config_from_json(completed, f"auto-completed config of model '{mv.name}'")
+
+    def _check_io(self, config: mcfg.ModelConfig) -> None:
+        try:
+            mcfg.check_io(config)
+        except InvalidArgument as e:
+            if self.auto_complete:
+                raise
+            raise InvalidArgument(f"{e.message} (config auto-complete is disabled)") from None
 
     async def _load_version(self, mv: ModelVersion, base: mcfg.ModelConfig) -> None:
         """Load one version; its state and reason say how it went."""
@@ -261,9 +297,8 @@ class ModelManager:
                 mcfg.check_io(config)
                 validate_ensemble(config, self.repository)
             else:
-                completed = await self.pool.auto_complete(mv, mcfg.config_to_json(base))
-                config = mcfg.config_from_json(completed, f"auto-completed config of model '{mv.name}'")
-                mcfg.check_io(config)
+                config = await self._complete(mv, base)
+                self._check_io(config)
                 check_batching_config(config)
             mv.set_config(config)
             mv.stats = ModelStats(mv.name, str(mv.version))
@@ -295,6 +330,8 @@ class ModelManager:
         log.info("successfully unloaded '%s' version %d", mv.name, mv.version)
 
     async def unload(self, name: str, unload_dependents: bool = False) -> None:
+        """With ``unload_dependents`` the ensembles that use ``name`` go first, and the
+        composing models an ensemble brought in go after it."""
         mcfg.validate_model_name(name)
         if unload_dependents:
             for ensemble in ensemble_dependents(self.repository, name):
@@ -302,6 +339,16 @@ class ModelManager:
         entry = self.repository.models.get(name)
         if entry is None:
             return  # as Triton: unloading an unknown model succeeds
+        steps = _composing_models_of(entry)
+        await self._unload_entry(entry)
+        self._implicit.discard(name)
+        if unload_dependents:
+            for step_model in steps:
+                if step_model in self._implicit and not ensemble_dependents(self.repository, step_model):
+                    await self.unload(step_model, unload_dependents=True)
+
+    async def _unload_entry(self, entry: ModelEntry) -> None:
+        name = entry.name
         async with entry.lock:
             await asyncio.gather(*(self._retire(mv) for mv in entry.versions.values()
                                    if mv.state in (READY, LOADING)))
@@ -351,9 +398,19 @@ class ModelManager:
                 (e.state == UNAVAILABLE and not e.versions)]
 
 
-def _is_ensemble(model_dir: Path) -> bool:
+def _composing_models_of(entry: ModelEntry) -> list[str]:
+    """Every model a loaded version of the ensemble ``entry`` uses as a step (none for
+    other models)."""
+    names: dict[str, None] = {}
+    for mv in entry.versions.values():
+        if mv.state in (READY, LOADING) and mv.config.platform == mcfg.ENSEMBLE:
+            names.update(dict.fromkeys(composing_models(mv.config)))
+    return [n for n in names if n != entry.name]
+
+
+def _is_ensemble(model_dir: Path, config_name: str = "") -> bool:
     try:
-        return mcfg.read_config(model_dir).platform == mcfg.ENSEMBLE
+        return mcfg.read_config(model_dir, config_name).platform == mcfg.ENSEMBLE
     except TritonShmError:
         return False
 

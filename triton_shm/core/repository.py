@@ -98,10 +98,11 @@ class ModelEntry:
 
 
 def version_dirs(model_dir: Path) -> list[int]:
-    """Numeric version folders; anything else is ignored with a warning."""
+    """Numeric version folders; anything else but ``configs/`` (--model-config-name) is
+    ignored with a warning."""
     versions = []
     for child in model_dir.iterdir():
-        if not child.is_dir():
+        if not child.is_dir() or child.name == mcfg.CONFIGS_DIR:
             continue
         if child.name.isdigit() and (child.name == "0" or not child.name.startswith("0")):
             versions.append(int(child.name))

@@ -31,8 +31,10 @@ EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedu
 
 
 class InferenceService:
-    def __init__(self, models: ModelManager, shm: SharedMemoryRegistry, *, strict_readiness: bool = True):
+    def __init__(self, models: ModelManager, shm: SharedMemoryRegistry, *, strict_readiness: bool = True,
+                 server_id: str = SERVER_NAME):
         self.models = models
+        self.server_id = server_id  # --id: the name server metadata reports
         self.repository = models.repository
         self.workers = models.pool
         self.shm = shm
@@ -58,7 +60,7 @@ class InferenceService:
         extensions = list(EXTENSIONS)
         if self.shm.enabled:
             extensions.append("system_shared_memory")
-        return {"name": SERVER_NAME, "version": TRITON_PROTOCOL_VERSION, "extensions": extensions}
+        return {"name": self.server_id, "version": TRITON_PROTOCOL_VERSION, "extensions": extensions}
 
     # -- shared memory -------------------------------------------------------------------
     def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
@@ -146,6 +148,14 @@ class InferenceService:
             raise Unsupported(f"model '{model.name}' is decoupled (it may send any number of responses): use "
                               "the gRPC stream (ModelStreamInfer) or the generate_stream endpoint")
         return await self._infer(model, request)
+
+    def decoupled(self, request: InferRequest) -> bool:
+        """Whether the request's model may send any number of responses; False when it
+        can not be served (``infer_stream`` raises why)."""
+        try:
+            return self._model_for(request).decoupled
+        except TritonShmError:
+            return False
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[tuple[InferResponse | None, bool]]:
         """Every response of one request as ``(item, final)``: ``item`` is a response, a

@@ -64,6 +64,11 @@ def _element_count(shape: list[int]) -> int:
     return count
 
 
+def format_shape(shape: list[int]) -> str:
+    """A shape as messages print it: ``[-1,16]``, ``[-1]``, ``[]``."""
+    return f"[{','.join(map(str, shape))}]"
+
+
 def _shape_matches(got: list[int], dims: list[int]) -> bool:
     return len(got) == len(dims) and all(d == -1 or d == g for g, d in zip(got, dims))
 
@@ -87,7 +92,7 @@ def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
             + (f" and unexpected input(s) [{','.join(repr(u) for u in unknown)}]" if unknown else "")
             + ". Please provide all required input(s).")
 
-    batch_size = 0
+    batch_size, batch_input = 0, ""  # the batch size and the first input that set it
     max_batch = model.max_batch_size
     shm_inputs: dict[str, ShmRef] = {}
     shm_outputs: dict[str, ShmRef] = {}
@@ -98,31 +103,33 @@ def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
                                   f"but model '{name}' expects '{spec.datatype}'")
         shape = inp.shape
         if any(d < 0 for d in shape):
-            raise InvalidArgument(f"{rid}input '{inp.name}' has a negative dimension in shape {shape}")
+            raise InvalidArgument(f"{rid}input '{inp.name}' has a negative dimension in shape {format_shape(shape)}")
         if max_batch > 0:
             if not shape:
                 raise InvalidArgument(f"{rid}input '{inp.name}' for model '{name}' needs a batch "
                                       "dimension (the model's max_batch_size is non-zero)")
             b = shape[0]
             if batch_size and b != batch_size:
-                raise InvalidArgument(f"{rid}input '{inp.name}' batch size {b} does not match the batch "
-                                      f"size {batch_size} of the other inputs for model '{name}'")
+                raise InvalidArgument(f"{rid}input '{inp.name}' batch size does not match other inputs for "
+                                      f"'{name}': input '{batch_input}' has batch size {batch_size}, input "
+                                      f"'{inp.name}' has batch size {b}")
             if b < 1:
                 raise InvalidArgument(f"{rid}inference request batch-size must be >= 1 for '{name}'")
             if b > max_batch:
                 raise InvalidArgument(f"{rid}inference request batch-size must be <= {max_batch} for '{name}'")
-            batch_size = b
+            batch_size, batch_input = b, batch_input or inp.name
             if not _shape_matches(shape[1:], spec.dims):
                 raise InvalidArgument(
                     f"{rid}unexpected shape for input '{inp.name}' for model '{name}'. Expected "
-                    f"[-1,{','.join(map(str, spec.dims))}], got [{','.join(map(str, shape))}]. NOTE: Setting a "
-                    "non-zero max_batch_size in the model config requires a batch dimension to be prepended "
-                    "to each input shape. If you want to specify the full shape including the batch dim in "
-                    "your input dims config, try setting max_batch_size to zero.")
+                    f"{format_shape([-1, *spec.dims])}, got {format_shape(shape)}. NOTE: Setting a non-zero "
+                    "max_batch_size in the model config requires a batch dimension to be prepended to each "
+                    "input shape. If you want to specify the full shape including the batch dim in your input "
+                    "dims config, try setting max_batch_size to zero. See the model configuration docs for "
+                    "more info on max_batch_size.")
         elif not _shape_matches(shape, spec.dims):
             raise InvalidArgument(
                 f"{rid}unexpected shape for input '{inp.name}' for model '{name}'. Expected "
-                f"[{','.join(map(str, spec.dims))}], got [{','.join(map(str, shape))}]")
+                f"{format_shape(spec.dims)}, got {format_shape(shape)}")
 
         ref = _shm_ref(inp.parameters, f"input '{inp.name}'", rid)
         if ref is not None:

@@ -125,8 +125,10 @@ class InstanceRunner:
 
     def _decode(self, r: dict[str, Any], scratch: list[Block] | None) -> WorkerRequest:
         inputs, datatypes = {}, {}
+        reshapes = self.model.reshapes
         for name, datatype, shape, desc in r["inputs"]:
-            inputs[name] = decode_input(datatype, shape, self.worker.input_bytes(desc, scratch))
+            inputs[name] = decode_input(datatype, reshapes.input_shape(name, shape),
+                                        self.worker.input_bytes(desc, scratch))
             datatypes[name] = datatype
         return WorkerRequest(id=r.get("request_id", ""), inputs=inputs, datatypes=datatypes,
                              requested_outputs=list(r["outputs"]), parameters=r.get("parameters") or {})
@@ -148,7 +150,7 @@ class InstanceRunner:
 
     def _encode(self, r: dict[str, Any], outputs: dict[str, Any], partial: bool = False) -> list[list[Any]]:
         """``partial``: a decoupled response may carry only some of the requested outputs."""
-        specs = self.model.output_types
+        specs, reshapes = self.model.output_types, self.model.reshapes
         names = [n for n in r["outputs"] if n in outputs] if partial else r["outputs"]
         missing = [n for n in names if n not in outputs]
         if missing:
@@ -162,10 +164,12 @@ class InstanceRunner:
                     rid, offset, size = in_shm[name]
                     shape, written = encode_output_into(self.worker.regions.view(rid, offset, size), name,
                                                         specs[name], outputs[name])
+                    shape = reshapes.output_shape(name, shape)
                     encoded.append([name, specs[name], shape, ["r", rid, offset, written]])
                     continue
                 shape, block = encode_output(self.worker.arena, name, specs[name], outputs[name])
                 blocks.append(block)
+                shape = reshapes.output_shape(name, shape)
                 encoded.append([name, specs[name], shape, block.descriptor()])
         except BaseException:
             self._free(blocks)
@@ -186,7 +190,8 @@ class InstanceRunner:
             views = [self.worker.view(r["inputs"][k][3]) for r in requests]
             buf = np.empty(sum(v.nbytes for v in views), dtype=np.uint8)
             assembler.gather(buf, views)  # BYTES too: encoded tensors concatenate
-            inputs[name] = decode_input(datatype, [total, *shape[1:]], memoryview(buf))
+            model_shape = self.model.reshapes.input_shape(name, [total, *shape[1:]])
+            inputs[name] = decode_input(datatype, model_shape, memoryview(buf))
             datatypes[name] = datatype
         merged = WorkerRequest(id=requests[0].get("request_id", ""), inputs=inputs, datatypes=datatypes,
                                requested_outputs=list(requests[0]["outputs"]),
@@ -216,6 +221,7 @@ class InstanceRunner:
         if not shape or shape[0] != sum(rows):
             raise Internal(f"output '{name}' has batch dimension {shape[:1]}, expected {sum(rows)}")
         per_row = math.prod(shape[1:])
+        row_shape = self.model.reshapes.output_shape(name, shape)[1:]  # as the responses carry it
         if datatype == "BYTES":
             sizes = codec.split_bytes(data, [n * per_row for n in rows])
         else:
@@ -229,12 +235,12 @@ class InstanceRunner:
                     raise InvalidArgument(f"shared memory size specified with the request for output '{name}' "
                                           f"({limit} bytes) should be at least {size} bytes to hold the results")
                 targets.append(self.worker.regions.view(rid, offset, size))
-                result["outputs"].append([name, datatype, [n, *shape[1:]], ["r", rid, offset, size]])
+                result["outputs"].append([name, datatype, [n, *row_shape], ["r", rid, offset, size]])
             else:
                 block = self.worker.arena.alloc(size)
                 blocks.append(block)
                 targets.append(block.view)
-                result["outputs"].append([name, datatype, [n, *shape[1:]], block.descriptor()])
+                result["outputs"].append([name, datatype, [n, *row_shape], block.descriptor()])
         assembler.scatter(data, targets)
 
 

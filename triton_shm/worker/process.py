@@ -34,6 +34,7 @@ from . import assembler
 from .bls import BlsClient
 from .execution import InstanceRunner
 from .regions import RegionMap
+from .tensors import Reshapes
 
 log = logging.getLogger("triton_shm.worker")
 
@@ -45,6 +46,7 @@ class LoadedModel:
         self.context, self.backend = context, backend
         self.runners: list[InstanceRunner] = []
         self.output_types = {o["name"]: config_to_wire(o["data_type"]) for o in context.config.get("output", [])}
+        self.reshapes = Reshapes.from_config(context.config)
         # one model execution over the concatenated rows of a whole batch
         self.concat_batching = backend.concat_batching and int(context.config.get("max_batch_size", 0)) > 0
         self.decoupled = bool((context.config.get("model_transaction_policy") or {}).get("decoupled", False))

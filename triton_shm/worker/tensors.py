@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -10,6 +12,50 @@ from ..core.datatypes import element_size, from_numpy, numpy_dtype
 from ..errors import Internal, InvalidArgument
 from ..ipc.arena import Arena, Block
 from . import assembler
+
+
+def _fill(template: list[int], variable: list[int]) -> list[int]:
+    """``template`` with its -1 dims replaced, in order, by ``variable``."""
+    values = iter(variable)
+    return [next(values) if d == -1 else d for d in template]
+
+
+@dataclass(frozen=True, slots=True)
+class Reshapes:
+    """The config's ``reshape`` fields: requests and responses carry ``dims``, the model
+    sees ``reshape.shape`` (after the batch dimension, when the model batches)."""
+    batched: bool = False
+    inputs: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)   # name -> (dims, shape)
+    outputs: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Reshapes:
+        def table(key: str) -> dict[str, tuple[list[int], list[int]]]:
+            return {t["name"]: (list(t.get("dims") or []), list(t["reshape"].get("shape") or []))
+                    for t in config.get(key) or [] if t.get("reshape") is not None}
+        return cls(int(config.get("max_batch_size", 0) or 0) > 0, table("input"), table("output"))
+
+    def _split(self, shape: list[int]) -> tuple[list[int], list[int]]:
+        return (shape[:1], shape[1:]) if self.batched and shape else ([], shape)
+
+    def input_shape(self, name: str, shape: list[int]) -> list[int]:
+        """A request input's shape as the model takes it."""
+        if name not in self.inputs:
+            return shape
+        dims, reshape = self.inputs[name]
+        lead, body = self._split(shape)
+        return lead + _fill(reshape, [g for g, d in zip(body, dims) if d == -1])
+
+    def output_shape(self, name: str, shape: list[int]) -> list[int]:
+        """A model output's shape as the response carries it."""
+        if name not in self.outputs:
+            return shape
+        dims, reshape = self.outputs[name]
+        lead, body = self._split(shape)
+        if len(body) != len(reshape) or any(d != -1 and d != g for g, d in zip(body, reshape)):
+            raise InvalidArgument(f"output '{name}' has shape {shape}, which does not match its reshape "
+                                  f"{reshape} in the model config")
+        return lead + _fill(dims, [g for g, d in zip(body, reshape) if d == -1])
 
 
 def decode_input(datatype: str, shape: list[int], view: memoryview) -> np.ndarray:
@@ -47,8 +93,9 @@ def wire_bytes(name: str, datatype: str, array) -> tuple[list[int], memoryview]:
     array = _coerce(name, array, datatype)
     if datatype == "BYTES":
         return list(array.shape), memoryview(codec.serialize_bytes(array))
+    shape = list(array.shape)  # ascontiguousarray makes a 0-d array 1-d
     array = np.ascontiguousarray(array, dtype=array.dtype.newbyteorder("<"))
-    return list(array.shape), memoryview(array.reshape(-1).view(np.uint8))
+    return shape, memoryview(array.reshape(-1).view(np.uint8))
 
 
 def encode_output(arena: Arena, name: str, datatype: str, array) -> tuple[list[int], Block]:

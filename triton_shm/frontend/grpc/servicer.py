@@ -199,8 +199,10 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def _serve_stream_request(self, msg: pb.ModelInferRequest, out: asyncio.Queue) -> None:
         try:
             request = decode_infer_request(msg)
-            # tritonclient asks for an explicit last response, flagged triton_final_response
-            flag_final = request.parameters.get("triton_enable_empty_final_response") is True
+            # A non-decoupled model's one response is always flagged final; a decoupled
+            # model's responses are flagged only when the client asked for the flag.
+            flag_final = (request.parameters.get("triton_enable_empty_final_response") is True
+                          or not self.service.decoupled(request))
             async for response, final in self.service.infer_stream(request):
                 if isinstance(response, TritonShmError):  # an error is a response of its own (final or not)
                     out.put_nowait(pb.ModelStreamInferResponse(error_message=response.message))

@@ -1,13 +1,17 @@
-"""The aiohttp application: routes, error mapping and limits."""
+"""The aiohttp application (routes, error mapping, limits) and :func:`start_http`, which
+serves it alone or behind the lean infer path."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
+import os
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 import orjson
 from aiohttp import web
 
+from ...core.codec import NO_EXTENSIONS
 from ...errors import TritonShmError
 from .handlers import HttpHandlers, build_routes
 
@@ -52,19 +56,29 @@ def create_app(
     *,
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     extra_routes: Iterable[web.RouteDef] = (),
+    middlewares: Iterable[Any] = (),
 ) -> web.Application:
     """The Triton HTTP API over ``service``.
 
     ``max_input_size`` bounds the request body on the wire and after decompression.
-    ``extra_routes`` are matched before the built-in ones (later features plug in here).
+    ``extra_routes`` are matched before the built-in ones (later features plug in here);
+    ``middlewares`` run outside the error middleware.
     Run it with ``auto_decompress=False`` on the runner (as :func:`start_http` does) so
     compressed bodies are inflated under that cap with a 400 error; otherwise aiohttp
     inflates them itself and answers 413 past ``client_max_size``.
     """
-    app = web.Application(client_max_size=max_input_size, middlewares=[error_middleware])
+    app = web.Application(client_max_size=max_input_size, middlewares=[*middlewares, error_middleware])
     handlers = HttpHandlers(service, max_input_size)
     app.router.add_routes([*extra_routes, *build_routes(handlers)])
     return app
+
+
+def lean_available() -> bool:
+    """The lean infer path needs httptools; TRITON_SHM_NO_EXTENSIONS=1 turns it off (pure
+    aiohttp), and so does TRITON_SHM_LEAN_HTTP=0 alone (to compare the two)."""
+    if NO_EXTENSIONS or os.environ.get("TRITON_SHM_LEAN_HTTP", "") in ("0", "false"):
+        return False
+    return importlib.util.find_spec("httptools") is not None
 
 
 async def start_http(
@@ -74,11 +88,27 @@ async def start_http(
     *,
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     shutdown_timeout: float = 30.0,
-) -> web.AppRunner:
-    """Serve on ``host:port``; the caller stops it with ``await runner.cleanup()``, which
-    lets in-flight requests finish for up to ``shutdown_timeout`` seconds."""
-    app = create_app(service, max_input_size=max_input_size)
-    return await serve_app(app, host, port, auto_decompress=False, shutdown_timeout=shutdown_timeout)
+    header_timeout: float | None = None,
+    lean: bool | None = None,
+) -> Any:
+    """Serve on ``host:port``; the caller stops it with ``await server.cleanup()``, which
+    lets in-flight requests finish for up to ``shutdown_timeout`` seconds.
+
+    With ``lean`` (default: when available) the infer route runs on the lean path
+    (:mod:`.lean_server`) and aiohttp serves the rest on the same port; else all of it is
+    aiohttp's. ``header_timeout`` bounds the wait for a request's headers (lean path only).
+    """
+    if lean is None:
+        lean = lean_available()
+    if not lean:
+        app = create_app(service, max_input_size=max_input_size)
+        return await serve_app(app, host, port, auto_decompress=False, shutdown_timeout=shutdown_timeout)
+    from .bridge import completion_middleware
+    from .lean_server import HEADER_TIMEOUT, start_lean_http
+    app = create_app(service, max_input_size=max_input_size, middlewares=[completion_middleware])
+    return await start_lean_http(service, app, host, port, max_input_size=max_input_size,
+                                 shutdown_timeout=shutdown_timeout,
+                                 header_timeout=HEADER_TIMEOUT if header_timeout is None else header_timeout)
 
 
 async def serve_app(app: web.Application, host: str, port: int, **runner_options: Any) -> web.AppRunner:

@@ -328,6 +328,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
             else:
                 if params:
                     entry["parameters"] = params
+                _check_json_output(out.datatype)
                 entry["data"] = wire_to_json(out)
         outputs.append(entry)
 
@@ -343,6 +344,13 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)
+
+
+def _check_json_output(datatype: str) -> None:
+    """JSON has no half-precision numbers: FP16/BF16 outputs travel as binary only."""
+    if datatype in ("FP16", "BF16"):
+        raise InvalidArgument(
+            f"sending {datatype} data via JSON is not supported. Please use the binary data format for output")
 
 
 def wire_to_json(out: OutputTensor) -> Any:

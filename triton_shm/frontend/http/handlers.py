@@ -6,26 +6,21 @@ Handlers raise; the error middleware in :mod:`.app` turns every exception into t
 from __future__ import annotations
 
 import logging
-import zlib
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
-from aiohttp.web_response import ContentCoding
 
 from ...core.types import InferRequest
-from ...errors import InvalidArgument, TritonShmError, Unsupported
-from .codec import decode_infer_request, encode_infer_response
+from ...errors import InvalidArgument, TritonShmError
+from .encoding import decode_body
 from .generate import decode_generate_request, encode_generate_response
+from .infer import HEADER_LENGTH, JSON_TYPE, serve_infer
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
 
 log = logging.getLogger(__name__)
-
-HEADER_LENGTH = "Inference-Header-Content-Length"
-JSON_TYPE = "application/json"
-BINARY_TYPE = "application/octet-stream"
 
 # Path tails shared by the "/v2/models/{m}" and "/v2/models/{m}/versions/{v}" forms.
 # Versions are digits, as in Triton's route regex: anything else is a plain 404.
@@ -70,24 +65,13 @@ class HttpHandlers:
     # -- inference -----------------------------------------------------------------------
     async def infer(self, request: web.Request) -> web.Response:
         model, version = _model(request)
-        body = await self._read_body(request)
-        raw_length = request.headers.get(HEADER_LENGTH)
-        header_length: int | None = None
-        if raw_length is not None:
-            try:
-                header_length = int(raw_length)
-            except ValueError:
-                raise InvalidArgument(
-                    f"inference header size should be in range (0, {len(body)}), got: {raw_length}") from None
-        infer_request = decode_infer_request(model, version, body, header_length)
-        response = await self.service.infer(infer_request)
-        try:
-            payload, json_length = encode_infer_response(response, infer_request)
-        finally:
-            response.release()  # outputs may be views into shared memory
-        if json_length is None:
-            return _respond(request, payload, JSON_TYPE, compress=True)
-        return _respond(request, payload, BINARY_TYPE, {HEADER_LENGTH: str(json_length)}, compress=True)
+        headers = request.headers
+        # read() enforces client_max_size (413) on what arrives on the wire.
+        reply = await serve_infer(
+            self.service, model, version, await request.read(), header_length=headers.get(HEADER_LENGTH),
+            content_encoding=headers.get("Content-Encoding"), accept_encoding=headers.get("Accept-Encoding"),
+            max_input_size=self.max_input_size)
+        return web.Response(body=reply.body, content_type=reply.content_type, headers=reply.headers)
 
     async def model_stats(self, request: web.Request) -> web.Response:
         info = request.match_info
@@ -182,14 +166,9 @@ class HttpHandlers:
 
     # -- helpers -------------------------------------------------------------------------
     async def _read_body(self, request: web.Request) -> bytes:
-        # read() enforces client_max_size (413) on what arrives on the wire.
-        body = await request.read()
-        encoding = request.headers.get("Content-Encoding", "").strip().lower()
-        if encoding in ("gzip", "x-gzip", "deflate"):
-            body = _inflate(body, self.max_input_size)  # the runner does not inflate (auto_decompress=False)
-        elif encoding not in ("", "identity"):
-            raise Unsupported(f"unsupported Content-Encoding '{encoding}'")
-        return body
+        # read() enforces client_max_size (413) on what arrives on the wire; the runner does
+        # not inflate (auto_decompress=False), so compressed bodies are capped here.
+        return decode_body(await request.read(), request.headers.get("Content-Encoding"), self.max_input_size)
 
 
 def build_routes(h: HttpHandlers) -> list[web.RouteDef]:
@@ -261,47 +240,4 @@ def _model(request: web.Request) -> tuple[str, str]:
 
 
 def _json(request: web.Request, obj: Any, status: int = 200) -> web.Response:
-    return _respond(request, orjson.dumps(obj), JSON_TYPE, status=status)
-
-
-def _respond(request: web.Request, body: bytes, content_type: str,
-             headers: dict[str, str] | None = None, status: int = 200, compress: bool = False) -> web.Response:
-    """``compress``: honour Accept-Encoding. Only inference responses are compressed, as in
-    Triton; tritonclient.http.aio inflates those and nothing else."""
-    resp = web.Response(body=body, status=status, content_type=content_type, headers=headers)
-    coding = _accepted_coding(request.headers.get("Accept-Encoding")) if compress else None
-    if coding is not None and len(body) > 0:
-        resp.enable_compression(coding)
-    return resp
-
-
-def _accepted_coding(header: str | None) -> ContentCoding | None:
-    """gzip or deflate if the client accepts it (q=0 means refused); else None."""
-    if not header:
-        return None
-    accepted = set()
-    for part in header.split(","):
-        token, _, params = part.strip().partition(";")
-        q = params.strip()
-        if q.startswith("q=") and q[2:].strip() in ("0", "0.0", "0.00", "0.000"):
-            continue
-        accepted.add(token.strip().lower())
-    if "gzip" in accepted:
-        return ContentCoding.gzip
-    if "deflate" in accepted:
-        return ContentCoding.deflate
-    return None
-
-
-def _inflate(body: bytes, limit: int) -> bytes:
-    """Decompress with a cap on the output size (decompression bombs)."""
-    d = zlib.decompressobj(wbits=47)  # 32 + 15: auto-detect gzip or zlib framing
-    try:
-        out = d.decompress(body, limit + 1)
-    except zlib.error as e:
-        raise InvalidArgument(f"failed to decompress the request body: {e}") from None
-    if len(out) > limit:
-        raise InvalidArgument(f"decompressed request body exceeds the limit of {limit} bytes")
-    if not d.eof:
-        raise InvalidArgument("failed to decompress the request body: truncated stream")
-    return out
+    return web.Response(body=orjson.dumps(obj), status=status, content_type=JSON_TYPE)

@@ -1,0 +1,64 @@
+"""``POST /v2/models/{m}[/versions/{v}]/infer``, written once for both HTTP servers.
+
+The aiohttp handler and the lean path hand in the raw body and the three headers that
+matter; the reply is the finished body (already compressed per Accept-Encoding), its
+content type and the extra headers.
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from ...errors import InvalidArgument
+from .codec import decode_infer_request, encode_infer_response
+from .encoding import accepted_coding, compress, decode_body
+
+if TYPE_CHECKING:
+    from ...core.service import InferenceService
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_TYPE = "application/json"
+BINARY_TYPE = "application/octet-stream"
+_THREAD_COMPRESS_BYTES = 1 << 20  # compress larger bodies off the event loop
+
+
+@dataclass(slots=True)
+class InferReply:
+    body: bytes
+    content_type: str
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def serve_infer(
+    service: "InferenceService", model: str, version: str, body: bytes, *,
+    header_length: str | None, content_encoding: str | None, accept_encoding: str | None,
+    max_input_size: int,
+) -> InferReply:
+    """Decode, infer, encode. Raises :class:`TritonShmError` for every refusal."""
+    body = decode_body(body, content_encoding, max_input_size)
+    length: int | None = None
+    if header_length is not None:
+        try:
+            length = int(header_length)
+        except ValueError:
+            raise InvalidArgument(
+                f"inference header size should be in range (0, {len(body)}), got: {header_length}") from None
+    request = decode_infer_request(model, version, body, length)
+    response = await service.infer(request)
+    try:
+        payload, json_length = encode_infer_response(response, request)
+    finally:
+        response.release()  # outputs may be views into shared memory
+    if json_length is None:
+        reply = InferReply(payload, JSON_TYPE)
+    else:
+        reply = InferReply(payload, BINARY_TYPE, {HEADER_LENGTH: str(json_length)})
+    coding = accepted_coding(accept_encoding)
+    if coding is not None and payload:  # only inference responses are compressed, as in Triton
+        if len(payload) > _THREAD_COMPRESS_BYTES:
+            reply.body = await asyncio.to_thread(compress, payload, coding)
+        else:
+            reply.body = compress(payload, coding)
+        reply.headers["Content-Encoding"] = coding
+    return reply

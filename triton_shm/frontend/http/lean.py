@@ -1,0 +1,375 @@
+"""The lean HTTP/1.1 connection: llhttp (httptools) parsing, the infer route served directly.
+
+One :class:`LeanConnection` per TCP connection. Requests are parsed in C; a complete
+``POST /v2/models/{m}[/versions/{v}]/infer`` goes straight to :func:`.infer.serve_infer`
+and its response is written as one buffer. Every other request is handed, whole, to
+aiohttp on the same connection (:mod:`.bridge`), so all other routes behave as before.
+
+Responses leave in request order (pipelining): one request is served at a time, later
+ones wait parsed in a short queue. Memory per connection is bounded: reading pauses
+while the queue is full, and no new request starts while the transport's write buffer
+is over its high-water mark (a client that stops reading). Idle, slow-header
+(slowloris), stalled-body and never-read connections are closed by the server's sweeper
+(:meth:`LeanConnection.check_timeouts`).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+import httptools
+
+from ...errors import TritonShmError
+from .infer import JSON_TYPE, serve_infer
+from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpLimit, Message, error_body,
+                           held_bytes, infer_route, response_head, timeout_message)
+
+if TYPE_CHECKING:
+    from .bridge import AiohttpBridge
+    from .lean_server import LeanContext
+
+log = logging.getLogger(__name__)
+
+MAX_QUEUED = 16              # parsed requests waiting behind the one being served
+MAX_QUEUED_BYTES = 1 << 20   # ... and their bodies, with the body being read behind them
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_JOIN_BELOW = 64 * 1024  # join head and body into one write below this size
+LINGER_TIME = 10.0  # seconds a closing connection reads and drops what the client still sends
+
+# Connection states, for the timeouts.
+IDLE, HEADERS, BODY = 0, 1, 2
+
+
+class LeanConnection(asyncio.Protocol):
+    def __init__(self, ctx: "LeanContext"):
+        self.ctx = ctx
+        self.loop = ctx.loop
+        self.transport: asyncio.Transport | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._msg: Message | None = None    # being parsed
+        self._queue: deque[Message] = deque()
+        self._queued_bytes = 0
+        self._busy = False                  # a request is being served
+        self._task: asyncio.Task | None = None
+        self._bridge: AiohttpBridge | None = None
+        self._read_paused = False
+        self._write_paused = False
+        self._discard = False               # closing: ignore further input
+        self._lingering = False             # half-closed, waiting for the client to close
+        self._eof = False                   # the client half-closed
+        self.state = IDLE
+        self.since = self.loop.time()       # start of the current state (for the timeouts)
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.ctx.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.ctx.connections.discard(self)
+        self._discard = True
+        self._queue.clear()
+        self.transport = None
+        if self._bridge is not None:
+            bridge, self._bridge = self._bridge, None
+            bridge.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self.since = self.loop.time()
+        if self._bridge is not None:
+            self._bridge.pause_writing()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        if self._bridge is not None:
+            self._bridge.resume_writing()
+        self._serve()
+
+    def data_received(self, data: bytes) -> None:
+        if self._discard:
+            return
+        if self.state == BODY:
+            self.since = self.loop.time()  # a stalled body times out, a slow one does not
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._last_request()  # no protocol upgrades: answer what was parsed, then close
+        except httptools.HttpParserCallbackError as e:
+            limit = e.__context__
+            if isinstance(limit, HttpLimit):
+                self._reject(limit.status, limit.message)
+            else:  # a bug of ours: answer and close rather than leave the connection hanging
+                log.error("HTTP parser callback failed", exc_info=limit)
+                self._reject(400, "malformed HTTP request")
+        except httptools.HttpParserError as e:
+            self._reject(400, f"malformed HTTP request: {e}")
+        self._serve()
+        if not self._read_paused and self._over_budget():
+            self._pause_reading()
+
+    def eof_received(self) -> bool | None:
+        self._eof = True
+        if self._lingering:
+            return None  # close
+        self._discard = True  # the client sent all it will: finish queued requests, then close
+        self._serve()
+        return True
+
+    # -- llhttp callbacks --------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        self._msg = Message()
+        self.state = HEADERS
+        self.since = self.loop.time()
+
+    def on_url(self, url: bytes) -> None:
+        msg = self._msg
+        msg.url += url
+        if len(msg.url) > MAX_URL:
+            raise HttpLimit(414, f"request line is longer than {MAX_URL} bytes")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        msg = self._msg
+        if len(name) + len(value) > MAX_FIELD:
+            raise HttpLimit(431, f"a header field is longer than {MAX_FIELD} bytes")
+        msg.headers.append((name, value))
+        if len(msg.headers) > MAX_HEADERS:
+            raise HttpLimit(431, f"more than {MAX_HEADERS} header fields")
+        field = FIELDS.get(name) or FIELDS.get(name.lower())
+        if field is None or field is Field.OTHER:
+            return
+        if field is Field.HEADER_LENGTH:
+            msg.header_length = value.decode("latin-1")
+        elif field is Field.CONTENT_ENCODING:
+            msg.content_encoding = value.decode("latin-1")
+        elif field is Field.ACCEPT_ENCODING:
+            msg.accept_encoding = value.decode("latin-1")
+        elif field is Field.CONTENT_LENGTH:
+            try:
+                declared = int(value)
+            except ValueError:
+                return  # llhttp refuses it
+            if declared > self.ctx.max_input_size:
+                msg.error = (413, self._too_large())
+        elif value.lower() == b"100-continue":
+            msg.expect_continue = True
+
+    def on_headers_complete(self) -> None:
+        msg = self._msg
+        parser = self._parser
+        msg.method = parser.get_method()
+        msg.version = parser.get_http_version()
+        msg.keep_alive = parser.should_keep_alive()
+        msg.route = infer_route(msg.method, msg.url)
+        self.state = BODY
+        if msg.error is not None:  # refused in turn without waiting for the body, then closed
+            self._queue_message(msg)
+            self._last_request()
+        elif msg.expect_continue:
+            if not self._busy and not self._queue:
+                self.write(_CONTINUE)
+                msg.expect_continue = False
+            # else: sent by _serve once the requests before this one are answered
+
+    def on_body(self, chunk: bytes) -> None:
+        msg = self._msg
+        if msg.error is not None:
+            return  # read and dropped, so the answer can follow
+        msg.size += len(chunk)
+        if msg.size > self.ctx.max_input_size:
+            msg.error = (413, self._too_large())
+            msg.parts.clear()
+            self._queue_message(msg)
+            self._last_request()
+            return
+        msg.parts.append(chunk)
+
+    def on_message_complete(self) -> None:
+        msg, self._msg = self._msg, None
+        self.state = IDLE  # the idle clock starts when the response is written (request_done)
+        if self._discard:
+            return  # refused already, or input after the last request
+        self._queue_message(msg)
+        if not msg.keep_alive or msg.error is not None:
+            self._last_request()  # nothing after this request is read
+
+    # -- serving ---------------------------------------------------------------------------
+    def _serve(self) -> None:
+        """Start the next queued request if none is being served and the client reads."""
+        while not self._busy and self._queue and not self._write_paused and self.transport is not None:
+            msg = self._queue.popleft()
+            self._queued_bytes -= held_bytes(msg)
+            if msg.error is not None:
+                self._respond(msg, msg.error[0], JSON_TYPE, error_body(msg.error[1]))
+                self._close()
+                return
+            self._busy = True
+            if msg.route is not None:
+                self._task = self.loop.create_task(self._infer(msg))
+            else:
+                self._forward(msg)
+        if self.transport is None:
+            return
+        if self._read_paused and not self._write_paused and not self._over_budget():
+            self._read_paused = False
+            self.transport.resume_reading()
+        if self._busy:
+            return
+        if self._discard and not self._queue:
+            self._close()  # the last request this connection serves is answered
+            return
+        msg = self._msg
+        if msg is not None and msg.expect_continue and not self._queue and not self._discard:
+            msg.expect_continue = False
+            self.write(_CONTINUE)
+
+    async def _infer(self, msg: Message) -> None:
+        model, version = msg.route
+        try:
+            reply = await serve_infer(
+                self.ctx.service, model, version, msg.body, header_length=msg.header_length,
+                content_encoding=msg.content_encoding, accept_encoding=msg.accept_encoding,
+                max_input_size=self.ctx.max_input_size)
+        except TritonShmError as e:
+            self._respond(msg, e.http_status, JSON_TYPE, error_body(e.message))
+        except Exception as e:
+            log.exception("unhandled error in POST %s", msg.url.decode("latin-1"))
+            self._respond(msg, 500, JSON_TYPE, error_body(f"internal server error ({type(e).__name__})"))
+        else:
+            self._respond(msg, 200, reply.content_type, reply.body, reply.headers)
+        self.request_done(msg.keep_alive)
+
+    def _forward(self, msg: Message) -> None:
+        if self._bridge is None:
+            from .bridge import AiohttpBridge
+            self._bridge = AiohttpBridge(self)
+            if self._write_paused:
+                self._bridge.pause_writing()
+        self._bridge.forward(msg)
+
+    def bridge_closed(self) -> None:
+        """aiohttp closes its side: after its response, or at shutdown."""
+        self._discard = True
+        if self._task is None:  # not in the middle of a lean response
+            self._close()
+
+    def request_done(self, keep_alive: bool) -> None:
+        """The response to the request being served is written (lean or aiohttp)."""
+        self._busy = False
+        self._task = None
+        self.since = self.loop.time()
+        if not keep_alive:
+            self._close()
+        else:
+            self._serve()
+
+    # -- writing -----------------------------------------------------------------------------
+    def _respond(self, msg: Message, status: int, content_type: str, body: bytes,
+                 headers: dict[str, str] | None = None) -> None:
+        head = response_head(msg, status, content_type, len(body), headers, self.ctx.date)
+        if len(body) < _JOIN_BELOW:
+            self.write(head + body)
+        else:
+            self.write(head)
+            self.write(body)
+
+    def write(self, data: bytes) -> None:
+        """Every write of the connection, the bridge's included: none once closing."""
+        transport = self.transport
+        if transport is not None and not self._lingering and not transport.is_closing():
+            transport.write(data)
+
+    def writelines(self, chunks: list[bytes]) -> None:
+        transport = self.transport
+        if transport is not None and not self._lingering and not transport.is_closing():
+            transport.writelines(chunks)
+
+    def _reject(self, status: int, message: str) -> None:
+        """A request that cannot be parsed: answer in turn, then close."""
+        if self._discard:
+            return  # input after the last request this connection serves
+        msg = self._msg or Message()
+        self._msg = None
+        msg.error = (status, message)
+        self._queue_message(msg)
+        self._last_request()
+
+    def _queue_message(self, msg: Message) -> None:
+        self._queue.append(msg)
+        self._queued_bytes += held_bytes(msg)
+
+    def _too_large(self) -> str:
+        return f"Maximum request body size {self.ctx.max_input_size} exceeded."  # aiohttp's words
+
+    # -- flow control and closing -----------------------------------------------------------------
+    def _over_budget(self) -> bool:
+        """Too much read ahead of the request being served: queued requests, and the next one's
+        body so far (the request at the head may take its whole --http-max-input-size)."""
+        held = self._queued_bytes
+        if self._busy and self._msg is not None:
+            held += self._msg.size
+        return len(self._queue) >= MAX_QUEUED or held >= MAX_QUEUED_BYTES
+
+    def _pause_reading(self) -> None:
+        if not self._read_paused and self.transport is not None:
+            self._read_paused = True
+            self.transport.pause_reading()
+
+    def _last_request(self) -> None:
+        """Answer what is queued, then close; later input is read and dropped."""
+        self._discard = True
+
+    def _close(self) -> None:
+        """Close after what is buffered has been written. Unless the client has finished
+        sending, half-close first and drop its input until it closes (lingering): a reset
+        could destroy the answer before the client reads it."""
+        self._discard = True
+        self._queue.clear()
+        transport = self.transport
+        if transport is None or transport.is_closing() or self._lingering:
+            return  # closed, or closing once the client closes or the sweeper gives up
+        if self._eof or not transport.can_write_eof():
+            transport.close()
+            return
+        self._lingering = True
+        self.since = self.loop.time()
+        transport.write_eof()
+        if self._read_paused:
+            self._read_paused = False
+            transport.resume_reading()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    @property
+    def busy(self) -> bool:
+        return self._busy
+
+    def check_timeouts(self, now: float) -> None:
+        """Called about once a second by the server's sweeper."""
+        ctx = self.ctx
+        elapsed = now - self.since
+        if self._lingering:
+            if elapsed > LINGER_TIME:
+                self.abort()
+        elif self._write_paused:
+            if elapsed > ctx.keepalive_timeout:  # the client stopped reading
+                self.abort()
+        elif self._busy or self._queue:
+            return
+        elif self.state == HEADERS and elapsed > ctx.header_timeout:
+            self._queue_message(timeout_message())
+            self._last_request()
+            self._serve()
+        elif elapsed > ctx.keepalive_timeout:  # idle, or a body that stopped arriving
+            self._close()
+
+    def close_idle(self) -> None:
+        """Shutdown: close now, or once the request being served (and those queued) are answered."""
+        if self._busy:
+            self._last_request()
+        else:
+            self._close()

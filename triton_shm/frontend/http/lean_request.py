@@ -1,0 +1,115 @@
+"""What the lean connection knows of one request: its parsed form, the infer route, the
+limits it is held to, and the head of its response."""
+from __future__ import annotations
+
+import enum
+import re
+from http import HTTPStatus
+
+import orjson
+
+# Limits as aiohttp's parser has them, so a request the lean parser accepts is one the
+# bridge can hand on.
+MAX_URL = 8190
+MAX_FIELD = 8190
+MAX_HEADERS = 128
+
+# Path only (no query): percent-escapes, "." and ".." segments and anything else go to
+# aiohttp, whose router decides them exactly as before.
+_INFER_PATH = re.compile(rb"/v2/models/([^/%]+)(?:/versions/(\d+))?/infer")
+_DOT_SEGMENTS = (b".", b"..")
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+
+
+class Field(enum.Enum):
+    """The request header fields the lean path reads."""
+    HEADER_LENGTH = b"inference-header-content-length"
+    CONTENT_ENCODING = b"content-encoding"
+    ACCEPT_ENCODING = b"accept-encoding"
+    CONTENT_LENGTH = b"content-length"
+    EXPECT = b"expect"
+    OTHER = b""  # a field every client sends that the lean path does not read
+
+
+# Field name -> field, lower case and as clients usually spell it (saves a lower() a field).
+_READ = [f for f in Field if f is not Field.OTHER]
+FIELDS = {**{f.value: f for f in _READ}, **{f.value.title(): f for f in _READ},
+          **dict.fromkeys([b"Host", b"host", b"Accept", b"accept", b"User-Agent", b"Content-Type", b"Connection"],
+                          Field.OTHER)}
+
+
+class HttpLimit(Exception):
+    """A request over a limit, raised from a parser callback (it stops the parser)."""
+
+    def __init__(self, status: int, message: str):
+        self.status, self.message = status, message
+
+
+class Message:
+    """One parsed request."""
+
+    __slots__ = ("method", "url", "version", "headers", "parts", "size", "keep_alive", "route",
+                 "error", "header_length", "content_encoding", "accept_encoding", "expect_continue")
+
+    def __init__(self) -> None:
+        self.method = b""
+        self.version = "1.1"
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.route: tuple[str, str] | None = None  # (model, version) of an infer request
+        self.error: tuple[int, str] | None = None  # answered instead of served, then closed
+        self.header_length: str | None = None
+        self.content_encoding: str | None = None
+        self.accept_encoding: str | None = None
+        self.expect_continue = False
+        self.keep_alive = False
+
+    @property
+    def body(self) -> bytes:
+        parts = self.parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def infer_route(method: bytes, url: bytes) -> tuple[str, str] | None:
+    if method != b"POST":
+        return None
+    path = url.split(b"?", 1)[0]
+    m = _INFER_PATH.fullmatch(path)
+    if m is None or m.group(1) in _DOT_SEGMENTS:
+        return None
+    try:
+        model = m.group(1).decode()
+    except UnicodeDecodeError:
+        return None
+    version = m.group(2)
+    return model, version.decode() if version else ""
+
+
+def held_bytes(msg: Message) -> int:
+    return msg.size if msg.error is None else 0  # a refused body is dropped, not held
+
+
+def error_body(message: str) -> bytes:
+    return orjson.dumps({"error": message})
+
+
+def response_head(msg: Message, status: int, content_type: str, length: int, headers: dict[str, str] | None,
+                  date: str) -> bytes:
+    head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nDate: {date}\r\n"
+            f"Content-Type: {content_type}\r\nContent-Length: {length}\r\n"]
+    if headers:
+        head += [f"{k}: {v}\r\n" for k, v in headers.items()]
+    if not msg.keep_alive or msg.error is not None:
+        head.append("Connection: close\r\n")
+    elif msg.version == "1.0":
+        head.append("Connection: keep-alive\r\n")
+    head.append("\r\n")
+    return "".join(head).encode("latin-1")
+
+
+def timeout_message() -> Message:
+    msg = Message()
+    msg.error = (408, "timed out waiting for the request headers")
+    return msg

@@ -1,0 +1,99 @@
+"""The HTTP port served by lean connections, with aiohttp behind them for all but infer.
+
+:func:`start_lean_http` binds the port itself and gives each connection a
+:class:`.lean.LeanConnection`; the aiohttp application runs without a site of its own,
+reached only through :mod:`.bridge`. One sweeper task per server applies the timeouts
+and refreshes the Date header once a second, so no request pays for a timer.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from email.utils import formatdate
+from typing import TYPE_CHECKING, Callable
+
+from aiohttp import web
+
+from .lean import LeanConnection
+
+if TYPE_CHECKING:
+    from ...core.service import InferenceService
+
+HEADER_TIMEOUT = 30.0     # seconds from a request's first byte to the end of its headers
+KEEPALIVE_TIMEOUT = 75.0  # an idle connection, a stalled body, a client that stopped reading
+_BRIDGE_KEEPALIVE = 10.0**9  # aiohttp never closes a bridged connection on its own
+
+
+class LeanContext:
+    """What every connection of one server shares."""
+
+    def __init__(self, service: "InferenceService", max_input_size: int, aiohttp_server: Callable[[], web.RequestHandler],
+                 header_timeout: float, keepalive_timeout: float):
+        self.service = service
+        self.max_input_size = max_input_size
+        self.aiohttp_server = aiohttp_server
+        self.header_timeout = header_timeout
+        self.keepalive_timeout = keepalive_timeout
+        self.loop = asyncio.get_running_loop()
+        self.connections: set[LeanConnection] = set()
+        self.date = formatdate(usegmt=True)
+
+
+class LeanHttpServer:
+    def __init__(self, ctx: LeanContext, runner: web.AppRunner, shutdown_timeout: float):
+        self.ctx = ctx
+        self.runner = runner
+        self.shutdown_timeout = shutdown_timeout
+        self._server: asyncio.AbstractServer | None = None
+        self._sweeper: asyncio.Task | None = None
+
+    async def start(self, host: str, port: int) -> None:
+        loop = self.ctx.loop
+        self._server = await loop.create_server(lambda: LeanConnection(self.ctx), host, port, reuse_address=True)
+        self._sweeper = loop.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        ctx = self.ctx
+        while True:
+            await asyncio.sleep(1.0)
+            ctx.date = formatdate(usegmt=True)
+            now = ctx.loop.time()
+            for conn in list(ctx.connections):
+                conn.check_timeouts(now)
+
+    async def cleanup(self) -> None:
+        """Stop accepting, let requests in flight finish (up to the shutdown timeout), close."""
+        loop = self.ctx.loop
+        if self._server is not None:
+            self._server.close()
+        deadline = loop.time() + self.shutdown_timeout
+        for conn in list(self.ctx.connections):
+            conn.close_idle()
+        while any(c.busy for c in self.ctx.connections) and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        await self.runner.cleanup()  # aiohttp's side: its handlers in flight, then on_cleanup
+        for conn in list(self.ctx.connections):
+            conn.abort()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+
+
+async def start_lean_http(
+    service: "InferenceService", app: web.Application, host: str, port: int, *,
+    max_input_size: int, shutdown_timeout: float, header_timeout: float = HEADER_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+) -> LeanHttpServer:
+    """Serve ``app`` (built with :func:`.bridge.completion_middleware` outermost) on ``host:port``."""
+    runner = web.AppRunner(app, access_log=None, auto_decompress=False, shutdown_timeout=shutdown_timeout,
+                           keepalive_timeout=_BRIDGE_KEEPALIVE)
+    await runner.setup()
+    ctx = LeanContext(service, max_input_size, runner.server, header_timeout, keepalive_timeout)
+    server = LeanHttpServer(ctx, runner, shutdown_timeout)
+    try:
+        await server.start(host, port)
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return server
