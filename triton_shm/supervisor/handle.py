@@ -1,9 +1,9 @@
 """The front-end's handle on one worker process: start it, talk to it over its control
-channel, share memory with it, and notice at once when it dies.
+link (rings and socket), share memory with it, and notice at once when it dies.
 
 Each handle owns the input arena the front-end writes request tensors into and maps the
 worker's output arena. Frames are ``ipc.protocol``'s, checked by its decoder. A reply
-goes to the callback registered for its message id, called at once from the channel's
+goes to the callback registered for its message id, called at once from the ring's
 reader (no event-loop hop: the scheduler hands the freed instance its next batch there);
 a reply that breaks the protocol fails that message with INTERNAL. STREAM frames go to
 the handler registered for their batch (decoupled models); ``bls`` control ops go to the
@@ -203,7 +203,7 @@ class WorkerHandle:
         """Send ``build(msg_id, frees)`` and return its id. ``on_reply`` gets the reply's
         body, or an exception: the worker's FAIL, a reply that breaks the protocol
         (INTERNAL), or UNAVAILABLE if the worker dies first. It is called synchronously
-        from the channel reader. ``on_stream`` receives the STREAM frames that carry this
+        from the ring reader. ``on_stream`` receives the STREAM frames that carry this
         id (decoupled responses), until ``end_stream``."""
         if self.link is None:
             raise Unavailable(f"worker '{self.name}' is not running")
@@ -398,7 +398,7 @@ class WorkerHandle:
 
 
 def _deliver(on_reply: Callable[[dict[str, Any] | Exception], None], reply: dict[str, Any] | Exception) -> None:
-    """A reply callback's failure is a bug to log, never a reason to stop reading the channel."""
+    """A reply callback's failure is a bug to log, never a reason to stop reading the ring."""
     try:
         on_reply(reply)
     except Exception:

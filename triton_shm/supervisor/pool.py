@@ -76,7 +76,7 @@ class WorkerPool:
         self._closing = True
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Close every channel; a worker still running after ``timeout`` s is killed."""
+        """Close every link; a worker still running after ``timeout`` s is killed."""
         self._closing = True
         await asyncio.gather(*(w.stop(timeout) for w in self.workers.values()))
 
@@ -166,7 +166,7 @@ class WorkerPool:
         and back. When the reply arrives, ``done`` gets one response or error per request
         and the worker's (compute_input, compute_infer, compute_output) nanoseconds, or
         None for the timing if the batch never ran (worker error or death). ``done`` is
-        called synchronously from the channel reader, so it must not block. Raises if the
+        called synchronously from the ring reader, so it must not block. Raises if the
         batch cannot be sent."""
         worker_name, index = instance
         worker = self.workers[worker_name]
