@@ -41,8 +41,9 @@ async def measure(n: int) -> dict[str, float]:
             "p99_us": samples[int(0.99 * n)]}
 
 
-def kernel_floor(n: int) -> float:
-    """Median blocking ping-pong over a bare SEQPACKET pair: what the machine allows."""
+def _echo_peer() -> tuple[socket.socket, int]:
+    """A SEQPACKET pair whose other end is a forked child echoing every packet; returns our
+    end and the child's pid."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     pid = os.fork()
     if pid == 0:
@@ -51,6 +52,12 @@ def kernel_floor(n: int) -> float:
             b.send(data)
         os._exit(0)
     b.close()
+    return a, pid
+
+
+def kernel_floor(n: int) -> float:
+    """Median blocking ping-pong over a bare SEQPACKET pair: what the machine allows."""
+    a, pid = _echo_peer()
     samples = []
     for _ in range(n):
         t0 = time.perf_counter_ns()
@@ -65,14 +72,7 @@ def kernel_floor(n: int) -> float:
 def loop_floor(n: int) -> float:
     """Median ping-pong over a SEQPACKET pair, uvloop reader on our side, a blocking echo
     on the other: the socket with an event loop and no protocol work."""
-    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    pid = os.fork()
-    if pid == 0:
-        a.close()
-        while data := b.recv(256):
-            b.send(data)
-        os._exit(0)
-    b.close()
+    a, pid = _echo_peer()
     a.setblocking(False)
 
     async def run() -> list[float]:
