@@ -33,6 +33,8 @@ Scenarios:
   large_http  the same identity model, 1 MiB and 16 MiB in-band over HTTP, at concurrency 1
   batching  a batch-friendly model (per-call overhead + one matmul per batch) at
             concurrency 16, dynamic batching off and on, over gRPC and HTTP
+  gap       one instance of a 1 ms model, batching off, concurrency 16 over gRPC: at most
+            1000/s, less by the time an instance idles between executions
 """
 from __future__ import annotations
 
@@ -109,6 +111,25 @@ MATMUL_PY = """
     """
 
 
+SLEEP_1MS = ("""
+    name: "sleep_1ms"
+    backend: "python"
+    max_batch_size: 0
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+    instance_group [ { count: 1 kind: KIND_CPU } ]
+    """, """
+    import time
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            time.sleep(0.001)
+            return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(
+                r, "INPUT0").as_numpy())]) for r in requests]
+    """)
+
+
 def matmul_config(name: str, batching: bool) -> str:
     return f"""
     name: "{name}"
@@ -150,6 +171,8 @@ SCENARIOS: dict[str, list[Case]] = {
                       ["--concurrency-range", "16"], protocol)
                  for protocol, name in (("grpc", "gRPC"), ("http", "HTTP"))
                  for state, model in (("off", "matmul_nobatch"), ("on", "matmul_batch"))],
+    # one instance of a 1 ms model, no batching: the time between two executions shows
+    "gap": [Case("sleep 1 ms, one instance, gRPC, concurrency 16", "sleep_1ms", ["--concurrency-range", "16"])],
 }
 
 
@@ -160,6 +183,7 @@ def build_repository(repo: Path) -> None:
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
     write("add_sub", *ADD_SUB)
     write("identity", *IDENTITY)
+    write("sleep_1ms", *SLEEP_1MS)
     write("matmul_nobatch", matmul_config("matmul_nobatch", False), MATMUL_PY)
     write("matmul_batch", matmul_config("matmul_batch", True), MATMUL_PY)
 

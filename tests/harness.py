@@ -93,6 +93,15 @@ class ServerProcess:
         except OSError:
             return False
 
+    def wait_repository_loaded(self, timeout: float = 90.0) -> None:
+        """Live comes before the repository finishes loading; wait for the model table."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if "| Model" in self.log():
+                return
+            time.sleep(0.1)
+        raise AssertionError(f"repository did not finish loading:\n{self.log()}")
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from triton_shm.errors import Internal
-from triton_shm.ipc import channel
+from triton_shm.ipc import channel, protocol
 from triton_shm.ipc.arena import Arena, SegmentMap
 
 
@@ -46,15 +46,16 @@ def test_segment_map_rejects_out_of_bounds_descriptors():
 
 CHILD = r"""
 import socket, sys
-from triton_shm.ipc import channel
+from triton_shm.ipc import channel, protocol
 from triton_shm.ipc.arena import SegmentMap
 sock = socket.socket(fileno=int(sys.argv[1]))
-msg, fds = channel.recv(sock)
+data, fds = channel.recv(sock)
+msg = protocol.decode(data).body
 peer = SegmentMap(); peer.add(msg["seg"], msg["size"], fds[0])
 view = peer.view(msg["block"])
 data = bytes(view)
 view[:] = data.upper()
-channel.send(sock, {"got": data.decode()})
+channel.send(sock, protocol.encode_control(0, {"op": "got", "data": data.decode()}))
 """
 
 
@@ -65,10 +66,11 @@ def test_channel_passes_segments_to_another_process():
     arena = Arena(4096)
     block = arena.alloc(5)
     block.view[:] = b"hello"
-    channel.send(ours, {"seg": block.segment.id, "size": block.segment.size, "block": block.descriptor()},
+    channel.send(ours, protocol.encode_control(0, {"op": "segment", "seg": block.segment.id,
+                                                   "size": block.segment.size, "block": block.descriptor()}),
                  [block.segment.fd])
     reply, _ = channel.recv(ours)
-    assert reply == {"got": "hello"}
+    assert protocol.decode(reply).body == {"op": "got", "data": "hello"}
     assert bytes(block.view) == b"HELLO"  # the child wrote into the same memory
     assert proc.wait(10) == 0
     assert channel.recv(ours) == (None, [])  # end-of-file once the peer is gone

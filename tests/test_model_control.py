@@ -744,8 +744,8 @@ def test_concurrent_load_unload_infer(explicit):
 
     load_errors = [e for e in calls["load"] if e != "ok"]
     unload_errors = [e for e in calls["unload"] if e != "ok"]
-    assert not load_errors, f"loads failed: {load_errors[:3]}"
-    assert not unload_errors, f"unloads failed: {unload_errors[:3]}"
+    assert not load_errors, f"loads failed: {[str(e) for e in load_errors[:3]]}"
+    assert not unload_errors, f"unloads failed: {[str(e) for e in unload_errors[:3]]}"
     assert len(calls["load"]) >= 5 and len(calls["unload"]) >= 5, {k: len(v) for k, v in calls.items()}
     answers = [r for r in calls["infer"] if not isinstance(r, Exception)]
     assert answers and set(answers) == {5.0}, "a request was answered with a wrong result"

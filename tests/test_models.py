@@ -238,20 +238,10 @@ def models_server(tmp_path_factory):
 
     srv = ServerProcess(repo, root / "server.log", extra_args=["--exit-on-error=false"]).start(wait_ready=False)
     srv.repo = repo
-    _wait_loaded(srv)
+    srv.wait_repository_loaded()
     yield srv
     srv.stop_cleanly()
 
-
-def _wait_loaded(srv, timeout: float = 60.0) -> None:
-    """Live comes before the repository finishes loading; wait for the table."""
-    import time
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if "| Model" in srv.log():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"repository did not finish loading:\n{srv.log()}")
 
 
 def _http(srv) -> httpclient.InferenceServerClient:

@@ -9,7 +9,6 @@ empty dim are refused at load with the model-config messages.
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
 from pathlib import Path
 
@@ -176,20 +175,10 @@ def server(tmp_path_factory):
     repo = root / "models"
     _build(repo)
     srv = ServerProcess(repo, root / "server.log", extra_args=["--exit-on-error=false"]).start(wait_ready=False)
-    _wait_loaded(srv)
+    srv.wait_repository_loaded()
     yield srv
     srv.stop_cleanly()
 
-
-def _wait_loaded(srv: ServerProcess, timeout: float = 90.0) -> None:
-    """Live comes before the repository finishes loading; wait for the table."""
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if "| Model" in srv.log():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"repository did not finish loading:\n{srv.log()}")
 
 
 def _config(srv: ServerProcess, model: str) -> dict:

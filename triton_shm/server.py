@@ -16,7 +16,7 @@ from .core.tracing import Tracer
 from .errors import TritonShmError
 from .frontend.metrics import MetricsConfig, start_metrics
 from .worker.devices import parse_gpus
-from .worker.pool import WorkerPool
+from .supervisor.pool import WorkerPool
 
 log = logging.getLogger("triton_shm.server")
 

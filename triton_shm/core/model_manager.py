@@ -28,7 +28,7 @@ from .scheduler import Scheduler, check_batching_config
 from .statistics import ModelStats
 
 if TYPE_CHECKING:
-    from ..worker.pool import WorkerPool
+    from ..supervisor.pool import WorkerPool
 
 log = logging.getLogger("triton_shm.models")
 
@@ -90,6 +90,24 @@ class ModelManager:
         # Models loaded only because an ensemble needed them: unloading that ensemble with
         # unload_dependents takes them too, once no other ensemble uses them.
         self._implicit: set[str] = set()
+        pool.on_worker_down, pool.on_worker_back = self._worker_down, self._worker_back
+
+    # -- workers that die and come back ----------------------------------------------------
+    def _worker_down(self, worker: str) -> None:
+        """Its models cannot serve until it is back and they are loaded again."""
+        for mv in self.pool.placed_on(worker):
+            if mv.state == READY:
+                mv.state, mv.reason = LOADING, f"worker '{worker}' is restarting"
+
+    async def _worker_back(self, worker: str) -> None:
+        """A restarted worker loads again what it hosted."""
+        for mv in self.pool.placed_on(worker):
+            try:
+                await self.pool.load_on(worker, mv)
+                if mv.state == LOADING and self.pool.hosts_alive(mv):
+                    mv.state, mv.reason = READY, ""
+            except TritonShmError as e:
+                mv.state, mv.reason = UNAVAILABLE, f"reload after worker restart failed: {e.message}"
 
     # -- start-up and shutdown -----------------------------------------------------------
     async def start(self, load_models: list[str]) -> None:

@@ -25,22 +25,21 @@ from typing import TYPE_CHECKING, Any
 from ..errors import InvalidArgument, TritonShmError, Unavailable
 from .model_config import mc
 from .statistics import ModelStats
-from .types import InferRequest, InferResponse, ResponseStream
+from .types import BatchRequest, InferRequest, InferResponse, ResponseStream
 
 if TYPE_CHECKING:
-    from ..worker.pool import WorkerPool
+    from ..supervisor.pool import WorkerPool
     from .repository import ModelVersion
     from .shm_registry import Region
     from .validation import RequestPlan
 
 REJECT = mc.ModelQueuePolicy.REJECT
+HELD_BATCHES = 1  # batches an instance may hold in its worker beside the one it runs
 
 
 @dataclass(eq=False)
-class Pending:
-    request: InferRequest
-    plan: "RequestPlan"
-    regions: dict[str, "Region"]
+class Pending(BatchRequest):
+    """A queued request: what the pool needs (``BatchRequest``) and the queue's own state."""
     rows: int                     # batch rows this request contributes (1 without batching)
     priority: int
     enqueued_ns: int
@@ -50,7 +49,6 @@ class Pending:
     seq: int = 0
     result: Any = None            # preserve_ordering: held until earlier requests are answered
     trace: Any = None             # a tracing.Trace when this request is traced
-    stream: Any = None            # decoupled models: a types.ResponseStream
 
 
 @dataclass(slots=True)
@@ -104,7 +102,12 @@ class Scheduler:
         for lvl, p in db.priority_queue_policy.items():
             self.policies[lvl] = _policy(p)
         self.queues: dict[int, collections.deque[Pending]] = {lvl: collections.deque() for lvl in self.policies}
-        self.idle: collections.deque[tuple[str, int]] = collections.deque(model.instances)
+        # Free slots: without dynamic batching an instance holds a second batch in its
+        # worker, which it starts the moment it answers the first, instead of idling for
+        # a round trip to us. A dynamic batch waits here instead: it grows meanwhile.
+        self.depth = 1 if self.dynamic else HELD_BATCHES + 1
+        self.idle: collections.deque[tuple[str, int]] = collections.deque(model.instances * self.depth)
+        self._running: dict[tuple[str, int], int] = dict.fromkeys(model.instances, 0)  # batches sent, per instance
         self._seq = 0
         self._released = 0                      # preserve_ordering: next seq to answer
         self._held: dict[int, Pending] = {}     # finished, waiting for earlier ones
@@ -148,9 +151,8 @@ class Scheduler:
             raise Unavailable(f"Exceeds maximum queue size for model '{self.model.name}'")
         now = time.monotonic_ns()
         timeout = self._timeout_ns(request, policy)
-        pending = Pending(request, plan, regions, plan.batch_size or 1, level, now,
-                          now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq, trace=trace,
-                          stream=stream)
+        pending = Pending(request, plan, regions, stream, plan.batch_size or 1, level, now,
+                          now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq, trace=trace)
         if trace is not None:
             trace.stamp("QUEUE_START", now)
         self._seq += 1
@@ -241,12 +243,27 @@ class Scheduler:
             batch = self._take_batch()
             if not batch:
                 break
-            self._start(batch, self.idle.popleft())
+            self._start(batch, self._take_slot())
             now = time.monotonic_ns()
         deadlines = [p.deadline_ns for q in self.queues.values() for p in q if p.deadline_ns is not None]
         if deadlines:  # timeouts fire while every instance is busy
             wake_ns = min(deadlines) if wake_ns is None else min(wake_ns, *deadlines)
         self._arm(wake_ns)
+
+    def _take_slot(self) -> tuple[str, int]:
+        """A free slot, on an instance with nothing to do if there is one."""
+        for i, instance in enumerate(self.idle):
+            if not self._running[instance]:
+                del self.idle[i]
+                break
+        else:
+            instance = self.idle.popleft()
+        self._running[instance] += 1
+        return instance
+
+    def _free_slot(self, instance: tuple[str, int]) -> None:
+        self._running[instance] -= 1
+        self.idle.append(instance)
 
     def _arm(self, when_ns: int | None) -> None:
         if when_ns == self._timer_ns:
@@ -266,7 +283,7 @@ class Scheduler:
         try:
             self.pool.start_batch(self.model, instance, batch, functools.partial(self._completed, batch, instance, start))
         except Exception as e:  # never leave a client waiting
-            self.idle.append(instance)
+            self._free_slot(instance)
             error = e if isinstance(e, TritonShmError) else TritonShmError(f"internal error: {type(e).__name__}: {e}")
             for p in batch:
                 self._finish(p, error)
@@ -275,7 +292,7 @@ class Scheduler:
                    results: list[Any], timing: tuple[int, int, int] | None) -> None:
         """The worker answered (or died): the instance takes its next batch first, then
         each request gets its result. ``timing`` is None when the model did not run."""
-        self.idle.append(instance)
+        self._free_slot(instance)
         self._pump()
         in_ns, infer_ns, out_ns = timing or (0, 0, 0)
         if timing is not None:  # the model ran (even if every request failed), as Triton counts executions
@@ -305,7 +322,7 @@ class Scheduler:
     async def drain(self) -> None:
         """Refuse new requests, serve every queued and running one, then stop."""
         self._closing = True
-        while len(self.idle) < len(self.model.instances) or any(self.queues.values()):
+        while len(self.idle) < len(self.model.instances) * self.depth or any(self.queues.values()):
             self._pump()
             await asyncio.sleep(0.001)
         self._arm(None)

@@ -21,7 +21,7 @@ from .validation import validate_request
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
-    from ..worker.handle import WorkerHandle
+    from ..supervisor.handle import WorkerHandle
     from .repository import ModelVersion
 
 SERVER_NAME = "triton"

@@ -3,7 +3,7 @@
 The front-end opens a system region (``/dev/shm/<key>``, what ``shm_open`` does on
 Linux), checks its size with ``fstat`` and keeps only the file descriptor. It never
 creates, truncates or unlinks a client's region, and never maps it: the worker that
-runs a request receives the fd over its control channel and maps exactly
+runs a request receives the fd over its socket and maps exactly
 ``[offset, offset + byte_size)``. A region in use by in-flight requests stays open
 after it is unregistered until its last user releases it.
 """

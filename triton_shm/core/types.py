@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Callable, Union
+
+if TYPE_CHECKING:
+    from .shm_registry import Region
+    from .validation import RequestPlan
 
 # Request/response parameter values, as both protocols can express them.
 ParamValue = Union[bool, int, float, str]
@@ -84,3 +88,14 @@ class ResponseStream:
     items, and how to tell the model the client is gone (set once the request runs)."""
     queue: "asyncio.Queue"
     cancel: Callable[[], None] | None = None
+
+
+@dataclass(eq=False)
+class BatchRequest:
+    """One request of a batch as the scheduler hands it to the worker pool: validated,
+    with what validation learned, the client shared-memory regions it uses, and for a
+    decoupled model the stream its responses go to."""
+    request: InferRequest
+    plan: "RequestPlan"
+    regions: dict[str, "Region"]
+    stream: ResponseStream | None

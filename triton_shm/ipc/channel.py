@@ -1,18 +1,15 @@
-"""The control channel between the front-end and a worker.
+"""The socket between the front-end and a worker.
 
 A ``SOCK_SEQPACKET`` Unix socket pair: message boundaries are kept by the kernel, a
 peer that dies is seen at once as end-of-file, and segment file descriptors ride along
-as ``SCM_RIGHTS``. Messages are small JSON objects (orjson): descriptors, names,
-shapes, never tensor bytes and never pickles, so neither side can make the other run
-code by what it sends.
+as ``SCM_RIGHTS``. Each message is one frame of ``protocol``: fixed binary records,
+never pickles, so neither side can make the other run code by what it sends.
 """
 from __future__ import annotations
 
 import array
+import os
 import socket
-from typing import Any
-
-import orjson
 
 MAX_MESSAGE = 1 << 20  # 1 MiB; control messages are far smaller
 _SOCKBUF = 4 << 20
@@ -27,44 +24,56 @@ def socket_pair() -> tuple[socket.socket, socket.socket]:
     return a, b
 
 
-def encode(message: dict[str, Any]) -> bytes:
-    data = orjson.dumps(message)
-    if len(data) > MAX_MESSAGE:
-        raise ValueError(f"control message of {len(data)} bytes exceeds {MAX_MESSAGE}")
-    return data
-
-
-def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | None = None) -> None:
-    data = encode(message)
+def send(sock: socket.socket, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
+    if len(frame) > MAX_MESSAGE:
+        raise ValueError(f"control message of {len(frame)} bytes exceeds {MAX_MESSAGE}")
     if fds:
-        socket.send_fds(sock, [data], fds)
+        socket.send_fds(sock, [frame], fds)
     else:
-        sock.send(data)
+        sock.send(frame)
 
 
-def recv(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
-    """One message and the fds that came with it; ``(None, [])`` at end-of-file."""
-    data, ancdata, flags, _ = sock.recvmsg(MAX_MESSAGE, _FD_SPACE)
+class Receiver:
+    """Receives frames into one reused buffer: ``recvmsg(MAX_MESSAGE)`` would allocate
+    (and fault in) a fresh megabyte per message, which costs more than the message."""
+
+    def __init__(self, sock: socket.socket):
+        self.sock = sock
+        self._buf = bytearray(MAX_MESSAGE)
+        self._view = memoryview(self._buf)
+
+    def recv(self) -> tuple[bytes | None, list[int]]:
+        """One frame (a copy, the caller may keep it) and the fds that came with it;
+        ``(None, [])`` at end-of-file."""
+        n, ancdata, flags, _ = self.sock.recvmsg_into([self._buf], _FD_SPACE)
+        fds = _fds(ancdata)
+        if not n:
+            close_fds(fds)
+            return None, []
+        if flags & socket.MSG_TRUNC:
+            close_fds(fds)
+            raise ValueError("control message truncated")
+        return bytes(self._view[:n]), fds
+
+
+def _fds(ancdata: list) -> list[int]:
     fds: list[int] = []
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             arr = array.array("i")
             arr.frombytes(payload[: len(payload) - (len(payload) % arr.itemsize)])
             fds.extend(arr)
-    if not data:
-        for fd in fds:
-            _close_quietly(fd)
-        return None, []
-    if flags & socket.MSG_TRUNC:
-        for fd in fds:
-            _close_quietly(fd)
-        raise ValueError("control message truncated")
-    return orjson.loads(data), fds
+    return fds
 
 
-def _close_quietly(fd: int) -> None:
-    import os
-    try:
-        os.close(fd)
-    except OSError:
-        pass
+def recv(sock: socket.socket) -> tuple[bytes | None, list[int]]:
+    """One frame on a socket that receives rarely (see ``Receiver``)."""
+    return Receiver(sock).recv()
+
+
+def close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

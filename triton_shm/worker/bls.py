@@ -1,6 +1,6 @@
 """BLS: Python models calling other models (``pb_utils.InferenceRequest.exec``).
 
-The call goes to the front-end over the worker's control channel and through the
+The call goes to the front-end as a control op on the worker's link and through the
 server's own scheduler, so batching applies and any loaded model can be reached.
 Tensor bytes never travel in the messages: the request's inputs are written into this
 worker's output arena (which the front-end maps), and the front-end writes each

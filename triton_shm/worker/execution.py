@@ -146,7 +146,7 @@ class InstanceRunner:
                 body["outputs"] = self._encode(r, response.outputs, partial=True)
             except Exception as e:
                 body.update(_error(e, self.model.context.name))
-        self.worker.send(body)
+        self.worker.stream(body)
 
     def _encode(self, r: dict[str, Any], outputs: dict[str, Any], partial: bool = False) -> list[list[Any]]:
         """``partial``: a decoupled response may carry only some of the requested outputs."""

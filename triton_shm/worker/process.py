@@ -1,9 +1,10 @@
 """The worker process: hosts model instances and runs them on tensors in shared memory.
 
-Started by the front-end as ``python -m triton_shm.worker --fd N --name NAME``; the
-inherited fd is its end of the control channel. The main thread receives control
-messages; each model instance has its own thread and queue, so a slow model never
-blocks another, and loads run on a loader thread so inference continues meanwhile.
+Started by the front-end as ``python -m triton_shm.worker --fd N --link A,B,C,D --name
+NAME``; the inherited fds are its end of the socket and of its two rings and eventfds
+(``ipc.link``). The main thread reads frames (``ipc.protocol``) from the ring; each model
+instance has its own thread and queue, so a slow model never blocks another, and loads
+run on a loader thread so inference continues meanwhile.
 """
 from __future__ import annotations
 
@@ -22,8 +23,11 @@ from typing import Any
 from ..backends import get_backend
 from ..backends.base import Backend, InstanceSpec, ModelContext
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
-from ..ipc import channel
+from ..ipc import channel, protocol
+from ..ipc.protocol import Op
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
+from ..ipc.link import Link
+from ..ipc.ring import RingCorrupt
 from ..core.datatypes import config_to_wire
 from ..backends.python import triton_python_backend_utils as pb_utils
 from . import assembler
@@ -55,9 +59,16 @@ def _context(msg: dict[str, Any]) -> ModelContext:
                         config=msg["config"])
 
 
+# After its last frame, the control thread waits this long for the next one before it
+# sleeps on its eventfd (without the GIL): the front-end's next request is usually that
+# close behind, and then it costs neither a wake-up nor a system call.
+SPIN_NS = int(os.environ.get("TRITON_SHM_WORKER_SPIN_US", "50")) * 1000
+RING_FULL_WAIT = 30.0  # s a sender waits for room in its ring before giving the front-end up
+
+
 class Worker:
-    def __init__(self, sock: socket.socket, name: str):
-        self.sock, self.name = sock, name
+    def __init__(self, link: Link, name: str):
+        self.link, self.name = link, name
         self._send_lock = threading.Lock()
         self.inputs = SegmentMap()
         self.regions = RegionMap()
@@ -69,13 +80,38 @@ class Worker:
         self.loader = ThreadPoolExecutor(max_workers=4, thread_name_prefix="loader")
 
     # -- sending -------------------------------------------------------------------------
-    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+    def send_frame(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
+        """Waits while the ring is full: the front-end drains it unless it is gone."""
         with self._send_lock:
-            channel.send(self.sock, message, fds)
+            deadline = None
+            while True:
+                try:
+                    return self.link.send(frame, fds)
+                except BlockingIOError:
+                    now = time.monotonic()
+                    deadline = deadline or now + RING_FULL_WAIT
+                    if now > deadline:
+                        raise BrokenPipeError("the front-end stopped reading") from None
+                    time.sleep(50e-6)
+
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        """A control op of our own (segment, drop, bls, ...)."""
+        self.send_frame(protocol.encode_control(0, message), fds)
 
     def reply(self, msg_id: int, body: dict[str, Any]) -> None:
-        body["id"] = msg_id
-        self.send(body)
+        """Answer message ``msg_id``: a batch's results, an error, or a control op's reply."""
+        if "responses" in body:
+            frame = protocol.encode_reply(msg_id, body["responses"], body["timing"])
+        elif "error" in body:
+            frame = protocol.encode_fail(msg_id, body["error"])
+        else:
+            frame = protocol.encode_control(msg_id, {"op": "reply", **body})
+        self.send_frame(frame)
+
+    def stream(self, body: dict[str, Any]) -> None:
+        """One response of a decoupled request (``execution``'s ``stream`` body)."""
+        response = body if ("outputs" in body or "error" in body) else None
+        self.send_frame(protocol.encode_stream(body["id"], body["index"], body["final"], response))
 
     def view(self, desc: list) -> memoryview:
         """An input's bytes: ``[segment, offset, size]`` in the front-end's arena, or
@@ -114,37 +150,58 @@ class Worker:
     def run(self) -> None:
         while True:
             try:
-                msg, fds = channel.recv(self.sock)
-            except (ConnectionError, OSError):
+                got = self.link.recv()
+                if got is None:
+                    if not self.link.wait(SPIN_NS):
+                        break  # the front-end has gone
+                    continue
+            except (ConnectionError, OSError, RingCorrupt):
                 break
-            if msg is None:
-                break
+            data, fds = got
+            msg_id = 0
             try:
+                msg = protocol.decode(data)
+                msg_id = msg.id
                 self._dispatch(msg, fds)
             except TritonShmError as e:
-                if "id" in msg:
-                    self.reply(msg["id"], {"error": e.to_wire()})
+                if isinstance(e, protocol.ProtocolError):
+                    log.error("%s", e.message)
+                    channel.close_fds(fds)
+                    msg_id = e.msg_id or 0
+                if msg_id:
+                    self.reply(msg_id, {"error": e.to_wire()})
             except Exception as e:
-                log.exception("control message %s failed", msg.get("op"))
-                if "id" in msg:
-                    self.reply(msg["id"], {"error": Internal(f"worker error: {e}").to_wire()})
+                log.exception("message %d failed", msg_id)
+                if msg_id:
+                    self.reply(msg_id, {"error": Internal(f"worker error: {e}").to_wire()})
         self.shutdown()
 
-    def _dispatch(self, msg: dict[str, Any], fds: list[int]) -> None:
-        for seg_id, offset, size in msg.get("release") or ():  # freed output blocks ride along
+    def _dispatch(self, msg: "protocol.Message", fds: list[int]) -> None:
+        for seg_id, offset, size in msg.frees:  # freed output blocks ride along
             self.arena.free(seg_id, offset, size)
-        op = msg.get("op")
-        if op == "infer":
-            model = self.models.get(msg["model"])
+        op = msg.op
+        if op == Op.INFER:
+            body = msg.body
+            model = self.models.get(body["model"])
             if model is None:
-                raise NotFound(f"model '{msg['model']}' is not loaded in worker '{self.name}'")
-            idx = int(msg.get("instance", 0))
+                raise NotFound(f"model '{body['model']}' is not loaded in worker '{self.name}'")
+            idx = body["instance"]
             if not 0 <= idx < len(model.runners):
-                raise InvalidArgument(f"no instance {idx} of model '{msg['model']}'")
-            model.runners[idx].queue.put(msg)
-        elif op == "release":
-            pass  # handled above
-        elif op == "segment":
+                raise InvalidArgument(f"no instance {idx} of model '{body['model']}'")
+            body["id"] = msg.id
+            model.runners[idx].queue.put(body)
+        elif op == Op.PING:
+            self.send_frame(protocol.encode_pong(msg.id))
+        elif op == Op.CONTROL:
+            body = msg.body
+            body["id"] = msg.id
+            self._control(body, fds)
+        elif op != Op.FREE:
+            raise InvalidArgument(f"op {op} is not one the front-end sends")
+
+    def _control(self, msg: dict[str, Any], fds: list[int]) -> None:
+        op = msg["op"]
+        if op == "segment":
             if len(fds) != 1:
                 raise Internal("segment message without exactly one fd")
             self.inputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
@@ -157,11 +214,9 @@ class Worker:
         elif op == "region_drop":
             self.regions.drop(int(msg["rid"]))
         elif op == "cancel":
-            self.cancelled.add((msg.get("id"), msg.get("index")))
+            self.cancelled.add((msg.get("batch"), msg.get("index")))
         elif op == "bls_reply":
             self.bls.deliver(msg)
-        elif op == "ping":
-            self.reply(msg["id"], {})
         elif op == "auto_complete":
             self.loader.submit(self._guarded, msg, self._auto_complete)
         elif op == "load":
@@ -229,14 +284,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="triton_shm.worker")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--name", required=True)
+    parser.add_argument("--link", required=True, help="fds of the rings and eventfds (ipc.link.Link.create)")
     parser.add_argument("--log-verbose", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.log_verbose else logging.INFO,
                         format=f"%(asctime)s {args.name} %(levelname).1s %(name)s] %(message)s", stream=sys.stderr)
     from ..backends.python import install_module_alias
     install_module_alias()
-    sock = socket.socket(fileno=args.fd)
-    worker = Worker(sock, args.name)
+    link = Link.attach(socket.socket(fileno=args.fd), [int(fd) for fd in args.link.split(",")])
+    worker = Worker(link, args.name)
     try:
         worker.send({"op": "hello", "pid": os.getpid(), "time": time.time()})
         worker.run()

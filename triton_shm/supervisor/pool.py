@@ -2,8 +2,9 @@
 and supervision.
 
 One :class:`~.handle.WorkerHandle` per worker process (one CPU worker, one per GPU). A
-worker that dies is seen at once (end-of-file on its channel): its in-flight requests
-fail with UNAVAILABLE, it is restarted and its models are loaded again.
+worker that dies is seen at once (end-of-file on its socket): its in-flight requests
+fail with UNAVAILABLE, the pool reports it down, restarts it with backoff and reports it
+back; the model manager owns what that means for model states and reloads.
 """
 from __future__ import annotations
 
@@ -14,15 +15,16 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..core import codec
 from ..core.datatypes import element_size
-from ..core.model_config import mc
-from ..core.types import InferResponse, OutputTensor
+from ..core.model_config import config_to_json, mc
+from ..core.types import BatchRequest, InferResponse, OutputTensor
 from ..errors import Internal, TritonShmError, Unavailable
+from ..ipc import protocol
 from ..ipc.arena import Block
+from ..ipc.protocol import PLACE_ARENA, PLACE_NONE, PLACE_REGION
 from .handle import WorkerHandle
 
 if TYPE_CHECKING:
     from ..core.repository import ModelVersion
-    from ..core.scheduler import Pending
     from ..core.shm_registry import Region
 
 log = logging.getLogger("triton_shm.workers")
@@ -45,6 +47,10 @@ class WorkerPool:
         # serves a model's BLS call: async (worker, message) -> None, set by the service
         self.bls_handler: Callable[[WorkerHandle, dict[str, Any]], Awaitable[None]] | None = None
         self._bls_tasks: set[asyncio.Task] = set()
+        # what the owner of model state hears: "worker down" (name), then "worker back" (name)
+        # once its process runs again (it then loads the models placed there)
+        self.on_worker_down: Callable[[str], None] | None = None
+        self.on_worker_back: Callable[[str], Awaitable[None]] | None = None
 
     @property
     def gpu_count(self) -> int:
@@ -70,7 +76,7 @@ class WorkerPool:
         self._closing = True
 
     async def stop(self, timeout: float = 10.0) -> None:
-        """Close every channel; a worker still running after ``timeout`` s is killed."""
+        """Close every link; a worker still running after ``timeout`` s is killed."""
         self._closing = True
         await asyncio.gather(*(w.stop(timeout) for w in self.workers.values()))
 
@@ -78,9 +84,8 @@ class WorkerPool:
     def _on_death(self, worker: WorkerHandle) -> None:
         if self._closing:
             return
-        for mv in self._placements[worker.name]:
-            if mv.state == "READY":
-                mv.state, mv.reason = "LOADING", f"worker '{worker.name}' is restarting"
+        if self.on_worker_down is not None:
+            self.on_worker_down(worker.name)
         asyncio.get_running_loop().create_task(self._restart(worker))
 
     async def _restart(self, worker: WorkerHandle) -> None:
@@ -90,13 +95,16 @@ class WorkerPool:
         if self._closing:
             return
         worker.start()
-        for mv in list(self._placements[worker.name]):
-            try:
-                await self._load_on(worker, mv)
-                if all(self.workers[w].alive for w, _ in mv.instances):
-                    mv.state, mv.reason = "READY", ""
-            except TritonShmError as e:
-                mv.state, mv.reason = "UNAVAILABLE", f"reload after worker restart failed: {e.message}"
+        if self.on_worker_back is not None:
+            await self.on_worker_back(worker.name)
+
+    def placed_on(self, worker: str) -> list["ModelVersion"]:
+        """The model versions with instances in ``worker``."""
+        return list(self._placements[worker])
+
+    def hosts_alive(self, mv: "ModelVersion") -> bool:
+        """Every worker that hosts an instance of ``mv`` is running."""
+        return all(self.workers[w].alive for w, _ in mv.instances)
 
     # -- model lifecycle -----------------------------------------------------------------
     @staticmethod
@@ -122,16 +130,16 @@ class WorkerPool:
                                   "device_id": device if device is not None else 0})
         return by_worker
 
-    async def _load_on(self, worker: WorkerHandle, mv: "ModelVersion") -> None:
-        from ..core.model_config import config_to_json
-        specs = self._instances_by_worker(mv)[worker.name]
+    async def load_on(self, worker: str, mv: "ModelVersion") -> None:
+        """Load ``mv``'s instances that belong in ``worker``."""
+        specs = self._instances_by_worker(mv)[worker]
         msg = self._model_message("load", mv, config_to_json(mv.config))
         msg["instances"] = specs
-        await worker.call(msg)
+        await self.workers[worker].call(msg)
 
     async def load(self, mv: "ModelVersion") -> None:
         by_worker = self._instances_by_worker(mv)
-        await asyncio.gather(*(self._load_on(self.workers[w], mv) for w in by_worker))
+        await asyncio.gather(*(self.load_on(w, mv) for w in by_worker))
         mv.instances = [(w, i) for w, specs in by_worker.items() for i in range(len(specs))]
         for w in by_worker:
             self._placements[w].append(mv)
@@ -149,16 +157,16 @@ class WorkerPool:
             worker.drop_region(region)
 
     async def ping(self, worker: str = "cpu") -> None:
-        await self.workers[worker].call({"op": "ping"})
+        await self.workers[worker].call(None)
 
     # -- inference -----------------------------------------------------------------------
-    def start_batch(self, mv: "ModelVersion", instance: tuple[str, int], batch: list["Pending"],
+    def start_batch(self, mv: "ModelVersion", instance: tuple[str, int], batch: list[BatchRequest],
                     done: Callable[[list[InferResponse | Exception], tuple[int, int, int] | None], None]) -> None:
         """Send a batch of validated requests to one instance: one control message there
         and back. When the reply arrives, ``done`` gets one response or error per request
         and the worker's (compute_input, compute_infer, compute_output) nanoseconds, or
         None for the timing if the batch never ran (worker error or death). ``done`` is
-        called synchronously from the channel reader, so it must not block. Raises if the
+        called synchronously from the ring reader, so it must not block. Raises if the
         batch cannot be sent."""
         worker_name, index = instance
         worker = self.workers[worker_name]
@@ -189,14 +197,17 @@ class WorkerPool:
             for i, p in enumerate(batch):
                 p.stream.cancel = functools.partial(worker.cancel, msg_id, i)
         try:
-            messages = [self._request_message(worker, p, blocks) for p in batch]
-            worker.request({"op": "infer", "id": msg_id, "model": mv.key, "instance": index, "requests": messages},
-                           on_reply, on_stream=on_stream)
+            requests = [self._request_record(worker, p, blocks) for p in batch]
+
+            def build(msg_id: int, frees: list[list[int]]) -> bytearray:
+                return protocol.encode_infer(msg_id, mv.key, index, requests, frees)
+
+            worker.request(build, on_reply, on_stream=on_stream, msg_id=msg_id)
         except BaseException:
             free_inputs()
             raise
 
-    def _batch_results(self, worker: WorkerHandle, mv: "ModelVersion", batch: list["Pending"],
+    def _batch_results(self, worker: WorkerHandle, mv: "ModelVersion", batch: list[BatchRequest],
                        reply: dict[str, Any], on_stream) -> tuple[list[InferResponse | Exception],
                                                                    tuple[int, int, int]]:
         responses = reply.get("responses")
@@ -215,7 +226,7 @@ class WorkerPool:
                 results.append(None)  # executed; its responses arrive on its stream
             else:
                 try:
-                    results.append(self._response(worker, mv, p, r["outputs"]))
+                    results.append(self._response(worker, mv, p, r["outputs"], complete=True))
                 except Exception as e:  # the worker is not trusted: a malformed entry fails its request
                     results.append(e if isinstance(e, TritonShmError)
                                    else Internal(f"worker '{worker.name}' sent a malformed response: {e}"))
@@ -226,7 +237,7 @@ class WorkerPool:
             raise Internal(f"worker '{worker.name}' sent a malformed timing") from None
 
     def _stream_handler(self, worker: WorkerHandle, mv: "ModelVersion",
-                        batch: list["Pending"]) -> Callable[[dict[str, Any] | None], None]:
+                        batch: list[BatchRequest]) -> Callable[[dict[str, Any] | None], None]:
         """Routes a decoupled batch's responses to each request's stream queue, until
         every request has had its final response."""
         open_requests = set(range(len(batch)))
@@ -255,43 +266,51 @@ class WorkerPool:
             if final:  # an error response does not end the request: only the final flag does
                 open_requests.discard(i)
             if not open_requests:
-                worker._streams.pop(msg.get("id"), None)
+                worker.end_stream(msg["id"])
 
         return handle
 
-    def _request_message(self, worker: WorkerHandle, p: "Pending", blocks: list[Block]) -> dict[str, Any]:
-        """Descriptors of one request: in-band inputs copied once into the worker's arena,
-        client shared-memory tensors named in place."""
+    def _request_record(self, worker: WorkerHandle, p: BatchRequest, blocks: list[Block]) -> tuple:
+        """One request of an INFER frame: in-band inputs copied once into the worker's
+        arena, client shared-memory tensors named in place."""
         plan, request = p.plan, p.request
-        shm_outputs = {}
-        for name, ref in plan.shm_outputs.items():
-            region = self._client_region(worker, p.regions[ref.region])
-            shm_outputs[name] = [region.id, ref.offset, ref.byte_size]
         inputs = []
         for inp in request.inputs:
             ref = plan.shm_inputs.get(inp.name)
             if ref is not None:  # read in place by the worker: no copy here
                 region = self._client_region(worker, p.regions[ref.region])
-                inputs.append([inp.name, inp.datatype, inp.shape, ["r", region.id, ref.offset, ref.byte_size]])
+                inputs.append((inp.name, inp.datatype, inp.shape, PLACE_REGION, region.id, ref.offset, ref.byte_size))
                 continue
             data = inp.data
             block = worker.arena.alloc(len(data) if not isinstance(data, memoryview) else data.nbytes)
             blocks.append(block)
             block.view[:] = data  # the one copy of an in-band tensor
-            inputs.append([inp.name, inp.datatype, inp.shape, block.descriptor()])
-        return {"request_id": request.id, "inputs": inputs, "outputs": plan.outputs, "shm_outputs": shm_outputs,
-                "parameters": request.model_parameters()}
+            inputs.append((inp.name, inp.datatype, inp.shape, PLACE_ARENA, block.segment.id, block.offset, block.size))
+        outputs = []
+        for name in plan.outputs:
+            ref = plan.shm_outputs.get(name)
+            if ref is None:
+                outputs.append((name, PLACE_NONE, 0, 0, 0))
+            else:
+                region = self._client_region(worker, p.regions[ref.region])
+                outputs.append((name, PLACE_REGION, region.id, ref.offset, ref.byte_size))
+        return request.id, request.model_parameters(), inputs, outputs
 
     @staticmethod
     def _client_region(worker: WorkerHandle, region: "Region") -> "Region":
         worker.share_region(region)
         return region
 
-    def _response(self, worker: WorkerHandle, mv: "ModelVersion", p: "Pending",
-                  encoded: list[list[Any]]) -> InferResponse:
+    def _response(self, worker: WorkerHandle, mv: "ModelVersion", p: BatchRequest,
+                  encoded: list[list[Any]], complete: bool = False) -> InferResponse:
+        """``complete``: every requested output, once each (a decoupled response may
+        carry some of them)."""
         plan, request = p.plan, p.request
         descriptors: list[list[int]] = []
         outputs: list[OutputTensor] = []
+        names = [e[0] for e in encoded]
+        if len(set(names)) != len(names) or (complete and sorted(names) != sorted(plan.outputs)):
+            raise Internal(f"worker returned outputs {names} for model '{mv.name}' where {plan.outputs} were asked")
         try:
             for name, datatype, shape, desc in encoded:
                 spec = mv.outputs.get(name)
@@ -299,7 +318,9 @@ class WorkerPool:
                     raise Internal(f"worker returned an unexpected output '{name}' for model '{mv.name}'")
                 ref = plan.shm_outputs.get(name)
                 if ref is not None:
-                    if not (desc[0] == "r" and 0 <= desc[3] <= ref.byte_size):
+                    region = p.regions[ref.region]
+                    if not (desc[0] == "r" and desc[1] == region.id and desc[2] == ref.offset
+                            and 0 <= desc[3] <= ref.byte_size):
                         raise Internal(f"worker misplaced output '{name}' bound for shared memory")
                     outputs.append(OutputTensor(name, datatype, list(shape), b"", in_shared_memory=True))
                     continue

@@ -1,0 +1,415 @@
+"""The front-end ⇄ worker wire protocol: both implementations, frame by frame, and a
+worker that breaks it."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from triton_shm.ipc import protocol_py
+from triton_shm.ipc.protocol_py import Op, ProtocolError
+
+try:
+    from triton_shm.ipc import _protocol
+except ImportError:  # extensions not built
+    _protocol = None
+
+IMPLS = [pytest.param(protocol_py, id="python"),
+         pytest.param(_protocol, id="cython", marks=pytest.mark.skipif(_protocol is None, reason="not built"))]
+
+INPUTS = [("INPUT0", "FP32", [1, 16], 0, 3, 128, 64), ("TEXT", "BYTES", [2], 1, 7, 0, 12),
+          ("SCALAR", "INT64", [], 0, 3, 192, 8)]
+OUTPUTS = [("OUTPUT0", 0, 0, 0, 0), ("OUTPUT1", 1, 9, 64, 4096)]
+REQUESTS = [("req-1", {"p": 1, "s": "x"}, INPUTS, OUTPUTS), ("", {}, INPUTS[:1], OUTPUTS[:1])]
+RESPONSES = [{"outputs": [["OUTPUT0", "FP32", [1, 16], [4, 0, 64]], ["OUTPUT1", "BYTES", [2], ["r", 9, 64, 20]]]},
+             {"error": {"code": "INVALID_ARG", "message": "bad ünïcode"}},
+             {"decoupled": True}]
+
+
+def frames(m) -> list[bytes]:
+    """One frame of every op."""
+    return [bytes(f) for f in (
+        m.encode_infer(7, "add_sub/1#3", 2, REQUESTS, [(1, 64, 128), (2, 0, 8)]),
+        m.encode_reply(8, RESPONSES, (1, 2, 3)),
+        m.encode_stream(9, 4, True, None),
+        m.encode_stream(9, 5, False, RESPONSES[0]),
+        m.encode_fail(10, {"code": "INTERNAL", "message": "boom"}),
+        m.encode_free([(1, 0, 64)]),
+        m.encode_ping(11),
+        m.encode_pong(11),
+        m.encode_control(12, {"op": "load", "config": {"a": [1, 2]}}, [(3, 64, 64)]),
+    )]
+
+
+@pytest.mark.skipif(_protocol is None, reason="not built")
+def test_both_implementations_write_the_same_bytes():
+    assert frames(protocol_py) == frames(_protocol)
+
+
+@pytest.mark.parametrize("m", IMPLS)
+def test_every_op_round_trips(m):
+    infer, reply, final, stream, fail, free, ping, pong, control = (m.decode(f) for f in frames(m))
+    assert (infer.op, infer.id, infer.frees) == (Op.INFER, 7, [(1, 64, 128), (2, 0, 8)])
+    assert infer.body["model"] == "add_sub/1#3" and infer.body["instance"] == 2
+    first, second = infer.body["requests"]
+    assert first == {"request_id": "req-1", "parameters": {"p": 1, "s": "x"},
+                     "inputs": [["INPUT0", "FP32", [1, 16], [3, 128, 64]], ["TEXT", "BYTES", [2], ["r", 7, 0, 12]],
+                                ["SCALAR", "INT64", [], [3, 192, 8]]],
+                     "outputs": ["OUTPUT0", "OUTPUT1"], "shm_outputs": {"OUTPUT1": [9, 64, 4096]}}
+    assert second["parameters"] == {} and second["outputs"] == ["OUTPUT0"]
+    assert reply.op == Op.REPLY and reply.body == {"responses": RESPONSES, "timing": (1, 2, 3)}
+    assert final.body == {"index": 4, "final": True}
+    assert stream.body == {"index": 5, "final": False, **RESPONSES[0]}
+    assert fail.op == Op.FAIL and fail.body == {"error": {"code": "INTERNAL", "message": "boom"}}
+    assert (free.op, free.frees, ping.op, ping.id, pong.op) == (Op.FREE, [(1, 0, 64)], Op.PING, 11, Op.PONG)
+    assert control.body == {"op": "load", "config": {"a": [1, 2]}} and control.frees == [(3, 64, 64)]
+
+
+@pytest.mark.parametrize("m", IMPLS)
+def test_a_request_id_too_long_for_its_field_is_the_client_s_error(m):
+    from triton_shm.errors import InvalidArgument
+    with pytest.raises(InvalidArgument, match="request id is longer than 65535 bytes"):
+        m.encode_infer(1, "m", 0, [("x" * 65536, {}, [], [])])
+
+
+def _errors(m, data: bytes) -> tuple[str, int | None]:
+    with pytest.raises(ProtocolError) as info:
+        m.decode(data)
+    return info.value.message, info.value.msg_id
+
+
+def _corruptions() -> list[bytes]:
+    """Frames that break the protocol in every way a peer can."""
+    good = frames(protocol_py)
+    reply = good[1]
+    bad = [f[:n] for f in good for n in range(len(f)) if n != len(f)]  # every truncation
+    bad += [f + b"\0" for f in good]                                   # trailing bytes
+    bad.append(bytes([99]) + reply[1:])                                # unknown op
+    bad.append(reply[:1] + b"\1" + reply[2:])                          # reserved bits
+    t = protocol_py.HEADER_SIZE + 24 + 3                               # first TENSOR of the reply
+    bad.append(reply[:t] + bytes([200]) + reply[t + 1:])               # unknown datatype
+    bad.append(reply[:t + 1] + bytes([65]) + reply[t + 2:])            # too many dimensions
+    bad.append(reply[:t + 2] + bytes([5]) + reply[t + 3:])             # unknown place
+    d = t + 26                                                         # its first dimension
+    bad.append(reply[:d] + struct.pack("<q", -1) + reply[d + 8:])      # negative dimension
+    bad.append(reply[:protocol_py.HEADER_SIZE + 24] + bytes([9]) + reply[protocol_py.HEADER_SIZE + 25:])  # status
+    bad.append(reply[:4] + struct.pack("<I", 1000) + reply[8:])        # more responses than the frame holds
+    bad.append(reply[:8] + struct.pack("<I", 1 << 30) + reply[12:])    # more frees than the frame holds
+    bad.append(bytes(protocol_py.encode_control(1, {"op": "x"}))[:-1] + b"\xff")  # invalid JSON
+    bad.append(bytes(protocol_py._start(Op.CONTROL, 1, 0, ())) + b"[1]")  # JSON that is no control op
+    return bad
+
+
+@pytest.mark.parametrize("m", IMPLS)
+def test_every_corruption_is_refused_with_the_message_id(m):
+    for data in _corruptions():
+        message, msg_id = _errors(m, data)
+        assert message.startswith("malformed message from peer")
+        assert msg_id == (None if len(data) < protocol_py.HEADER_SIZE else struct.unpack_from("<Q", data, 12)[0])
+
+
+@pytest.mark.skipif(_protocol is None, reason="not built")
+def test_both_decoders_agree_on_every_corruption():
+    for data in _corruptions():
+        assert _errors(protocol_py, data) == _errors(_protocol, data)
+
+
+# -- the shared-memory ring ---------------------------------------------------------------------
+from triton_shm.ipc import ring_py  # noqa: E402
+
+try:
+    from triton_shm.ipc import _ring
+except ImportError:
+    _ring = None
+
+RINGS = [pytest.param(ring_py.Ring, id="python"),
+         pytest.param(_ring and _ring.Ring, id="cython", marks=pytest.mark.skipif(_ring is None, reason="not built"))]
+
+
+def _pair(Ring, capacity=256):
+    buf = bytearray(ring_py.HEADER + capacity)
+    return buf, Ring(buf, capacity), Ring(buf, capacity)
+
+
+@pytest.mark.parametrize("Ring", RINGS)
+def test_ring_keeps_order_across_the_wrap_and_refuses_when_full(Ring):
+    buf, tx, rx = _pair(Ring)
+    assert tx.max_record == 120
+    sent = []
+    for i in range(200):  # many wraps of a 256-byte ring
+        record = bytes([i % 251]) * (i % 50)
+        assert tx.push(record, i & 1) >= 0
+        sent.append((record, i & 1))
+        if i % 3 == 2:
+            while (got := rx.pop()) is not None:
+                assert got == sent.pop(0)
+    while (got := rx.pop()) is not None:
+        assert got == sent.pop(0)
+    assert sent == [] and rx.pop() is None
+    assert tx.room() == 256
+    while tx.push(b"x" * 40) >= 0:
+        pass
+    assert tx.room() < 48
+    assert tx.push(b"x" * 121) == -1  # larger than a record may be
+    assert rx.pop() == (b"x" * 40, 0)
+    assert tx.push(b"y" * 40) >= 0  # room again once the consumer moved on
+
+
+@pytest.mark.parametrize("Ring", RINGS)
+def test_ring_wakes_a_sleeping_consumer_only(Ring):
+    buf, tx, rx = _pair(Ring)
+    assert rx.prepare_sleep()  # empty: it may sleep
+    assert tx.push(b"a") == 1  # so the producer must wake it
+    assert not rx.prepare_sleep()  # a record is there: drain instead
+    if Ring is not ring_py.Ring:  # the twin always asks for a wake (no fences in Python)
+        assert tx.push(b"b") == 0  # awake: no wake-up
+    assert rx.pop() == (b"a", 0)
+
+
+@pytest.mark.parametrize("Ring", RINGS)
+def test_ring_refuses_positions_and_lengths_past_its_end(Ring):
+    for head_tail, first in [((0, 1 << 40), None), ((0, 4), None), ((0, 16), struct.pack("<II", 200, 0)),
+                             ((0, 16), struct.pack("<II", 100, 0)), ((0, 16), struct.pack("<II", 0xFFFFFFFF, 0))]:
+        buf, tx, rx = _pair(Ring)
+        struct.pack_into("<Q", buf, 64, head_tail[1])  # a producer that scribbled on its tail
+        if first is not None:
+            buf[ring_py.HEADER:ring_py.HEADER + 8] = first
+        with pytest.raises(ring_py.RingCorrupt):
+            rx.pop()
+
+
+# -- a worker that breaks the protocol, against a running server --------------------------------
+# The model below is the fault hook: only these tests load it. It finds its worker (gc) and
+# replaces the worker's next reply with a broken one, or breaks the worker's ring, or stops
+# the worker from reading.
+HOSTILE_PY = """
+import gc
+import json
+import os
+import struct
+import time
+
+import triton_python_backend_utils as pb_utils
+from triton_shm.ipc import protocol
+from triton_shm.worker.process import Worker
+
+
+def _worker():
+    return next(o for o in gc.get_objects() if isinstance(o, Worker))
+
+
+def _break_next_reply(worker, fault):
+    send = worker.send_frame
+
+    def send_frame(frame, fds=None):
+        msg = protocol.decode(frame)
+        if msg.op != protocol.Op.REPLY:
+            return send(frame, fds)
+        del worker.send_frame  # once
+        responses = msg.body["responses"]
+        if fault == "out_of_range":
+            seg, offset, size = responses[0]["outputs"][0][3]
+            responses[0]["outputs"][0][3] = [seg, 1 << 40, size]
+        elif fault == "wrong_count":
+            responses[0]["outputs"].append(list(responses[0]["outputs"][0]))
+        elif fault == "missing_output":
+            responses[0]["outputs"] = []
+        frame = bytearray(protocol.encode_reply(msg.id, responses, msg.body["timing"]))
+        if fault == "unknown_op":
+            frame[0] = 99
+        elif fault == "truncated":
+            frame = frame[:-3]
+        send(bytes(frame), fds)
+
+    worker.send_frame = send_frame
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        fault = json.loads(requests[0].parameters() or "{}").get("fault")
+        worker = _worker()
+        if fault == "ring_past_end":  # scribble on our tail of the ring to the front-end, and wake it
+            worker.send_frame = lambda *args, **kwargs: None  # no later push may repair the tail
+            struct.pack_into("<Q", worker.link._maps[0], 64, 1 << 50)
+            os.eventfd_write(worker.link.tx_wake, 1)
+        elif fault == "stop_reading":
+            worker._dispatch = lambda msg, fds: time.sleep(3600)
+        elif fault == "slow":
+            time.sleep(1.0)
+        elif fault:
+            _break_next_reply(worker, fault)  # the reply to this very batch
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(
+            r, "INPUT0").as_numpy())]) for r in requests]
+"""
+
+
+def _hostile_repo(root):
+    from .models import write_model
+    write_model(root, "hostile", model_py=HOSTILE_PY, config="""
+        name: "hostile"
+        backend: "python"
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+        instance_group [ { count: 1 kind: KIND_CPU } ]
+        """)
+    return root
+
+
+def _infer(srv, fault=None, timeout_us=None):
+    import numpy as np
+    import tritonclient.http as httpclient
+    client = httpclient.InferenceServerClient(srv.http_url, network_timeout=60)
+    try:
+        inp = httpclient.InferInput("INPUT0", [4], "FP32")
+        data = np.arange(4, dtype=np.float32)
+        inp.set_data_from_numpy(data)
+        params = {"fault": fault} if fault else {}
+        if timeout_us:
+            params["timeout"] = timeout_us
+        result = client.infer("hostile", [inp], parameters=params or None)
+        assert list(result.as_numpy("OUTPUT0")) == list(data)
+        return result
+    finally:
+        client.close()
+
+
+def _fails(srv, fault, status, needle, **kw):
+    from tritonclient.utils import InferenceServerException
+    with pytest.raises(InferenceServerException) as e:
+        _infer(srv, fault, **kw)
+    assert e.value.status() == status, (e.value.status(), e.value.message())
+    assert needle in e.value.message(), e.value.message()
+
+
+@pytest.fixture(scope="module")
+def hostile_server(tmp_path_factory):
+    from .harness import ServerProcess
+    root = tmp_path_factory.mktemp("hostile")
+    srv = ServerProcess(_hostile_repo(root / "models"), root / "server.log").start()
+    yield srv
+    srv.stop_cleanly()
+
+
+@pytest.fixture
+def own_hostile_server(tmp_path):
+    from .harness import ServerProcess
+    srv = ServerProcess(_hostile_repo(tmp_path / "models"), tmp_path / "server.log")
+    yield srv
+    if srv.proc is not None and srv.proc.poll() is None:
+        srv.stop()
+
+
+def _worker_pid(srv) -> int:
+    from .harness import children
+    (pid,) = children(srv.proc.pid)
+    return pid
+
+
+@pytest.mark.parametrize("fault, needle", [
+    ("unknown_op", "unknown op 99"),
+    ("truncated", "truncated record"),
+    ("out_of_range", "out of bounds"),
+    ("wrong_count", "where ['OUTPUT0'] were asked"),
+    ("missing_output", "where ['OUTPUT0'] were asked"),
+])
+def test_a_malformed_reply_fails_its_request_with_internal_and_loses_nothing(hostile_server, fault, needle):
+    pid = _worker_pid(hostile_server)
+    _fails(hostile_server, fault, "500", needle)
+    for _ in range(3):  # the instance was not lost, nothing waits
+        _infer(hostile_server)
+    assert _worker_pid(hostile_server) == pid  # a legible frame answers for itself: no restart
+
+
+def _recovers(srv, old_pid: int) -> None:
+    from .test_lifecycle import wait_for
+    import tritonclient.http as httpclient
+    from .harness import children
+    wait_for(lambda: children(srv.proc.pid) and children(srv.proc.pid) != [old_pid], 30, "a new worker")
+    client = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        wait_for(lambda: client.is_model_ready("hostile"), 30, "the model to be ready again")
+    finally:
+        client.close()
+    _infer(srv)
+
+
+def test_a_ring_index_past_its_end_restarts_the_worker(own_hostile_server):
+    srv = own_hostile_server.start()
+    pid = _worker_pid(srv)
+    from tritonclient.utils import InferenceServerException
+    with pytest.raises(InferenceServerException) as e:
+        _infer(srv, "ring_past_end")
+    assert e.value.status() == "503", e.value.message()
+    assert "worker 'cpu' broke the worker protocol" in e.value.message(), e.value.message()
+    assert "ring index past its end" in srv.log()
+    _recovers(srv, pid)
+    srv.stop_cleanly()
+
+
+def test_a_worker_that_stops_reading_fails_requests_by_their_timeout(own_hostile_server):
+    import concurrent.futures
+    import os
+    import signal
+    import time
+    srv = own_hostile_server.start()
+    pid = _worker_pid(srv)
+    _infer(srv, "stop_reading")  # answered; the worker reads nothing after it
+    t0 = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:  # more than the instance's slots
+        errors = list(pool.map(lambda _: _catch(srv, 500_000), range(12)))
+    assert time.monotonic() - t0 < 20
+    assert all(e is not None and "timeout" in e.message().lower() for e in errors), errors
+    rss = _rss_kib(srv.proc.pid)
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: _catch(srv, 100_000), range(200)))
+    assert _rss_kib(srv.proc.pid) < rss + 20_000  # bounded: frames wait in a fixed ring, requests time out
+    os.kill(pid, signal.SIGKILL)  # a stuck worker can only be restarted
+    _recovers(srv, pid)
+    srv.stop_cleanly()
+
+
+def _catch(srv, timeout_us):
+    from tritonclient.utils import InferenceServerException
+    try:
+        _infer(srv, timeout_us=timeout_us)
+    except InferenceServerException as e:
+        return e
+    return None
+
+
+def _rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_a_worker_killed_mid_batch_with_frames_both_ways_fails_them_and_recovers(own_hostile_server):
+    import concurrent.futures
+    import os
+    import signal
+    import time
+    srv = own_hostile_server.start()
+    pid = _worker_pid(srv)
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        # one runs (1 s), one is held in the worker, the rest wait in the front-end
+        slow = [pool.submit(_catch_fault, srv, "slow") for _ in range(4)]
+        quick = [pool.submit(_catch, srv, None) for _ in range(2)]
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        errors = [f.result(timeout=30) for f in slow + quick]
+    failed = [e for e in errors if e is not None]
+    assert failed, "nothing was in flight when the worker died"
+    for e in failed:
+        assert e.status() == "503" and "worker 'cpu'" in e.message(), (e.status(), e.message())
+    _recovers(srv, pid)
+    srv.stop_cleanly()
+
+
+def _catch_fault(srv, fault):
+    from tritonclient.utils import InferenceServerException
+    try:
+        _infer(srv, fault)
+    except InferenceServerException as e:
+        return e
+    return None

@@ -1,0 +1,416 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""The frames of ``protocol`` in C. Twin of ``protocol_py``; same API, results and errors."""
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy
+
+import orjson
+
+from ..errors import Internal, InvalidArgument
+from .protocol_py import _ID_TOO_LONG, DATATYPES, MAX_DIMS, MAX_ID, Message, Op, ProtocolError, Status
+
+cdef dict _DTYPE_CODE = {name: i for i, name in enumerate(DATATYPES)}
+cdef tuple _DTYPES = DATATYPES
+cdef int _N_DTYPES = len(DATATYPES)
+cdef int _MAX_DIMS = MAX_DIMS
+
+# -- encoding: a growing C buffer (Buf), little-endian by construction ----------------------
+cdef int _reserve(Buf *b, size_t n) except -1:
+    cdef size_t cap
+    cdef char *data
+    if b.len + n <= b.cap:
+        return 0
+    cap = b.cap * 2 if b.cap else 256
+    while cap < b.len + n:
+        cap *= 2
+    data = <char *>realloc(b.data, cap)
+    if data == NULL:
+        raise MemoryError()
+    b.data, b.cap = data, cap
+    return 0
+
+
+cdef inline int _put(Buf *b, const char *p, size_t n) except -1:
+    _reserve(b, n)
+    memcpy(b.data + b.len, p, n)
+    b.len += n
+    return 0
+
+
+cdef inline int _uint(Buf *b, uint64_t v, int nbytes) except -1:
+    cdef int i
+    _reserve(b, nbytes)
+    for i in range(nbytes):
+        b.data[b.len + i] = <char>((v >> (8 * i)) & 0xFF)
+    b.len += nbytes
+    return 0
+
+
+cdef int _str(Buf *b, str s, int len_bytes) except -1:
+    """Length then UTF-8 bytes."""
+    cdef Py_ssize_t n
+    cdef const char *p = PyUnicode_AsUTF8AndSize(s, &n)
+    _uint(b, <uint64_t>n, len_bytes)
+    _put(b, p, n)
+    return 0
+
+
+cdef int _start(Buf *b, int op, uint64_t msg_id, uint32_t count, object frees) except -1:
+    cdef Py_ssize_t nfree = len(frees)
+    _uint(b, op, 1)
+    _uint(b, 0, 3)
+    _uint(b, count, 4)
+    _uint(b, <uint64_t>nfree, 4)
+    _uint(b, msg_id, 8)
+    for seg, offset, size in frees:
+        _uint(b, seg, 4)
+        _uint(b, offset, 8)
+        _uint(b, size, 8)
+    return 0
+
+
+cdef int _tensor(Buf *b, str name, str datatype, object shape, int place, uint32_t seg, uint64_t offset,
+                 uint64_t size) except -1:
+    cdef Py_ssize_t n, ndim = len(shape)
+    cdef const char *p = PyUnicode_AsUTF8AndSize(name, &n)
+    if ndim > _MAX_DIMS:
+        raise Internal(f"tensor '{name}' has more than {MAX_DIMS} dimensions")
+    _uint(b, _DTYPE_CODE[datatype], 1)
+    _uint(b, <uint64_t>ndim, 1)
+    _uint(b, place, 1)
+    _uint(b, 0, 1)
+    _uint(b, <uint64_t>n, 2)
+    _uint(b, seg, 4)
+    _uint(b, offset, 8)
+    _uint(b, size, 8)
+    for d in shape:
+        _uint(b, <uint64_t><int64_t>d, 8)
+    _put(b, p, n)
+    return 0
+
+
+cdef int _output(Buf *b, str name, int place, uint32_t region, uint64_t offset, uint64_t size) except -1:
+    cdef Py_ssize_t n
+    cdef const char *p = PyUnicode_AsUTF8AndSize(name, &n)
+    _uint(b, place, 1)
+    _uint(b, <uint64_t>n, 2)
+    _uint(b, region, 4)
+    _uint(b, offset, 8)
+    _uint(b, size, 8)
+    _put(b, p, n)
+    return 0
+
+
+cdef int _error(Buf *b, dict error) except -1:
+    cdef Py_ssize_t nc, nm
+    code = str(error.get("code", "INTERNAL"))
+    message = str(error.get("message", ""))
+    cdef const char *pc = PyUnicode_AsUTF8AndSize(code, &nc)
+    cdef const char *pm = PyUnicode_AsUTF8AndSize(message, &nm)
+    _uint(b, <uint64_t>nc, 2)
+    _uint(b, <uint64_t>nm, 4)
+    _put(b, pc, nc)
+    _put(b, pm, nm)
+    return 0
+
+
+cdef int _response(Buf *b, object response) except -1:
+    if response is None:
+        _uint(b, ST_NONE, 1)
+        _uint(b, 0, 2)
+    elif "error" in response:
+        _uint(b, ST_ERROR, 1)
+        _uint(b, 0, 2)
+        _error(b, response["error"])
+    elif "outputs" in response:
+        outputs = response["outputs"]
+        _uint(b, ST_OK, 1)
+        _uint(b, <uint64_t>len(outputs), 2)
+        for name, datatype, shape, desc in outputs:
+            if desc[0] == "r":
+                _tensor(b, name, datatype, shape, 1, desc[1], desc[2], desc[3])
+            else:
+                _tensor(b, name, datatype, shape, 0, desc[0], desc[1], desc[2])
+    else:
+        _uint(b, ST_DECOUPLED if response.get("decoupled") else ST_NONE, 1)
+        _uint(b, 0, 2)
+    return 0
+
+
+cdef bytes _finish(Buf *b):
+    try:
+        return PyBytes_FromStringAndSize(b.data, b.len)
+    finally:
+        free(b.data)
+
+
+def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()):
+    cdef Buf b = Buf(NULL, 0, 0)
+    try:
+        _start(&b, OP_INFER, msg_id, len(requests), frees)
+        _uint(&b, instance, 4)
+        _str(&b, key, 2)
+        for request_id, parameters, inputs, outputs in requests:
+            pb = orjson.dumps(parameters) if parameters else b""
+            _uint(&b, <uint64_t>len(inputs), 2)
+            _uint(&b, <uint64_t>len(outputs), 2)
+            rb = (<str>request_id).encode("utf-8")
+            if len(rb) > MAX_ID:
+                raise InvalidArgument(_ID_TOO_LONG)
+            _uint(&b, <uint64_t>len(rb), 2)
+            _uint(&b, <uint64_t>len(pb), 4)
+            _put(&b, <const char *>rb, len(rb))
+            _put(&b, <const char *>pb, len(pb))
+            for name, datatype, shape, place, seg, offset, size in inputs:
+                _tensor(&b, name, datatype, shape, place, seg, offset, size)
+            for name, place, region, offset, size in outputs:
+                _output(&b, name, place, region, offset, size)
+    except BaseException:
+        free(b.data)
+        raise
+    return _finish(&b)
+
+
+def encode_reply(uint64_t msg_id, responses, timing):
+    cdef Buf b = Buf(NULL, 0, 0)
+    try:
+        _start(&b, OP_REPLY, msg_id, len(responses), ())
+        t0, t1, t2 = timing
+        _uint(&b, t0, 8)
+        _uint(&b, t1, 8)
+        _uint(&b, t2, 8)
+        for r in responses:
+            _response(&b, r)
+    except BaseException:
+        free(b.data)
+        raise
+    return _finish(&b)
+
+
+def encode_stream(uint64_t msg_id, uint32_t index, final, response):
+    cdef Buf b = Buf(NULL, 0, 0)
+    try:
+        _start(&b, OP_STREAM, msg_id, 1, ())
+        _uint(&b, index, 4)
+        _uint(&b, 1 if final else 0, 1)
+        _response(&b, response)
+    except BaseException:
+        free(b.data)
+        raise
+    return _finish(&b)
+
+
+def encode_fail(uint64_t msg_id, dict error):
+    cdef Buf b = Buf(NULL, 0, 0)
+    try:
+        _start(&b, OP_FAIL, msg_id, 0, ())
+        _error(&b, error)
+    except BaseException:
+        free(b.data)
+        raise
+    return _finish(&b)
+
+
+def encode_control(uint64_t msg_id, dict message, frees=()):
+    cdef Buf b = Buf(NULL, 0, 0)
+    cdef bytes body = orjson.dumps(message)
+    try:
+        _start(&b, OP_CONTROL, msg_id, 0, frees)
+        _put(&b, <const char *>body, len(body))
+    except BaseException:
+        free(b.data)
+        raise
+    return _finish(&b)
+
+
+cdef bytes _bare(int op, uint64_t msg_id, frees):
+    cdef Buf b = Buf(NULL, 0, 0)
+    try:
+        _start(&b, op, msg_id, 0, frees)
+    except BaseException:
+        free(b.data)
+        raise
+    return _finish(&b)
+
+
+def encode_free(frees):
+    return _bare(OP_FREE, 0, frees)
+
+
+def encode_ping(uint64_t msg_id, frees=()):
+    return _bare(OP_PING, msg_id, frees)
+
+
+def encode_pong(uint64_t msg_id):
+    return _bare(OP_PONG, msg_id, ())
+
+
+# -- decoding ---------------------------------------------------------------------------------
+cdef object _fail(Reader *r, str what):
+    return ProtocolError(f"malformed message from peer: {what}", r.msg_id)
+
+
+cdef inline int _need(Reader *r, size_t n) except -1:
+    if <size_t>(r.end - r.p) < n:
+        raise _fail(r, "truncated record")
+    return 0
+
+
+cdef inline uint64_t _get(Reader *r, int nbytes):
+    """Caller has checked the room."""
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(nbytes):
+        v |= (<uint64_t>r.p[i]) << (8 * i)
+    r.p += nbytes
+    return v
+
+
+cdef str _text(Reader *r, size_t n):
+    _need(r, n)
+    try:
+        s = PyUnicode_DecodeUTF8(<const char *>r.p, n, NULL)
+    except UnicodeDecodeError:
+        raise _fail(r, "invalid UTF-8") from None
+    r.p += n
+    return s
+
+
+cdef object _json(Reader *r, size_t n):
+    _need(r, n)
+    data = PyBytes_FromStringAndSize(<const char *>r.p, n)
+    r.p += n
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        raise _fail(r, "invalid JSON") from None
+
+
+cdef list _tensor_rec(Reader *r):
+    cdef uint64_t dtype, ndim, place, name_len, seg, offset, size
+    cdef int64_t d
+    cdef list shape = []
+    _need(r, TENSOR_SIZE)
+    dtype, ndim, place = _get(r, 1), _get(r, 1), _get(r, 1)
+    _get(r, 1)
+    name_len, seg, offset, size = _get(r, 2), _get(r, 4), _get(r, 8), _get(r, 8)
+    if dtype >= <uint64_t>_N_DTYPES or ndim > <uint64_t>_MAX_DIMS or place > 1:
+        raise _fail(r, "bad tensor record")
+    _need(r, 8 * ndim)
+    for _ in range(ndim):
+        d = <int64_t>_get(r, 8)
+        if d < 0:
+            raise _fail(r, "negative dimension")
+        shape.append(d)
+    name = _text(r, name_len)
+    desc = ["r", seg, offset, size] if place == 1 else [seg, offset, size]
+    return [name, _DTYPES[dtype], shape, desc]
+
+
+cdef dict _error_rec(Reader *r):
+    _need(r, 6)
+    cdef uint64_t code_len = _get(r, 2), message_len = _get(r, 4)
+    code = _text(r, code_len)
+    return {"code": code, "message": _text(r, message_len)}
+
+
+cdef object _response_rec(Reader *r):
+    _need(r, 3)
+    cdef uint64_t status = _get(r, 1), n = _get(r, 2)
+    if status == ST_OK:
+        return {"outputs": [_tensor_rec(r) for _ in range(n)]}
+    if n:
+        raise _fail(r, "response without outputs has an output count")
+    if status == ST_ERROR:
+        return {"error": _error_rec(r)}
+    if status == ST_DECOUPLED:
+        return {"decoupled": True}
+    if status == ST_NONE:
+        return None
+    raise _fail(r, f"unknown response status {status}")
+
+
+cdef dict _request_rec(Reader *r):
+    cdef uint64_t n_inputs, n_outputs, id_len, params_len, place, name_len, region, offset, size
+    _need(r, 10)
+    n_inputs, n_outputs, id_len, params_len = _get(r, 2), _get(r, 2), _get(r, 2), _get(r, 4)
+    request_id = _text(r, id_len)
+    params = _json(r, params_len) if params_len else {}
+    if not isinstance(params, dict):
+        raise _fail(r, "parameters are not an object")
+    inputs = [_tensor_rec(r) for _ in range(n_inputs)]
+    cdef list outputs = []
+    cdef dict shm_outputs = {}
+    for _ in range(n_outputs):
+        _need(r, OUTPUT_SIZE)
+        place, name_len, region, offset, size = _get(r, 1), _get(r, 2), _get(r, 4), _get(r, 8), _get(r, 8)
+        name = _text(r, name_len)
+        if place == 1:
+            shm_outputs[name] = [region, offset, size]
+        elif place != 0:
+            raise _fail(r, "bad output record")
+        outputs.append(name)
+    return {"request_id": request_id, "inputs": inputs, "outputs": outputs, "shm_outputs": shm_outputs,
+            "parameters": params}
+
+
+_OPS = {int(op): op for op in Op}
+
+
+def decode(data):
+    """One frame from the other process, fully checked (see ``protocol``)."""
+    cdef Py_buffer view
+    cdef Reader r
+    cdef uint64_t op, flags, count, nfree, i
+    PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
+    try:
+        r.p = <const uint8_t *>view.buf
+        r.end = r.p + view.len
+        r.msg_id = 0
+        if view.len < HEADER_SIZE:
+            raise ProtocolError("malformed message from peer: truncated header")
+        op, flags = _get(&r, 1), _get(&r, 3)
+        count, nfree, r.msg_id = _get(&r, 4), _get(&r, 4), _get(&r, 8)
+        if op not in _OPS:
+            raise _fail(&r, f"unknown op {op}")
+        if flags:
+            raise _fail(&r, "reserved header bits set")
+        if nfree > <uint64_t>(r.end - r.p) // FREE_SIZE:
+            raise _fail(&r, "truncated record")
+        frees = []
+        for i in range(nfree):
+            frees.append((_get(&r, 4), _get(&r, 8), _get(&r, 8)))
+        body = None
+        if op == OP_INFER:
+            _need(&r, 6)
+            instance, key_len = _get(&r, 4), _get(&r, 2)
+            key = _text(&r, key_len)
+            body = {"model": key, "instance": instance, "requests": [_request_rec(&r) for _ in range(count)]}
+        elif op == OP_REPLY:
+            _need(&r, 24)
+            timing = (_get(&r, 8), _get(&r, 8), _get(&r, 8))
+            responses = [_response_rec(&r) for _ in range(count)]
+            body = {"responses": responses, "timing": timing}
+            if any(x is None for x in responses):
+                raise _fail(&r, "reply entry without a status")
+        elif op == OP_STREAM:
+            _need(&r, 5)
+            index, final = _get(&r, 4), _get(&r, 1)
+            body = {"index": index, "final": bool(final)}
+            response = _response_rec(&r)
+            if response is not None:
+                body.update(response)
+        elif op == OP_FAIL:
+            body = {"error": _error_rec(&r)}
+        elif op == OP_CONTROL:
+            body = _json(&r, r.end - r.p)
+            if not isinstance(body, dict) or not isinstance(body.get("op"), str):
+                raise _fail(&r, "control message is not an object with an op")
+        if r.p != r.end:
+            raise _fail(&r, "trailing bytes")
+        return Message(_OPS[op], r.msg_id, frees, body)
+    finally:
+        PyBuffer_Release(&view)

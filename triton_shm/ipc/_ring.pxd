@@ -1,0 +1,24 @@
+# C declarations of csrc/ring.h.
+from libc.stdint cimport uint8_t, uint32_t, uint64_t
+
+
+cdef extern from "ring.h" nogil:
+    enum:
+        TSM_RING_HEADER
+        TSM_RING_EMPTY
+        TSM_RING_OK
+        TSM_RING_FULL
+        TSM_RING_CORRUPT
+    ctypedef struct tsm_ring:
+        uint8_t *base
+        uint64_t capacity
+        uint64_t pos
+    uint64_t tsm_ring_max_record(const tsm_ring *r)
+    uint64_t tsm_ring_room(const tsm_ring *r)
+    int tsm_ring_push(tsm_ring *r, const uint8_t *data, uint32_t len, uint32_t flags, int *wake)
+    int tsm_ring_peek(tsm_ring *r, const uint8_t **data, uint32_t *len, uint32_t *flags, uint64_t *next)
+    void tsm_ring_consume(tsm_ring *r, uint64_t next)
+    int tsm_ring_pending(const tsm_ring *r)
+    int tsm_ring_prepare_sleep(tsm_ring *r)
+    void tsm_ring_awake(tsm_ring *r)
+    int tsm_ring_spin(const tsm_ring *r, uint64_t ns)

@@ -1,0 +1,138 @@
+"""The link between the front-end and one worker: one shared-memory ring per direction,
+an eventfd per direction, and the SEQPACKET socket.
+
+Every frame travels in the sender's ring, in order. Its eventfd is written only when the
+receiver has said it is going to sleep (``ring``'s handshake), so while the receiver is
+awake and draining, frames cross without a system call. The socket stays for what a ring
+cannot carry: file descriptors (the frame goes on the socket with its fds, and an empty
+record flagged ``ON_SOCKET`` keeps its place in the ring's order) and liveness: the
+peer's death is end-of-file on the socket.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import select
+import socket
+
+from . import channel
+from .arena import INTERNAL_PREFIX
+from .ring import HEADER, Ring
+
+RING_CAPACITY = 4 << 20  # a record may take half: every frame (at most MAX_MESSAGE) fits
+ON_SOCKET = 1            # record flag: the frame is the next message on the socket
+
+
+def _ring_memfd(name: str) -> int:
+    fd = os.memfd_create(f"{INTERNAL_PREFIX}ring_{name}", os.MFD_CLOEXEC)
+    os.ftruncate(fd, HEADER + RING_CAPACITY)
+    os.pwrite(fd, (1).to_bytes(4, "little"), 128)  # the consumer starts asleep: the first frame wakes it
+    return fd
+
+
+class Link:
+    """One side of the link. ``tx``/``rx``: the rings this side pushes to and pops from."""
+
+    def __init__(self, sock: socket.socket, tx_ring: int, rx_ring: int, tx_wake: int, rx_wake: int):
+        self.sock = sock
+        self._maps = [mmap.mmap(fd, HEADER + RING_CAPACITY, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                      for fd in (tx_ring, rx_ring)]
+        for fd in (tx_ring, rx_ring):
+            os.close(fd)
+        self.tx, self.rx = Ring(self._maps[0], RING_CAPACITY), Ring(self._maps[1], RING_CAPACITY)
+        self.tx_wake, self.rx_wake = tx_wake, rx_wake
+        self._receiver = channel.Receiver(sock)
+        self._poll: select.poll | None = None
+
+    @classmethod
+    def create(cls) -> tuple["Link", socket.socket, list[int]]:
+        """The front-end's side, the worker's socket and the fds it needs, in the order
+        ``attach`` takes them (they must be inherited by the worker, then closed here)."""
+        ours, theirs = channel.socket_pair()
+        to_worker, from_worker = _ring_memfd("in"), _ring_memfd("out")
+        wake_worker = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        wake_us = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        fds = [os.dup(to_worker), os.dup(from_worker), os.dup(wake_worker), os.dup(wake_us)]
+        ours.setblocking(False)
+        return cls(ours, to_worker, from_worker, wake_worker, wake_us), theirs, fds
+
+    @classmethod
+    def attach(cls, sock: socket.socket, fds: list[int]) -> "Link":
+        """The worker's side, from ``create``'s fds."""
+        rx_ring, tx_ring, rx_wake, tx_wake = fds
+        return cls(sock, tx_ring, rx_ring, tx_wake, rx_wake)
+
+    # -- sending ---------------------------------------------------------------------------
+    def send(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
+        """Raises BlockingIOError when the ring (or the socket) is full."""
+        flags = 0
+        if fds or len(frame) > self.tx.max_record:
+            if self.tx.room() < 8:  # the record that keeps its place must fit once it is sent
+                raise BlockingIOError("ring full")
+            channel.send(self.sock, frame, fds)
+            frame, flags = b"", ON_SOCKET
+        rc = self.tx.push(frame, flags)
+        if rc < 0:
+            raise BlockingIOError("ring full")
+        if rc:
+            os.eventfd_write(self.tx_wake, 1)
+
+    # -- receiving -------------------------------------------------------------------------
+    def recv(self) -> tuple[bytes, list[int]] | None:
+        """The next frame and its fds, or None while the ring is empty. Raises
+        ``RingCorrupt`` if the peer broke its ring, ConnectionError at end-of-file."""
+        record = self.rx.pop()
+        if record is None:
+            return None
+        data, flags = record
+        if not flags & ON_SOCKET:
+            return data, []
+        frame, fds = self._receiver.recv()  # sent before its record: it is there
+        if frame is None:
+            raise ConnectionError("peer closed the link")
+        return frame, fds
+
+    def clear_wake(self) -> None:
+        try:
+            os.eventfd_read(self.rx_wake)
+        except BlockingIOError:
+            pass
+
+    def peer_gone(self) -> bool:
+        """End-of-file on the socket (no frame waiting there)."""
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:
+            return True
+
+    def wait(self, spin_ns: int) -> bool:
+        """Block until a frame may be waiting (spinning ``spin_ns`` first, without the
+        GIL, then sleeping on the eventfd); False once the peer is gone."""
+        if self.rx.spin(spin_ns) or not self.rx.prepare_sleep():
+            return True
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self.rx_wake, select.POLLIN)
+            self._poll.register(self.sock.fileno(), select.POLLIN)
+        events = self._poll.poll()
+        self.rx.awake()
+        self.clear_wake()
+        if any(fd == self.sock.fileno() for fd, _ in events) and not self.rx.pending():
+            return not self.peer_gone()
+        return True
+
+    def close(self) -> None:
+        """Closing the socket is what the peer sees (end-of-file)."""
+        self.sock.close()
+        for fd in (self.tx_wake, self.rx_wake):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:  # a ring's view still exists; the mapping goes with it
+                pass

@@ -1,0 +1,106 @@
+"""The wire protocol between the front-end and a worker: every op and field, in one place.
+
+A message is one *frame*: a fixed header, the freed blocks it carries, then a body whose
+layout depends on the op. All integers are little-endian; strings are UTF-8 with an
+explicit length (no terminator); nothing is padded or aligned. Frames travel as records
+of the link's shared-memory rings (``ipc.link``, ``csrc/ring.h``); a frame with file
+descriptors travels on the socket instead, its place in the ring kept by an empty record.
+
+Header (``HEADER``, 20 bytes)::
+
+    op      u8    an ``Op``
+    flags   u8    0 (reserved)
+    _       u16   0 (reserved)
+    count   u32   records in the body (requests of INFER, responses of REPLY), else 0
+    nfree   u32   FREE records right after the header
+    id      u64   message id; a reply carries the id of the message it answers
+
+FREE record (``FREE``, 20 bytes), ``nfree`` of them after the header of any frame the
+front-end sends: an output block the worker may reuse::
+
+    segment u32   offset u64   size u64
+
+Ops and their bodies:
+
+``INFER`` (front-end → worker) one batch for one instance::
+
+    instance u32, key_len u16, key          the load key of the model version
+    count × request:
+        n_inputs u16, n_outputs u16, id_len u16 (at most MAX_ID), params_len u32, id, params
+            params: a JSON object (the request's model parameters), empty for none
+        n_inputs × TENSOR                   the request's inputs
+        n_outputs × OUTPUT                  the outputs it asks for, in order
+
+``TENSOR`` (26 bytes, then ``ndim`` × i64 dims, then the name)::
+
+    dtype u8 (index in DATATYPES), ndim u8 (at most MAX_DIMS), place u8 (PLACE_ARENA |
+    PLACE_REGION), _ u8, name_len u16, segment u32 (arena segment or client region id),
+    offset u64, size u64; dims are i64 and never negative
+
+``OUTPUT`` (23 bytes, then the name)::
+
+    place u8 (PLACE_NONE: into the worker's arena; PLACE_REGION: into a client region),
+    name_len u16, region u32, offset u64, size u64 (the room there)
+
+``REPLY`` (worker → front-end) the batch ran::
+
+    compute_input_ns u64, compute_infer_ns u64, compute_output_ns u64
+    count × RESPONSE
+
+``RESPONSE``: ``status u8, n u16``, then by status: ``OK``: ``n`` × TENSOR (outputs in
+the worker's arena, or written into the client region named by the request);
+``ERROR``: one ERROR record; ``DECOUPLED``: nothing (its responses come as STREAM);
+``NONE``: nothing (a STREAM that only says "final").
+
+``ERROR`` record: ``code_len u16, message_len u32, code, message`` (an ``ErrorCode``).
+
+``FAIL`` (worker → front-end) the message as a whole failed: one ERROR record.
+
+``STREAM`` (worker → front-end) one response of a decoupled request:
+``index u32, final u8``, then one RESPONSE.
+
+``FREE`` (front-end → worker) only FREE records. ``PING``/``PONG``: empty; a PONG
+answers a PING with its id.
+
+``CONTROL`` (both ways) the rare ops: a JSON object whose ``op`` names it (``segment``,
+``drop``, ``region``, ``region_drop``, ``cancel``, ``load``, ``unload``,
+``auto_complete``, ``bls``, ``bls_reply``, ``bls_release``, ``hello``; the reply to a
+control op is a CONTROL frame with the same id, or a FAIL). File descriptors ride along
+on the socket (``SCM_RIGHTS``), which is why fd-carrying ops are CONTROL frames and
+always travel on the socket.
+
+Neither side trusts the other: ``decode`` checks every length against the frame, every
+enum value and every count, and raises ``ProtocolError`` (INTERNAL) naming the message id
+when the header was legible, so the caller can fail exactly that message. Descriptors
+are checked against the mapped segments by their user (``SegmentMap.view``).
+
+The C implementation (``_protocol.pyx``) and its pure-Python twin (``protocol_py.py``)
+have the same API and errors; ``TRITON_SHM_NO_EXTENSIONS=1`` selects the twin.
+"""
+from __future__ import annotations
+
+import os
+
+from .protocol_py import (  # noqa: F401
+    DATATYPES, HEADER_SIZE, MAX_DIMS, MAX_ID, Message, Op, PLACE_ARENA, PLACE_NONE, PLACE_REGION, ProtocolError,
+    Status)
+
+NO_EXTENSIONS = os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") not in ("", "0")
+
+from .protocol_py import (  # noqa: E402
+    decode, encode_control, encode_fail, encode_free, encode_infer, encode_ping, encode_pong, encode_reply,
+    encode_stream)
+
+USING_EXTENSION = False
+if not NO_EXTENSIONS:
+    try:
+        from ._protocol import (  # type: ignore  # noqa: F811
+            decode, encode_control, encode_fail, encode_free, encode_infer, encode_ping, encode_pong, encode_reply,
+            encode_stream)
+        USING_EXTENSION = True
+    except ImportError:  # not built: the pure-Python twin serves
+        pass
+
+__all__ = ["DATATYPES", "HEADER_SIZE", "MAX_DIMS", "MAX_ID", "Message", "Op", "PLACE_ARENA", "PLACE_NONE",
+           "PLACE_REGION", "ProtocolError", "Status", "decode", "encode_control", "encode_fail", "encode_free", "encode_infer",
+           "encode_ping", "encode_pong", "encode_reply", "encode_stream", "USING_EXTENSION"]

@@ -1,0 +1,314 @@
+"""Pure-Python twin of ``_protocol``: the frames of ``protocol`` (documented there) with
+``struct``. Same API, same results, same errors."""
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Any, NamedTuple, Sequence
+
+import orjson
+
+from ..errors import Internal, InvalidArgument
+
+
+class Op(enum.IntEnum):
+    INFER = 1
+    REPLY = 2
+    FAIL = 3
+    STREAM = 4
+    FREE = 5
+    PING = 6
+    PONG = 7
+    CONTROL = 8
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    ERROR = 1
+    DECOUPLED = 2
+    NONE = 3
+
+
+PLACE_NONE = PLACE_ARENA = 0
+PLACE_REGION = 1
+MAX_DIMS = 64
+MAX_ID = 0xFFFF  # bytes of a request id (its length is a u16)
+_ID_TOO_LONG = f"request id is longer than {MAX_ID} bytes"
+# The datatype codes of TENSOR records: index in this tuple. Append only.
+DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
+             "FP16", "FP32", "FP64", "BF16", "BYTES")
+_DTYPE_CODE = {name: i for i, name in enumerate(DATATYPES)}
+
+_HEADER = struct.Struct("<BBHIIQ")
+_FREE = struct.Struct("<IQQ")
+_INFER = struct.Struct("<IH")
+_REQUEST = struct.Struct("<HHHI")
+_TENSOR = struct.Struct("<BBBBHIQQ")
+_OUTPUT = struct.Struct("<BHIQQ")
+_TIMING = struct.Struct("<QQQ")
+_RESPONSE = struct.Struct("<BH")
+_ERROR = struct.Struct("<HI")
+_STREAM = struct.Struct("<IB")
+HEADER_SIZE = _HEADER.size
+_VALID_OPS = frozenset(int(op) for op in Op)
+
+
+class ProtocolError(Internal):
+    """A frame that breaks the protocol; ``msg_id`` is its id when the header was legible."""
+
+    def __init__(self, message: str, msg_id: int | None = None):
+        super().__init__(message)
+        self.msg_id = msg_id
+
+
+class Message(NamedTuple):
+    op: int
+    id: int
+    frees: list[tuple[int, int, int]]
+    body: Any
+
+
+# -- encoding --------------------------------------------------------------------------------
+def _utf8(s: str) -> bytes:
+    return s.encode("utf-8")
+
+
+def _start(op: int, msg_id: int, count: int, frees: Sequence[Sequence[int]]) -> bytearray:
+    out = bytearray(_HEADER.pack(op, 0, 0, count, len(frees), msg_id))
+    for seg, offset, size in frees:
+        out += _FREE.pack(seg, offset, size)
+    return out
+
+
+def _tensor(out: bytearray, name: str, datatype: str, shape: Sequence[int], place: int, seg: int, offset: int,
+            size: int) -> None:
+    b = _utf8(name)
+    if len(shape) > MAX_DIMS:
+        raise Internal(f"tensor '{name}' has more than {MAX_DIMS} dimensions")
+    out += _TENSOR.pack(_DTYPE_CODE[datatype], len(shape), place, 0, len(b), seg, offset, size)
+    out += struct.pack(f"<{len(shape)}q", *shape)
+    out += b
+
+
+def _error(out: bytearray, error: dict) -> None:
+    code, message = _utf8(str(error.get("code", "INTERNAL"))), _utf8(str(error.get("message", "")))
+    out += _ERROR.pack(len(code), len(message))
+    out += code
+    out += message
+
+
+def _desc(desc: Sequence[Any]) -> tuple[int, int, int, int]:
+    """(place, segment, offset, size) of ``[seg, offset, size]`` or ``["r", region, offset, size]``."""
+    if desc[0] == "r":
+        return PLACE_REGION, desc[1], desc[2], desc[3]
+    return PLACE_ARENA, desc[0], desc[1], desc[2]
+
+
+def _response(out: bytearray, response: dict | None) -> None:
+    if response is None:
+        out += _RESPONSE.pack(Status.NONE, 0)
+    elif "error" in response:
+        out += _RESPONSE.pack(Status.ERROR, 0)
+        _error(out, response["error"])
+    elif "outputs" in response:
+        outputs = response["outputs"]
+        out += _RESPONSE.pack(Status.OK, len(outputs))
+        for name, datatype, shape, desc in outputs:
+            _tensor(out, name, datatype, shape, *_desc(desc))
+    else:
+        out += _RESPONSE.pack(Status.DECOUPLED if response.get("decoupled") else Status.NONE, 0)
+
+
+def encode_infer(msg_id: int, key: str, instance: int, requests: Sequence[tuple],
+                 frees: Sequence[Sequence[int]] = ()) -> bytearray:
+    """``requests``: ``(request_id, parameters, inputs, outputs)`` each, with inputs as
+    ``(name, datatype, shape, place, segment, offset, size)`` and outputs as
+    ``(name, place, region, offset, size)``."""
+    out = _start(Op.INFER, msg_id, len(requests), frees)
+    kb = _utf8(key)
+    out += _INFER.pack(instance, len(kb))
+    out += kb
+    for request_id, parameters, inputs, outputs in requests:
+        rb = _utf8(request_id)
+        if len(rb) > MAX_ID:
+            raise InvalidArgument(_ID_TOO_LONG)
+        pb = orjson.dumps(parameters) if parameters else b""
+        out += _REQUEST.pack(len(inputs), len(outputs), len(rb), len(pb))
+        out += rb
+        out += pb
+        for t in inputs:
+            _tensor(out, *t)
+        for name, place, region, offset, size in outputs:
+            nb = _utf8(name)
+            out += _OUTPUT.pack(place, len(nb), region, offset, size)
+            out += nb
+    return out
+
+
+def encode_reply(msg_id: int, responses: Sequence[dict], timing: Sequence[int]) -> bytearray:
+    out = _start(Op.REPLY, msg_id, len(responses), ())
+    out += _TIMING.pack(*timing)
+    for r in responses:
+        _response(out, r)
+    return out
+
+
+def encode_stream(msg_id: int, index: int, final: bool, response: dict | None) -> bytearray:
+    out = _start(Op.STREAM, msg_id, 1, ())
+    out += _STREAM.pack(index, 1 if final else 0)
+    _response(out, response)
+    return out
+
+
+def encode_fail(msg_id: int, error: dict) -> bytearray:
+    out = _start(Op.FAIL, msg_id, 0, ())
+    _error(out, error)
+    return out
+
+
+def encode_control(msg_id: int, message: dict, frees: Sequence[Sequence[int]] = ()) -> bytearray:
+    out = _start(Op.CONTROL, msg_id, 0, frees)
+    out += orjson.dumps(message)
+    return out
+
+
+def encode_free(frees: Sequence[Sequence[int]]) -> bytearray:
+    return _start(Op.FREE, 0, 0, frees)
+
+
+def encode_ping(msg_id: int, frees: Sequence[Sequence[int]] = ()) -> bytearray:
+    return _start(Op.PING, msg_id, 0, frees)
+
+
+def encode_pong(msg_id: int) -> bytearray:
+    return _start(Op.PONG, msg_id, 0, ())
+
+
+# -- decoding --------------------------------------------------------------------------------
+class _Reader:
+    __slots__ = ("buf", "pos", "msg_id")
+
+    def __init__(self, buf: memoryview, pos: int, msg_id: int):
+        self.buf, self.pos, self.msg_id = buf, pos, msg_id
+
+    def fail(self, what: str) -> ProtocolError:
+        return ProtocolError(f"malformed message from peer: {what}", self.msg_id)
+
+    def unpack(self, s: struct.Struct) -> tuple:
+        if self.pos + s.size > len(self.buf):
+            raise self.fail("truncated record")
+        values = s.unpack_from(self.buf, self.pos)
+        self.pos += s.size
+        return values
+
+    def take(self, n: int) -> memoryview:
+        if self.pos + n > len(self.buf):
+            raise self.fail("truncated record")
+        b = self.buf[self.pos:self.pos + n]
+        self.pos += n
+        return b
+
+    def text(self, n: int) -> str:
+        try:
+            return str(self.take(n), "utf-8")
+        except UnicodeDecodeError:
+            raise self.fail("invalid UTF-8") from None
+
+    def json(self, n: int) -> Any:
+        try:
+            return orjson.loads(self.take(n))
+        except orjson.JSONDecodeError:
+            raise self.fail("invalid JSON") from None
+
+    def tensor(self) -> list:
+        dtype, ndim, place, _, name_len, seg, offset, size = self.unpack(_TENSOR)
+        if dtype >= len(DATATYPES) or ndim > MAX_DIMS or place > PLACE_REGION:
+            raise self.fail("bad tensor record")
+        if self.pos + 8 * ndim > len(self.buf):
+            raise self.fail("truncated record")
+        shape = list(struct.unpack_from(f"<{ndim}q", self.buf, self.pos)) if ndim else []
+        self.pos += 8 * ndim
+        if any(d < 0 for d in shape):
+            raise self.fail("negative dimension")
+        name = self.text(name_len)
+        desc = ["r", seg, offset, size] if place == PLACE_REGION else [seg, offset, size]
+        return [name, DATATYPES[dtype], shape, desc]
+
+    def error(self) -> dict:
+        code_len, message_len = self.unpack(_ERROR)
+        return {"code": self.text(code_len), "message": self.text(message_len)}
+
+    def response(self) -> dict | None:
+        status, n = self.unpack(_RESPONSE)
+        if status == Status.OK:
+            return {"outputs": [self.tensor() for _ in range(n)]}
+        if n:
+            raise self.fail("response without outputs has an output count")
+        if status == Status.ERROR:
+            return {"error": self.error()}
+        if status == Status.DECOUPLED:
+            return {"decoupled": True}
+        if status == Status.NONE:
+            return None
+        raise self.fail(f"unknown response status {status}")
+
+    def request(self) -> dict:
+        n_inputs, n_outputs, id_len, params_len = self.unpack(_REQUEST)
+        request_id = self.text(id_len)
+        params = self.json(params_len) if params_len else {}
+        if not isinstance(params, dict):
+            raise self.fail("parameters are not an object")
+        inputs = [self.tensor() for _ in range(n_inputs)]
+        outputs, shm_outputs = [], {}
+        for _ in range(n_outputs):
+            place, name_len, region, offset, size = self.unpack(_OUTPUT)
+            name = self.text(name_len)
+            if place == PLACE_REGION:
+                shm_outputs[name] = [region, offset, size]
+            elif place != PLACE_NONE:
+                raise self.fail("bad output record")
+            outputs.append(name)
+        return {"request_id": request_id, "inputs": inputs, "outputs": outputs, "shm_outputs": shm_outputs,
+                "parameters": params}
+
+
+def decode(data: bytes | bytearray | memoryview) -> Message:
+    """One frame from the other process, fully checked (see ``protocol``)."""
+    buf = memoryview(data).cast("B") if not isinstance(data, memoryview) or data.format != "B" else data
+    if len(buf) < HEADER_SIZE:
+        raise ProtocolError("malformed message from peer: truncated header")
+    op, flags, reserved, count, nfree, msg_id = _HEADER.unpack_from(buf, 0)
+    r = _Reader(buf, HEADER_SIZE, msg_id)
+    if op not in _VALID_OPS:
+        raise r.fail(f"unknown op {op}")
+    if flags or reserved:
+        raise r.fail("reserved header bits set")
+    if nfree * _FREE.size > len(buf) - HEADER_SIZE:
+        raise r.fail("truncated record")
+    frees = [_FREE.unpack_from(buf, HEADER_SIZE + i * _FREE.size) for i in range(nfree)]
+    r.pos += nfree * _FREE.size
+    body: Any = None
+    if op == Op.INFER:
+        instance, key_len = r.unpack(_INFER)
+        key = r.text(key_len)
+        body = {"model": key, "instance": instance, "requests": [r.request() for _ in range(count)]}
+    elif op == Op.REPLY:
+        timing = r.unpack(_TIMING)
+        body = {"responses": [r.response() for _ in range(count)], "timing": timing}
+        if any(x is None for x in body["responses"]):
+            raise r.fail("reply entry without a status")
+    elif op == Op.STREAM:
+        index, final = r.unpack(_STREAM)
+        body = {"index": index, "final": bool(final)}
+        response = r.response()
+        if response is not None:
+            body.update(response)
+    elif op == Op.FAIL:
+        body = {"error": r.error()}
+    elif op == Op.CONTROL:
+        body = r.json(len(buf) - r.pos)
+        if not isinstance(body, dict) or not isinstance(body.get("op"), str):
+            raise r.fail("control message is not an object with an op")
+    if r.pos != len(buf):
+        raise r.fail("trailing bytes")
+    return Message(Op(op), msg_id, frees, body)

@@ -1,0 +1,405 @@
+"""The front-end's handle on one worker process: start it, talk to it over its control
+link (rings and socket), share memory with it, and notice at once when it dies.
+
+Each handle owns the input arena the front-end writes request tensors into and maps the
+worker's output arena. Frames are ``ipc.protocol``'s, checked by its decoder. A reply
+goes to the callback registered for its message id, called at once from the ring's
+reader (no event-loop hop: the scheduler hands the freed instance its next batch there);
+a reply that breaks the protocol fails that message with INTERNAL. STREAM frames go to
+the handler registered for their batch (decoupled models); ``bls`` control ops go to the
+pool's BLS handler.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..errors import Internal, TritonShmError, Unavailable
+from ..ipc import channel, protocol
+from ..ipc.protocol import Op
+from ..ipc.arena import Arena, Block, Segment, SegmentMap
+from ..ipc.link import Link
+from ..ipc.ring import RingCorrupt
+
+if TYPE_CHECKING:
+    from ..core.shm_registry import Region
+
+log = logging.getLogger("triton_shm.workers")
+
+INPUT_CHUNK = 64 << 20
+# Freed output blocks wait for a message to ride on, for at most RELEASE_DELAY seconds,
+# or until RELEASE_BYTES of them are waiting: a message of their own wakes the worker,
+# which costs more than the memory they hold for a few milliseconds.
+RELEASE_DELAY = 0.02
+RELEASE_BYTES = 8 << 20
+DRAIN_BATCH = 256  # frames read from a worker's ring before the event loop gets a turn
+
+
+class WorkerHandle:
+    def __init__(self, name: str, gpu: int | None, log_verbose: int = 0):
+        self.name, self.gpu, self.log_verbose = name, gpu, log_verbose
+        self.proc: subprocess.Popen | None = None
+        self.link: Link | None = None
+        self._spurious = 0  # socket wake-ups without a frame for it: a worker misusing the socket
+        self._broke_protocol = False
+        self.arena: Arena | None = None
+        self.outputs = SegmentMap()
+        # message id -> what gets its reply: the reply dict, or an exception (error reply, worker death)
+        self._pending: dict[int, Callable[[dict[str, Any] | Exception], None]] = {}
+        # decoupled batches: message id -> handler of its "stream" messages (None = worker died)
+        self._streams: dict[int, Callable[[dict[str, Any] | None], None]] = {}
+        self._ids = itertools.count(1)
+        self._releases: list[list[int]] = []
+        self._release_bytes = 0
+        self._flush_scheduled = False
+        self.alive = False
+        self.regions: set[int] = set()
+        self.generation = 0
+        self.on_death = None  # callback(handle) set by the pool
+        self.on_bls = None    # callback(handle, message) for a model's BLS call, set by the pool
+        self._staged: dict[tuple, Block] = {}  # input-arena blocks lent to the worker (BLS replies)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    # -- process lifecycle ---------------------------------------------------------------
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        link, theirs, link_fds = Link.create()
+        env = dict(os.environ)
+        if self.gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)  # each GPU worker sees only its device
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "triton_shm.worker", "--fd", str(theirs.fileno()), "--name", self.name,
+                 "--link", ",".join(map(str, link_fds)), "--log-verbose", str(self.log_verbose)],
+                pass_fds=[theirs.fileno(), *link_fds], env=env,
+                start_new_session=True)  # terminal signals go to the front-end, which stops workers itself
+        finally:
+            theirs.close()
+            channel.close_fds(link_fds)
+        self.link = link
+        self._spurious = 0
+        self._broke_protocol = False
+        self.outputs = SegmentMap()
+        self.arena = Arena(INPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
+        self.regions: set[int] = set()  # client regions whose fd this worker holds
+        self.generation += 1
+        self.alive = True
+        self._loop.add_reader(link.rx_wake, self._on_readable)
+        self._loop.add_reader(link.sock.fileno(), self._on_socket)
+        log.info("started worker '%s' (pid %d)", self.name, self.proc.pid)
+
+    def _share_segment(self, seg: Segment) -> None:
+        self.send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])
+
+    def _drop_segment(self, seg_id: int) -> None:
+        self.send({"op": "drop", "seg": seg_id})
+
+    def share_region(self, region: "Region") -> None:
+        """Pass a client region's fd to the worker the first time a request uses it."""
+        if region.id not in self.regions:
+            self.send({"op": "region", "rid": region.id, "offset": region.offset, "size": region.byte_size},
+                       [region.fd])
+            self.regions.add(region.id)
+
+    def drop_region(self, region: "Region") -> None:
+        if region.id in self.regions:
+            self.regions.discard(region.id)
+            try:
+                self.send({"op": "region_drop", "rid": region.id})
+            except Unavailable:
+                pass
+
+    async def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None:
+            return
+        self.alive = False
+        self._detach()
+        proc = self.proc
+        try:
+            await asyncio.wait_for(asyncio.to_thread(proc.wait), timeout)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+        self._cleanup_memory()
+
+    def _detach(self) -> None:
+        if self.link is not None:
+            for fd in (self.link.rx_wake, self.link.sock.fileno()):
+                try:
+                    self._loop.remove_reader(fd)
+                except (ValueError, OSError):
+                    pass
+            self.link.close()  # the worker sees end-of-file and exits
+            self.link = None
+
+    def _cleanup_memory(self) -> None:
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+        self.outputs.close()
+
+    def _died(self) -> None:
+        if not self.alive:
+            return
+        self.alive = False
+        self._detach()
+        code = self.proc.poll() if self.proc else None
+        if code is None and self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                code = self.proc.wait()
+        how = f"was killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        if self._broke_protocol:
+            how = "broke the worker protocol and was stopped"
+        log.error("worker '%s' %s; restarting it", self.name, how)
+        error = Unavailable(f"worker '{self.name}' {how} while running the request; it is being restarted")
+        pending, self._pending = self._pending, {}
+        for on_reply in pending.values():
+            _deliver(on_reply, error)
+        streams, self._streams = self._streams, {}
+        for handler in streams.values():
+            handler(None)
+        self._releases.clear()
+        self._release_bytes = 0
+        self._staged.clear()
+        self._cleanup_memory()
+        if self.on_death is not None:
+            self.on_death(self)
+
+    # -- messaging -----------------------------------------------------------------------
+    def _send_frame(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
+        if self.link is None:
+            raise Unavailable(f"worker '{self.name}' is not running")
+        try:
+            self.link.send(frame, fds)
+        except BlockingIOError:
+            # The worker is not draining its ring; treat as overload rather than block the loop.
+            raise Unavailable(f"worker '{self.name}' is not keeping up (its ring is full)") from None
+        except (BrokenPipeError, ConnectionError):
+            raise Unavailable(f"worker '{self.name}' is not running") from None
+
+    def _take_releases(self) -> list[list[int]]:
+        """Freed output blocks ride on the next frame: no message of their own."""
+        releases, self._releases, self._release_bytes = self._releases, [], 0
+        return releases
+
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        """A control op that gets no reply."""
+        if self.link is None:
+            raise Unavailable(f"worker '{self.name}' is not running")
+        self._send_frame(protocol.encode_control(0, message, self._take_releases()), fds)
+
+    def request(self, build: Callable[[int, list[list[int]]], bytes | bytearray],
+                on_reply: Callable[[Any], None], fds: list[int] | None = None,
+                on_stream: Callable[[dict[str, Any] | None], None] | None = None,
+                msg_id: int | None = None) -> int:
+        """Send ``build(msg_id, frees)`` and return its id. ``on_reply`` gets the reply's
+        body, or an exception: the worker's FAIL, a reply that breaks the protocol
+        (INTERNAL), or UNAVAILABLE if the worker dies first. It is called synchronously
+        from the ring reader. ``on_stream`` receives the STREAM frames that carry this
+        id (decoupled responses), until ``end_stream``."""
+        if self.link is None:
+            raise Unavailable(f"worker '{self.name}' is not running")
+        msg_id = self.next_id() if msg_id is None else msg_id
+        self._pending[msg_id] = on_reply
+        if on_stream is not None:
+            self._streams[msg_id] = on_stream
+        try:
+            self._send_frame(build(msg_id, self._take_releases()), fds)
+        except BaseException:
+            self._pending.pop(msg_id, None)
+            self._streams.pop(msg_id, None)
+            raise
+        return msg_id
+
+    def end_stream(self, msg_id: int) -> None:
+        self._streams.pop(msg_id, None)
+
+    async def call(self, message: dict[str, Any] | None, fds: list[int] | None = None) -> Any:
+        """Send a control op (or a PING for None) and wait for the reply; a FAIL is raised."""
+        fut = self._loop.create_future()
+
+        def on_reply(reply: Any) -> None:
+            if fut.done():
+                return
+            if isinstance(reply, Exception):
+                fut.set_exception(reply)
+            else:
+                fut.set_result(reply)
+
+        if message is None:
+            build = protocol.encode_ping
+        else:
+            def build(msg_id: int, frees: list[list[int]]) -> bytearray:
+                return protocol.encode_control(msg_id, message, frees)
+        msg_id = self.request(build, on_reply, fds)
+        try:
+            return await fut
+        finally:
+            self._pending.pop(msg_id, None)  # cancelled: nobody waits for the reply any more
+
+    def _on_readable(self) -> None:
+        """The worker's ring has frames: drain it, then tell the worker we sleep (it
+        writes our eventfd only after that)."""
+        link = self.link
+        if link is None:
+            return
+        link.clear_wake()
+        for _ in range(DRAIN_BATCH):
+            if self.link is not link:
+                return
+            try:
+                got = link.recv()
+            except RingCorrupt as e:  # nothing in it can be trusted or attributed any more
+                self._bad_frame(protocol.ProtocolError(e.message))
+                self._died()
+                return
+            except (ConnectionError, OSError, ValueError):
+                self._died()
+                return
+            if got is None:
+                if link.rx.prepare_sleep():
+                    return
+                continue
+            data, fds = got
+            try:
+                msg = protocol.decode(data)
+            except protocol.ProtocolError as e:
+                channel.close_fds(fds)
+                self._bad_frame(e)
+                continue
+            if fds and msg.op != Op.CONTROL:
+                channel.close_fds(fds)
+                fds = []
+            self._dispatch(msg, fds)
+        # Still awake (no wake-up will come): let the loop serve others, then drain on.
+        self._loop.call_soon(self._on_readable)
+
+    def _on_socket(self) -> None:
+        """The socket is readable: a frame whose record is in the ring (drain it), or the
+        worker's end-of-file."""
+        self._on_readable()
+        link = self.link
+        if link is None:
+            return
+        if link.peer_gone():
+            self._died()
+        elif not link.rx.pending():
+            self._spurious += 1
+            if self._spurious > 10000:  # data on the socket that no record names
+                self._bad_frame(protocol.ProtocolError("socket message without its ring record"))
+        else:
+            self._spurious = 0
+
+    def _dispatch(self, msg: "protocol.Message", fds: list[int]) -> None:
+        op = msg.op
+        if op == Op.REPLY or op == Op.PONG or (op == Op.CONTROL and msg.id):
+            on_reply = self._pending.pop(msg.id, None)
+            if on_reply is not None:
+                _deliver(on_reply, msg.body if msg.body is not None else {})
+            channel.close_fds(fds)
+        elif op == Op.FAIL:
+            on_reply = self._pending.pop(msg.id, None)
+            if on_reply is not None:
+                _deliver(on_reply, TritonShmError.from_wire(msg.body["error"]))
+        elif op == Op.STREAM:
+            handler = self._streams.get(msg.id)
+            if handler is not None:
+                msg.body["id"] = msg.id
+                handler(msg.body)
+        elif op == Op.CONTROL:
+            self._control(msg.body, fds)
+        else:
+            self._bad_frame(protocol.ProtocolError(f"op {op} is not one a worker sends", msg.id))
+
+    def _control(self, body: dict[str, Any], fds: list[int]) -> None:
+        op = body["op"]
+        try:
+            if op == "segment" and len(fds) == 1:
+                self.outputs.add(int(body["seg"]), int(body["size"]), fds.pop())
+            elif op == "drop":
+                self.outputs.drop(int(body["seg"]))
+            elif op == "bls" and self.on_bls is not None:
+                self.on_bls(self, body)
+            elif op == "bls_release":
+                self._release_staged(body.get("blocks") or [])
+            elif op != "hello":
+                log.warning("unexpected message from worker '%s': %s", self.name, op)
+        except (KeyError, TypeError, ValueError, TritonShmError) as e:
+            log.warning("malformed '%s' message from worker '%s': %s", op, self.name, e)
+        finally:
+            channel.close_fds(fds)
+
+    def _bad_frame(self, e: "protocol.ProtocolError") -> None:
+        """A frame that breaks the protocol fails the message it answers. One whose
+        header is illegible answers nothing we can name: the worker is not to be
+        trusted any more, so it is killed, and its death fails every request it holds."""
+        log.error("worker '%s': %s", self.name, e.message)
+        if e.msg_id is not None:
+            on_reply = self._pending.pop(e.msg_id, None)
+            if on_reply is not None:
+                _deliver(on_reply, Internal(f"worker '{self.name}' sent a malformed reply: {e.message}"))
+        elif self.proc is not None and self.proc.poll() is None:
+            self._broke_protocol = True
+            self.proc.kill()
+
+    def next_id(self) -> int:
+        return next(self._ids)
+
+    def cancel(self, msg_id: int, index: int) -> None:
+        """The client of request ``index`` of batch ``msg_id`` is gone (decoupled models)."""
+        try:
+            self.send({"op": "cancel", "batch": msg_id, "index": index})
+        except TritonShmError:
+            pass  # the worker is gone too
+
+    def stage(self, data) -> list[int]:
+        """Copy bytes into this worker's input arena for it to read (a BLS reply); the
+        worker hands the block back with ``bls_release``."""
+        view = memoryview(data).cast("B")
+        block = self.arena.alloc(view.nbytes)
+        block.view[:] = view
+        desc = block.descriptor()
+        self._staged[tuple(desc)] = block
+        return desc
+
+    def _release_staged(self, descriptors: list) -> None:
+        for desc in descriptors:  # only blocks we lent: the worker is not trusted
+            block = self._staged.pop(tuple(desc) if isinstance(desc, list) else (), None)
+            if block is not None and self.arena is not None:
+                self.arena.free(block.segment.id, block.offset, block.size)
+
+    def release(self, descriptors: list[list[int]]) -> None:
+        """Give output blocks back to the worker (batched into its next message)."""
+        if not self.alive:
+            return
+        self._releases.extend(descriptors)
+        self._release_bytes += sum(int(d[2]) for d in descriptors)  # checked by SegmentMap.view
+        if self._release_bytes >= RELEASE_BYTES:
+            self._flush_releases()
+        elif not self._flush_scheduled:  # when no other message goes soon, send them alone
+            self._flush_scheduled = True
+            self._loop.call_later(RELEASE_DELAY, self._flush_releases)
+
+    def _flush_releases(self) -> None:
+        self._flush_scheduled = False
+        if self._releases and self.link is not None:
+            try:
+                self._send_frame(protocol.encode_free(self._take_releases()))
+            except TritonShmError:
+                pass  # worker gone: its arena went with it
+
+
+def _deliver(on_reply: Callable[[dict[str, Any] | Exception], None], reply: dict[str, Any] | Exception) -> None:
+    """A reply callback's failure is a bug to log, never a reason to stop reading the ring."""
+    try:
+        on_reply(reply)
+    except Exception:
+        log.exception("handling a worker reply failed")
