@@ -490,14 +490,16 @@ def test_reset_cancels_the_queued_request(server):
         c.infer("sleepy", sleepy_inputs(0.0))
     before = sleepy_executions(server)
     conn = RawH2(server)
-    conn.call(1, sleepy_message(0.6))  # runs on the one instance
+    conn.call(1, sleepy_message(0.5))  # runs on the one instance
+    conn.call(3, sleepy_message(0.5))  # held by the instance's worker, next to run
     time.sleep(0.1)
-    conn.call(3, sleepy_message(0.6))  # queued behind it
+    conn.call(5, sleepy_message(0.5))  # waits in the scheduler's queue
     time.sleep(0.1)
-    conn.send(RstStreamFrame(3, error_code=CANCEL).serialize())
+    conn.send(RstStreamFrame(5, error_code=CANCEL).serialize())
     assert stream_headers(conn, 1)["grpc-status"] == "0"
-    time.sleep(0.9)  # long enough for the second call to have run, had it not been cancelled
-    assert sleepy_executions(server) == before + 1
+    assert stream_headers(conn, 3)["grpc-status"] == "0"
+    time.sleep(0.8)  # long enough for the third call to have run, had it not been cancelled
+    assert sleepy_executions(server) == before + 2
     conn.close()
 
 
