@@ -2,7 +2,8 @@
 
     python bench/compare_triton.py [--scenarios small,large,batching] [--rounds 2] [--interval-ms 3000]
                                    [--generators perf_analyzer,triton-shm-perf] [--protocols grpc,http]
-                                   [--servers triton-shm,triton-shm-aiohttp,triton]
+                                   [--servers triton-shm,triton-shm-aiohttp,triton-shm-grpcio,triton]
+                                   [--max-trials 5]
 
 Both servers serve the same repository of python-backend models (the only kind the
 reference Triton build runs) and are measured alternately, A B A B, so drift hits both
@@ -15,7 +16,8 @@ generator reports them, plus each server's CPU-seconds per 1,000 inferences and 
 (its whole process tree: Triton's stubs, our workers), and the ratios triton-shm / Triton.
 These server-side figures are measured the same way whichever generator drives the load.
 With --servers, triton-shm-aiohttp (TRITON_SHM_LEAN_HTTP=0: HTTP served by aiohttp alone)
-is measured as well, each variant of ours in its own rows against Triton.
+and triton-shm-grpcio (--grpc-transport grpcio: gRPC on grpc.aio instead of our native
+server) are measured as well, each variant of ours in its own rows against Triton.
 
 The server-side time per request comes from each server's own statistics extension
 (success ns / count over the run); so does the request count that CPU-seconds are divided by.
@@ -229,7 +231,12 @@ def peak_rss_mib(pids: list[int]) -> float:
 
 
 # Our server variants: name -> environment on top of ours.
-VARIANTS = {"triton-shm": {}, "triton-shm-aiohttp": {"TRITON_SHM_LEAN_HTTP": "0"}}
+# Our server variants: environment and extra flags of each.
+VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
+    "triton-shm": ({}, []),
+    "triton-shm-aiohttp": ({"TRITON_SHM_LEAN_HTTP": "0"}, []),
+    "triton-shm-grpcio": ({}, ["--grpc-transport", "grpcio"]),  # gRPC on grpc.aio instead of native
+}
 
 
 class Server:
@@ -241,7 +248,9 @@ class Server:
             cmd = [sys.executable, "-m", "triton_shm", "--model-repository", str(repo), "--http-port", str(self.port),
                    "--grpc-port", str(self.port + 1), "--allow-metrics", "false", "--allow-client-shm", "true",
                    "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]
-            env = {**os.environ, **VARIANTS[kind]}
+            variant_env, variant_args = VARIANTS[kind]
+            cmd += variant_args
+            env = {**os.environ, **variant_env}
         # On this 2-vCPU machine, shared with the load generator, numpy's OpenBLAS worker thread
         # spin-waits between the batching model's matmuls and takes ~65% of a core in either
         # server's model process (Triton's stub, our worker). Both servers get the same setting.
@@ -280,12 +289,15 @@ def success_ns(server: Server, model: str) -> tuple[int, int]:
 GENERATORS = {"perf_analyzer": "perf_analyzer 2.50", "triton-shm-perf": "triton-shm perf"}  # name: title
 
 
+MAX_TRIALS = [5]  # perf_analyzer's --max-trials; --max-trials here raises it on a busy machine
+
+
 def run_generator(ref, generator: str, url: str, case: Case, interval_ms: int) -> dict[str, str]:
     """Run one load generator once on `case` against `url`; return its CSV row (perf_analyzer's column names).
     This is the one way the benchmarks run perf_analyzer and `python -m triton_shm.perf`."""
     with tempfile.NamedTemporaryFile(suffix=".csv") as f:
         flags = ["-m", case.model, "-u", url, "-i", case.protocol, "--measurement-interval", str(interval_ms),
-                 "--stability-percentage", "50", "--max-trials", "5", "-f", f.name, *case.args]
+                 "--stability-percentage", "50", "--max-trials", str(MAX_TRIALS[0]), "-f", f.name, *case.args]
         if generator == "perf_analyzer":
             out = subprocess.run([str(ref.perf_analyzer), *flags], env=ref.pa_env(), capture_output=True, text=True,
                                  timeout=600)
@@ -370,10 +382,13 @@ def main() -> None:
     parser.add_argument("--interval-ms", type=int, default=3000)
     parser.add_argument("--generators", default=",".join(GENERATORS),
                         help=f"load generators to drive every case with, in turn (from: {', '.join(GENERATORS)})")
+    parser.add_argument("--max-trials", type=int, default=5,
+                        help="measurement windows the generators may take to stabilize (default 5)")
     parser.add_argument("--protocols", default="grpc,http", help="only the cases over these protocols")
     parser.add_argument("--servers", default="triton-shm,triton",
                         help=f"servers to measure: triton and any of {', '.join(VARIANTS)}")
     args = parser.parse_args()
+    MAX_TRIALS[0] = args.max_trials
     protocols = args.protocols.split(",")
     cases = [c for s in args.scenarios.split(",") for c in SCENARIOS[s] if c.protocol in protocols]
     kinds = args.servers.split(",")

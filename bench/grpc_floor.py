@@ -1,8 +1,9 @@
-"""The ceiling Python gRPC puts on a front-end: a do-nothing grpc.aio server (uvloop, the
-same generated stubs as triton-shm) that answers every ModelInfer with a prepared response,
-driven by the real perf_analyzer like the servers in compare_triton.py.
+"""The ceiling a gRPC transport puts on a front-end: a do-nothing server (uvloop, the same
+generated messages as triton-shm) that parses every ModelInfer and answers it with a prepared
+response, on each transport triton-shm can serve (grpc.aio, and the native server on
+libnghttp2), driven by the real perf_analyzer like the servers in compare_triton.py.
 
-    python bench/grpc_floor.py [--concurrency 1,16] [--interval-ms 3000]
+    python bench/grpc_floor.py [--concurrency 1,16] [--interval-ms 3000] [--transports grpcio,native]
 
 Whatever triton-shm's gRPC front-end does per request comes on top of this.
 """
@@ -47,7 +48,24 @@ class Floor(pbg.GRPCInferenceServiceServicer):
         config.output.add(name="OUTPUT0", data_type=mc.TYPE_FP32, dims=[256])
         return pb.ModelConfigResponse(config=config)
 
-async def main(port):
+def native_methods():
+    from triton_shm.frontend.grpc.rpc import Method
+    floor = Floor()
+    out = []
+    for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods:
+        if m.name in Floor.__dict__:
+            out.append(Method(f"/inference.GRPCInferenceService/{m.name}",
+                              lambda r, f=getattr(floor, m.name): f(r, None),
+                              deserialize=getattr(pb, m.input_type.name).FromString))
+    return out
+
+async def main(port, transport):
+    if transport == "native":
+        from triton_shm.frontend.grpc.native.server import NativeServer
+        server = NativeServer(native_methods(), max_message_bytes=2**31 - 1)
+        await server.start("127.0.0.1", port)
+        print("ready", flush=True)
+        await asyncio.Event().wait()
     server = grpc.aio.server()
     pbg.add_GRPCInferenceServiceServicer_to_server(Floor(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
@@ -56,39 +74,47 @@ async def main(port):
     await server.wait_for_termination()
 
 uvloop.install()
-asyncio.run(main(int(sys.argv[1])))
+asyncio.run(main(int(sys.argv[1]), sys.argv[2]))
 '''
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--concurrency", default="1,16")
-    parser.add_argument("--interval-ms", type=int, default=3000)
-    args = parser.parse_args()
-    ref = ensure_reference()
+def measure(transport: str, concurrency: list[str], interval_ms: int, ref) -> None:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port)], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port), transport], stdout=subprocess.PIPE, text=True)
     try:
         if proc.stdout.readline().strip() != "ready":
-            raise RuntimeError("the do-nothing gRPC server did not start")
-        print("| do-nothing grpc.aio server, perf_analyzer gRPC | infer/s | p50 µs | server CPU-s/1k requests |")
-        print("|---|---|---|---|")
-        for c in args.concurrency.split(","):
+            raise RuntimeError(f"the do-nothing {transport} gRPC server did not start")
+        for c in concurrency:
             with tempfile.NamedTemporaryFile(suffix=".csv") as f:
                 cpu0, t0 = cpu_seconds(process_tree(proc.pid)), time.monotonic()
                 out = subprocess.run([str(ref.perf_analyzer), "-m", "floor", "-u", f"127.0.0.1:{port}", "-i", "grpc",
-                                      "--concurrency-range", c, "--measurement-interval", str(args.interval_ms),
+                                      "--concurrency-range", c, "--measurement-interval", str(interval_ms),
+                                      "--stability-percentage", "50", "--max-trials", "5",
                                       "-f", f.name], env=ref.pa_env(), capture_output=True, text=True, timeout=300)
                 wall, cpu = time.monotonic() - t0, cpu_seconds(process_tree(proc.pid)) - cpu0
                 if out.returncode != 0:
                     raise RuntimeError(f"perf_analyzer failed: {out.stdout[-2000:]}{out.stderr[-2000:]}")
                 row = next(csv.DictReader(io.StringIO(Path(f.name).read_text())))
             throughput = float(row["Inferences/Second"])
-            print(f"| concurrency {c} | {throughput:.0f} | {float(row['p50 latency']):.0f} "
-                  f"| {1000 * cpu / max(throughput * wall, 1.0):.2f} |")
+            print(f"| {transport} | {c} | {throughput:.0f} | {float(row['p50 latency']):.0f} "
+                  f"| {float(row['p99 latency']):.0f} | {1000 * cpu / max(throughput * wall, 1.0):.3f} |", flush=True)
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--interval-ms", type=int, default=3000)
+    parser.add_argument("--transports", default="grpcio,native")
+    args = parser.parse_args()
+    ref = ensure_reference()
+    print("| do-nothing server, perf_analyzer gRPC | concurrency | infer/s | p50 µs | p99 µs "
+          "| server CPU-ms per request |")
+    print("|---|---|---|---|---|---|")
+    for transport in args.transports.split(","):
+        measure(transport, args.concurrency.split(","), args.interval_ms, ref)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ class ServerOptions:
     grpc_http2_max_ping_strikes: int = 2
     grpc_max_connection_age: int | None = None
     grpc_max_connection_age_grace: int | None = None
+    grpc_transport: str | None = None  # None: native, or grpcio without C extensions
     # compatibility flags that were given: flag -> value, and the warnings to log at start
     inert: dict[str, Any] = field(default_factory=dict)
     startup_warnings: list[str] = field(default_factory=list)
@@ -299,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="how many models load in parallel (default 4)")
     add("--allow-client-shm", type=parse_bool, default=False, metavar="BOOL",
         help="let clients register system/CUDA shared-memory regions (default false)")
+    add("--grpc-transport", choices=["native", "grpcio"], default=None,
+        help="gRPC server: native (our HTTP/2 server on libnghttp2; the default) or grpcio (grpc.aio; "
+             "the default with TRITON_SHM_NO_EXTENSIONS=1)")
     add("--gpus", default=None, metavar="IDS",
         help="comma-separated GPU ids to serve, one worker each (default: all visible GPUs; 'none' for none)")
     _add_implemented(p)

@@ -63,10 +63,12 @@ async def serve(options: ServerOptions) -> int:
                                                      header_timeout=options.http_header_timeout_secs)))
             log.info("Started HTTPService at %s:%d", options.http_address, options.http_port)
         if options.allow_grpc:
-            from .frontend.grpc.server import start_grpc
+            from .frontend.grpc.server import default_transport, start_grpc
+            transport = options.grpc_transport or default_transport()
             runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
-                                                     keepalive=grpc_keepalive(options))))
-            log.info("Started GRPCInferenceService at %s:%d", options.grpc_address, options.grpc_port)
+                                                     keepalive=grpc_keepalive(options), transport=transport)))
+            log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
+                     transport)
         await stop.wait()
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
     finally:

@@ -172,6 +172,14 @@ class Scheduler:
             except asyncio.TimeoutError:
                 pending.future.cancel()
                 raise Unavailable("Request timeout expired") from None
+        except asyncio.CancelledError:
+            # The caller is gone (a client's RST_STREAM or disconnect): a request still in
+            # the queue is dropped so it never reaches an instance; one already in a batch runs.
+            try:
+                queue.remove(pending)
+            except ValueError:
+                pass
+            raise
         finally:
             self.stats.pending -= 1
 

@@ -110,43 +110,52 @@ def _contents_to_wire(tensor: pb.ModelInferRequest.InferInputTensor, model: str)
     return b"" if data is None else data  # contents present but empty: zero bytes
 
 
-def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
-    """Translate a ModelInferRequest; raises InvalidArgument on malformed tensors."""
+def decode_infer_request(msg: pb.ModelInferRequest, raw: list[memoryview] | None = None) -> InferRequest:
+    """Translate a ModelInferRequest; raises InvalidArgument on malformed tensors.
+    ``raw`` replaces the message's raw_input_contents (views split off by
+    ``parse_infer_request``)."""
     model = msg.model_name
-    raw = msg.raw_input_contents
+    if raw is None:
+        raw = msg.raw_input_contents
     # Raw entries belong, in order, to the inputs that carry data in the message: an
     # input in shared memory takes none (tritonclient sends none for it, and Triton
-    # consumes them the same way).
-    raw_users = [t for t in msg.inputs if not (len(t.parameters) and any(k in t.parameters for k in _SHM_KEYS))]
-    if raw and len(raw) != len(raw_users):
-        raise InvalidArgument(
-            f"expected {len(raw_users)} raw_input_contents entries (one per input not in "
-            f"shared memory) but got {len(raw)} for model '{model}'")
-
+    # consumes them the same way). One pass decodes; the count is checked before any
+    # content error is raised, as the messages were checked in that order before.
     inputs: list[InputTensor] = []
-    raw_index = 0
+    takes_raw: list[InputTensor] = []
+    error: str | None = None
     for tensor in msg.inputs:  # duplicate names are refused by core validation
         params = decode_parameters(tensor.parameters)
         has_contents = tensor.HasField("contents")
         data: Buffer | None = None
-        if any(k in params for k in _SHM_KEYS):
-            if has_contents:
-                raise InvalidArgument(
-                    f"unexpected 'content' provided when using shared memory for input "
-                    f"tensor '{tensor.name}' for model '{model}'")
+        in_shm = bool(params) and any(k in params for k in _SHM_KEYS)
+        if in_shm:
+            if has_contents and error is None:
+                error = (f"unexpected 'content' provided when using shared memory for input "
+                         f"tensor '{tensor.name}' for model '{model}'")
+                if not raw:  # no count to check first
+                    raise InvalidArgument(error)
             # data stays None: the core resolves the region from the parameters.
         elif raw:
-            if has_contents:
-                raise InvalidArgument(
-                    f"contents field must not be specified when using raw_input_contents "
-                    f"for '{tensor.name}' for model '{model}'")
-            data = raw[raw_index]  # bytes held by the message: no copy
-            raw_index += 1
+            if has_contents and error is None:
+                error = (f"contents field must not be specified when using raw_input_contents "
+                         f"for '{tensor.name}' for model '{model}'")
         elif has_contents:
             data = _contents_to_wire(tensor, model)
-        inputs.append(InputTensor(
-            name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape),
-            data=data, parameters=params))
+        t = InputTensor(name=tensor.name, datatype=tensor.datatype, shape=list(tensor.shape),
+                        data=data, parameters=params)
+        inputs.append(t)
+        if raw and not in_shm:
+            takes_raw.append(t)
+    if raw:
+        if len(raw) != len(takes_raw):
+            raise InvalidArgument(
+                f"expected {len(takes_raw)} raw_input_contents entries (one per input not in "
+                f"shared memory) but got {len(raw)} for model '{model}'")
+        for t, data in zip(takes_raw, raw):
+            t.data = data  # bytes held by the message, or a view of the body: no copy
+    if error is not None:
+        raise InvalidArgument(error)
 
     return InferRequest(
         model_name=model,
@@ -159,22 +168,121 @@ def decode_infer_request(msg: pb.ModelInferRequest) -> InferRequest:
     )
 
 
-# -- response ------------------------------------------------------------------------------
-def encode_infer_response(resp: InferResponse) -> pb.ModelInferResponse:
-    """Build the ModelInferResponse. Copies output data, so release() may follow."""
-    msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version,
-                                id=resp.id)
+# -- wire bytes ----------------------------------------------------------------------------
+_RAW_INPUT_TAG = (7 << 3) | 2  # ModelInferRequest.raw_input_contents, length-delimited
+_RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents (field 6, length-delimited)
+_STREAM_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response (field 2)
+# Below this, parsing everything with upb costs less than splitting the raw contents off.
+SPLIT_THRESHOLD = 64 * 1024
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        b = data[pos]  # IndexError past the end: caller falls back to the full parser
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _split_raw_inputs(data: bytes) -> tuple[bytes, list[memoryview]] | None:
+    """The message without its raw_input_contents, and those entries as views of
+    ``data``; None if the top level is not the expected all-length-delimited shape."""
+    view = memoryview(data)
+    rest: list[memoryview] = []
+    raw: list[memoryview] = []
+    pos = start = 0
+    n = len(data)
+    try:
+        while pos < n:
+            field_start = pos
+            tag, pos = _read_varint(data, pos)
+            if tag & 7 != 2:
+                return None
+            length, pos = _read_varint(data, pos)
+            end = pos + length
+            if end > n:
+                return None
+            if tag == _RAW_INPUT_TAG:
+                rest.append(view[start:field_start])
+                raw.append(view[pos:end])
+                start = end
+            pos = end
+    except (IndexError, ValueError):
+        return None
+    rest.append(view[start:])
+    return b"".join(rest), raw
+
+
+def parse_infer_request(data: bytes) -> InferRequest:
+    """ModelInferRequest bytes -> InferRequest. Large tensors stay views of ``data``
+    (upb would copy each raw entry into a bytes object of its own)."""
+    if len(data) >= SPLIT_THRESHOLD and (split := _split_raw_inputs(data)) is not None:
+        head, raw = split
+        return decode_infer_request(pb.ModelInferRequest.FromString(head), raw)
+    return decode_infer_request(pb.ModelInferRequest.FromString(data))
+
+
+def _byte_view(data: Buffer) -> Buffer:
+    if isinstance(data, memoryview) and (data.format != "B" or data.ndim != 1):
+        return data.cast("B") if data.c_contiguous else memoryview(data.tobytes())
+    return data
+
+
+def _response_head(resp: InferResponse, final: bool | None) -> bytes:
+    msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
     encode_parameters(resp.parameters, msg.parameters)
-    raw = []
+    if final is not None:
+        msg.parameters["triton_final_response"].bool_param = final
     for out in resp.outputs:
         t = msg.outputs.add(name=out.name, datatype=out.datatype, shape=out.shape)
         encode_parameters(out.parameters, t.parameters)
-        # One entry per output, even empty ones: tritonclient indexes by position.
-        raw.append(bytes(out.data))
-    msg.raw_output_contents.extend(raw)
-    return msg
+    return msg.SerializeToString()
 
 
+def _response_parts(resp: InferResponse, final: bool | None) -> tuple[list[Buffer], int]:
+    parts: list[Buffer] = [_response_head(resp, final)]
+    for out in resp.outputs:  # one entry per output, even empty ones: tritonclient indexes by position
+        data = _byte_view(out.data)
+        parts += (_RAW_OUTPUT_TAG, varint(len(data)), data)
+    return parts, sum(len(p) for p in parts)
+
+
+def infer_response_bytes(resp: InferResponse, framed: bool = False) -> bytes:
+    """The ModelInferResponse as bytes, built by one join (tensor data copied once),
+    with the 5-byte gRPC message prefix in front when ``framed``; releases ``resp``."""
+    try:
+        parts, size = _response_parts(resp, None)
+        if framed:
+            parts.insert(0, b"\x00" + size.to_bytes(4, "big"))
+        return b"".join(parts)
+    finally:
+        resp.release()
+
+
+def stream_response_bytes(resp: InferResponse, final: bool | None) -> bytes:
+    """A ModelStreamInferResponse carrying ``resp`` (releases it)."""
+    try:
+        parts, size = _response_parts(resp, final)
+        return b"".join((_STREAM_RESPONSE_TAG, varint(size), *parts))
+    finally:
+        resp.release()
+
+
+# -- statistics ----------------------------------------------------------------------------
 _BATCH_PHASES = ("compute_input", "compute_infer", "compute_output")
 
 

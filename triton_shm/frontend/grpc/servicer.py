@@ -1,46 +1,27 @@
-"""inference.GRPCInferenceService on grpc.aio, translating to InferenceService calls.
+"""inference.GRPCInferenceService and grpc.health.v1.Health, transport-neutral.
 
-Each RPC is a thin translation; errors are mapped once in ``_rpc``.
+Each RPC is a thin translation to InferenceService calls, written once: a body takes
+the request and returns the response, and fails by raising (TritonShmError, GrpcError).
+``methods()`` lists them with their codecs for both transports (``aio.py``, ``native/``).
 """
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, TypeVar
-
-import grpc
+from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from ..._proto import grpc_service_pb2 as pb
-from ..._proto import grpc_service_pb2_grpc as pb_grpc
-from ...errors import GRPC_STATUS, TritonShmError
-from .codec import decode_infer_request, encode_infer_response, encode_model_statistics
+from ...errors import TritonShmError, Unsupported
+from .codec import encode_model_statistics, infer_response_bytes, parse_infer_request, stream_response_bytes
+from .rpc import Method, raw_bytes
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
 
 log = logging.getLogger(__name__)
 
-_R = TypeVar("_R")
-_Ctx = grpc.aio.ServicerContext
-_Handler = Callable[[Any, Any, _Ctx], Awaitable[_R]]
-
-
-def _rpc(fn: _Handler[_R]) -> _Handler[_R]:
-    """Map TritonShmError to its gRPC status, anything unexpected to INTERNAL."""
-    @functools.wraps(fn)
-    async def wrapper(self: Any, request: Any, context: _Ctx) -> _R:
-        try:
-            return await fn(self, request, context)
-        except grpc.aio.AbortError:  # context.abort() already set the status
-            raise
-        except TritonShmError as e:
-            await context.abort(grpc.StatusCode[GRPC_STATUS[e.code]], e.message)
-        except Exception as e:  # noqa: BLE001 - the client must get an answer
-            log.exception("gRPC %s failed", fn.__name__)
-            await context.abort(grpc.StatusCode.INTERNAL, f"{type(e).__name__}: {e}")
-        raise AssertionError("unreachable: context.abort raises")
-    return wrapper
+SERVICE = "inference.GRPCInferenceService"
 
 
 def _tensor_metadata(tensors: list[dict[str, Any]]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
@@ -49,48 +30,37 @@ def _tensor_metadata(tensors: list[dict[str, Any]]) -> list[pb.ModelMetadataResp
         for t in tensors]
 
 
-class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
+class InferenceRpcs:
     def __init__(self, service: "InferenceService"):
         self.service = service
 
     # -- health and metadata -------------------------------------------------------------
-    @_rpc
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: _Ctx) -> pb.ServerLiveResponse:
+    async def ServerLive(self, request: pb.ServerLiveRequest) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=self.service.live())
 
-    @_rpc
-    async def ServerReady(self, request: pb.ServerReadyRequest, context: _Ctx) -> pb.ServerReadyResponse:
+    async def ServerReady(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.service.ready())
 
-    @_rpc
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: _Ctx) -> pb.ModelReadyResponse:
+    async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
         return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
 
-    @_rpc
-    async def ServerMetadata(self, request: pb.ServerMetadataRequest,
-                             context: _Ctx) -> pb.ServerMetadataResponse:
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
         md = self.service.server_metadata()
         return pb.ServerMetadataResponse(name=md["name"], version=md["version"],
                                          extensions=md["extensions"])
 
-    @_rpc
-    async def ModelMetadata(self, request: pb.ModelMetadataRequest,
-                            context: _Ctx) -> pb.ModelMetadataResponse:
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest) -> pb.ModelMetadataResponse:
         md = self.service.model_metadata(request.name, request.version)
         return pb.ModelMetadataResponse(
             name=md["name"], versions=md["versions"], platform=md["platform"],
             inputs=_tensor_metadata(md["inputs"]), outputs=_tensor_metadata(md["outputs"]))
 
-    @_rpc
-    async def ModelConfig(self, request: pb.ModelConfigRequest, context: _Ctx) -> pb.ModelConfigResponse:
+    async def ModelConfig(self, request: pb.ModelConfigRequest) -> pb.ModelConfigResponse:
         return pb.ModelConfigResponse(config=self.service.model_config(request.name, request.version))
 
-    @_rpc
-    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest,
-                              context: _Ctx) -> pb.RepositoryIndexResponse:
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest) -> pb.RepositoryIndexResponse:
         if request.repository_name:  # Triton answers the same (one repository namespace)
-            await context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                                "'repository_name' specification is not supported")
+            raise Unsupported("'repository_name' specification is not supported")
         resp = pb.RepositoryIndexResponse()
         for m in self.service.repository_index(ready_only=request.ready):
             resp.models.add(name=m["name"], version=m.get("version", ""),
@@ -98,31 +68,23 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
         return resp
 
     # -- inference -----------------------------------------------------------------------
-    @_rpc
-    async def ModelInfer(self, request: pb.ModelInferRequest, context: _Ctx) -> pb.ModelInferResponse:
-        response = await self.service.infer(decode_infer_request(request))
-        try:
-            return encode_infer_response(response)
-        finally:
-            response.release()  # outputs may be views into shared memory
+    async def ModelInfer(self, request: bytes) -> Any:
+        """Takes the raw message (parsed here so tensors stay views of it) and returns
+        the core response, serialized by ``infer_response_bytes``."""
+        return await self.service.infer(parse_infer_request(request))
 
-    @_rpc
-    async def ModelStatistics(self, request: pb.ModelStatisticsRequest,
-                              context: _Ctx) -> pb.ModelStatisticsResponse:
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
         stats = self.service.model_statistics(request.name, request.version)
         return encode_model_statistics(stats)
 
-    @_rpc
-    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest,
-                                  context: _Ctx) -> pb.RepositoryModelLoadResponse:
+    async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
         params = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.parameters.items()
                   if v.WhichOneof("parameter_choice")}
         await self.service.load_model(request.model_name, params)
         return pb.RepositoryModelLoadResponse()
 
-    @_rpc
-    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest,
-                                    context: _Ctx) -> pb.RepositoryModelUnloadResponse:
+    async def RepositoryModelUnload(self, request: pb.RepositoryModelUnloadRequest
+                                    ) -> pb.RepositoryModelUnloadResponse:
         dependents = request.parameters.get("unload_dependents")
         await self.service.unload_model(request.model_name, bool(dependents and dependents.bool_param))
         return pb.RepositoryModelUnloadResponse()
@@ -134,42 +96,30 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             resp.regions[r["name"]].CopyFrom(response_type.RegionStatus(**r))
         return resp
 
-    @_rpc
-    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest,
-                                       context: _Ctx) -> pb.SystemSharedMemoryStatusResponse:
+    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
         return self._shm_status(pb.SystemSharedMemoryStatusResponse, "system", request.name)
 
-    @_rpc
-    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest,
-                                         context: _Ctx) -> pb.SystemSharedMemoryRegisterResponse:
+    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest) -> pb.SystemSharedMemoryRegisterResponse:
         self.service.register_system_shm(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
-    @_rpc
-    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest,
-                                           context: _Ctx) -> pb.SystemSharedMemoryUnregisterResponse:
+    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest) -> pb.SystemSharedMemoryUnregisterResponse:
         self.service.unregister_shm("system", request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    @_rpc
-    async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest,
-                                     context: _Ctx) -> pb.CudaSharedMemoryStatusResponse:
+    async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
         return self._shm_status(pb.CudaSharedMemoryStatusResponse, "cuda", request.name)
 
-    @_rpc
-    async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest,
-                                       context: _Ctx) -> pb.CudaSharedMemoryRegisterResponse:
+    async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest) -> pb.CudaSharedMemoryRegisterResponse:
         self.service.register_cuda_shm(request.name, request.raw_handle, request.device_id, request.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
-    @_rpc
-    async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest,
-                                         context: _Ctx) -> pb.CudaSharedMemoryUnregisterResponse:
+    async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest) -> pb.CudaSharedMemoryUnregisterResponse:
         self.service.unregister_shm("cuda", request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- streaming -------------------------------------------------------------------------
-    async def ModelStreamInfer(self, request_iterator: Any, context: _Ctx) -> AsyncIterator[Any]:
+    async def ModelStreamInfer(self, request_iterator: Any) -> AsyncIterator[Any]:
         """Bidirectional stream: each request is served concurrently and may get any
         number of responses (decoupled models). Errors travel in ``error_message`` and
         the stream stays open, as in Triton."""
@@ -196,40 +146,34 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             for task in list(tasks):
                 task.cancel()
 
-    async def _serve_stream_request(self, msg: pb.ModelInferRequest, out: asyncio.Queue) -> None:
+    async def _serve_stream_request(self, msg: bytes, out: asyncio.Queue) -> None:
+        """Puts each reply, already encoded (responses are released as they are encoded)."""
+        def error(message: str) -> bytes:
+            return pb.ModelStreamInferResponse(error_message=message).SerializeToString()
         try:
-            request = decode_infer_request(msg)
+            request = parse_infer_request(msg)
             # A non-decoupled model's one response is always flagged final; a decoupled
             # model's responses are flagged only when the client asked for the flag.
             flag_final = (request.parameters.get("triton_enable_empty_final_response") is True
                           or not self.service.decoupled(request))
             async for response, final in self.service.infer_stream(request):
                 if isinstance(response, TritonShmError):  # an error is a response of its own (final or not)
-                    out.put_nowait(pb.ModelStreamInferResponse(error_message=response.message))
-                    continue
-                if response is None:
-                    if final and flag_final:
-                        reply = pb.ModelInferResponse(model_name=request.model_name,
-                                                      model_version=request.model_version, id=request.id)
-                        reply.parameters["triton_final_response"].bool_param = True
-                        out.put_nowait(pb.ModelStreamInferResponse(infer_response=reply))
-                    continue
-                try:
-                    reply = encode_infer_response(response)
-                finally:
-                    response.release()
-                if flag_final:
-                    reply.parameters["triton_final_response"].bool_param = final
-                out.put_nowait(pb.ModelStreamInferResponse(infer_response=reply))
+                    out.put_nowait(error(response.message))
+                elif response is not None:
+                    out.put_nowait(stream_response_bytes(response, final if flag_final else None))
+                elif final and flag_final:
+                    reply = pb.ModelInferResponse(model_name=request.model_name,
+                                                  model_version=request.model_version, id=request.id)
+                    reply.parameters["triton_final_response"].bool_param = True
+                    out.put_nowait(pb.ModelStreamInferResponse(infer_response=reply).SerializeToString())
         except TritonShmError as e:
-            out.put_nowait(pb.ModelStreamInferResponse(error_message=e.message))
+            out.put_nowait(error(e.message))
         except Exception as e:  # noqa: BLE001 - the stream must get an answer
             log.exception("stream request failed")
-            out.put_nowait(pb.ModelStreamInferResponse(error_message=f"{type(e).__name__}: {e}"))
+            out.put_nowait(error(f"{type(e).__name__}: {e}"))
 
     # -- trace and logging extensions -------------------------------------------------------
-    @_rpc
-    async def TraceSetting(self, request: pb.TraceSettingRequest, context: _Ctx) -> pb.TraceSettingResponse:
+    async def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
         log.debug("gRPC request: TraceSetting model '%s'", request.model_name)
         if request.settings:
             changes: dict[str, Any] = {}
@@ -245,8 +189,7 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
             resp.settings[key].value.extend(value if isinstance(value, list) else [value])
         return resp
 
-    @_rpc
-    async def LogSettings(self, request: pb.LogSettingsRequest, context: _Ctx) -> pb.LogSettingsResponse:
+    async def LogSettings(self, request: pb.LogSettingsRequest) -> pb.LogSettingsResponse:
         log.debug("gRPC request: LogSettings")
         if request.settings:
             changes = {key: (getattr(setting, which) if (which := setting.WhichOneof("parameter_choice")) else None)
@@ -272,15 +215,35 @@ class GRPCInferenceServicer(pb_grpc.GRPCInferenceServiceServicer):
 _SERVING, _NOT_SERVING = b"\x08\x01", b"\x08\x02"  # HealthCheckResponse{status: 1 | 2}
 
 
-def health_handler(service: "InferenceService") -> grpc.GenericRpcHandler:
-    async def check(request: bytes, context: _Ctx) -> bytes:
-        try:
-            return _SERVING if service.ready() else _NOT_SERVING
-        except Exception:  # noqa: BLE001 - health must answer, not crash
-            log.exception("health check failed")
-            return _NOT_SERVING
+async def _health_check(service: "InferenceService", request: bytes) -> bytes:
+    try:
+        return _SERVING if service.ready() else _NOT_SERVING
+    except Exception:  # noqa: BLE001 - health must answer, not crash
+        log.exception("health check failed")
+        return _NOT_SERVING
 
-    return grpc.method_handlers_generic_handler("grpc.health.v1.Health", {
-        "Check": grpc.unary_unary_rpc_method_handler(
-            check, request_deserializer=None, response_serializer=None),
-    })
+
+def _infer_response_serializer(response: Any, framed: bool) -> bytes:
+    return infer_response_bytes(response, framed)
+
+
+# Bodies that take or give bytes instead of protobuf messages (their own codecs).
+_RAW_REQUEST = {"ModelInfer", "ModelStreamInfer"}
+_SERIALIZERS = {"ModelInfer": _infer_response_serializer, "ModelStreamInfer": raw_bytes}
+
+
+def methods(service: "InferenceService") -> list[Method]:
+    """Every RPC served, from the service descriptor: nothing to keep in step by hand."""
+    rpcs = InferenceRpcs(service)
+    out = []
+    for m in pb.DESCRIPTOR.services_by_name[SERVICE.split(".")[1]].methods:
+        kwargs: dict[str, Any] = {}
+        if m.name not in _RAW_REQUEST:
+            kwargs["deserialize"] = getattr(pb, m.input_type.name).FromString
+        if m.name in _SERIALIZERS:
+            kwargs["serialize"] = _SERIALIZERS[m.name]
+        out.append(Method(f"/{SERVICE}/{m.name}", getattr(rpcs, m.name),
+                          streaming=m.client_streaming or m.server_streaming, **kwargs))
+    out.append(Method("/grpc.health.v1.Health/Check", functools.partial(_health_check, service),
+                      serialize=raw_bytes))
+    return out

@@ -1,0 +1,167 @@
+"""A gRPC call on one stream: its state, and running it (the method body as an asyncio
+task, its messages out, its status at the end). ``CallRunner`` is mixed into the
+connection, whose engine, flush and writer bookkeeping it uses."""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+import ngh2
+
+from ..rpc import Method, rpc_status
+from .framing import ACCEPT_ENCODING, DEADLINE_EXCEEDED, OK, MessageReader, compress, encode_message_text, prefix
+
+STREAM_SEND_HIGH = 1 << 20  # a stream's queued response bytes before its producer waits
+STREAM_QUEUE_DEPTH = 4  # stream messages read ahead of the handler before windows stop opening
+
+_RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"),
+                     (b"grpc-accept-encoding", ACCEPT_ENCODING))
+_OK_TRAILERS = ((b"grpc-status", b"0"),)
+
+
+class Call:
+    """One stream's gRPC call."""
+
+    __slots__ = ("stream_id", "method", "reader", "task", "timer", "send_encoding",
+                 "headers_sent", "finished", "remote_closed", "messages", "queue", "deferred_ack",
+                 "writable")
+
+    def __init__(self, stream_id: int, method: Method, reader: MessageReader, send_encoding: bytes | None):
+        self.stream_id = stream_id
+        self.method = method
+        self.reader = reader
+        self.send_encoding = send_encoding
+        self.task: asyncio.Task | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.headers_sent = False
+        self.finished = False  # our side ended (status sent or stream gone)
+        self.remote_closed = False
+        self.messages: list[bytes | memoryview] = []  # unary: the request
+        self.queue: asyncio.Queue | None = None  # streams: messages for the handler
+        self.deferred_ack = 0  # stream bytes received but not yet released to the peer
+        self.writable: asyncio.Future | None = None  # set while the handler waits on backpressure
+
+
+class CallRunner:
+    """The per-call half of ``GrpcConnection``."""
+
+    h2: ngh2.Connection
+    loop: asyncio.AbstractEventLoop
+    waiting_writers: set[Call]
+    pending_resets: list[int]
+    ping_strikes: int
+    last_ping: float
+
+    def schedule_flush(self) -> None:  # the connection's
+        raise NotImplementedError
+
+    def _ack(self, sid: int, size: int) -> None:  # the connection's
+        raise NotImplementedError
+
+    def _deadline(self, call: Call) -> None:
+        call.timer = None
+        if not call.finished:
+            if call.task is not None:
+                call.task.cancel()
+            self._finish(call, DEADLINE_EXCEEDED, "Deadline Exceeded")
+
+    async def _run_unary(self, call: Call, data: bytes) -> None:
+        method = call.method
+        try:
+            response = await method.handler(method.deserialize(data))
+            if call.finished:  # reset or timed out meanwhile; a response may own shared memory
+                release = getattr(response, "release", None)
+                if release is not None:
+                    release()
+                return
+            message = self._frame(method, response, call.send_encoding)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the client must get an answer
+            self._finish(call, *rpc_status(e, method.path))
+            return
+        self._send_message(call, message)
+        self._finish(call, OK, "")
+
+    async def _run_stream(self, call: Call) -> None:
+        method = call.method
+        replies = method.handler(self._requests(call))
+        try:
+            async for reply in replies:
+                if call.finished:
+                    return
+                self._send_message(call, self._frame(method, reply, call.send_encoding))
+                if self.h2.queued_body_size(call.stream_id) >= STREAM_SEND_HIGH:
+                    call.writable = self.loop.create_future()
+                    self.waiting_writers.add(call)
+                    await call.writable
+            status: tuple[int, str] = (OK, "")
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            status = rpc_status(e, method.path)
+        finally:
+            await replies.aclose()  # the body's own cleanup (its requests' tasks) runs now
+        self._finish(call, *status)
+
+    async def _requests(self, call: Call) -> AsyncIterator[Any]:
+        queue, deserialize = call.queue, call.method.deserialize
+        while True:
+            item = await queue.get()
+            if item is None:
+                return
+            if call.deferred_ack and queue.qsize() < STREAM_QUEUE_DEPTH:
+                self._ack(call.stream_id, call.deferred_ack)
+                call.deferred_ack = 0
+                self.schedule_flush()
+            yield deserialize(item)
+
+    def _wake_writer(self, call: Call) -> None:
+        self.waiting_writers.discard(call)
+        if call.writable is not None and not call.writable.done():
+            call.writable.set_result(None)
+        call.writable = None
+
+    @staticmethod
+    def _frame(method: Method, response: Any, encoding: bytes | None) -> bytes:
+        if encoding is None:
+            return method.serialize(response, True)
+        body = compress(method.serialize(response, False), encoding)
+        return prefix(len(body), True) + body
+
+    def _send_message(self, call: Call, message: bytes) -> None:
+        h2, sid = self.h2, call.stream_id
+        self.ping_strikes, self.last_ping = 0, float("-inf")  # gRPC's ping policy: data sent
+        try:
+            if not call.headers_sent:
+                call.headers_sent = True
+                headers = _RESPONSE_HEADERS if call.send_encoding is None else \
+                    (*_RESPONSE_HEADERS, (b"grpc-encoding", call.send_encoding))
+                h2.send_response(sid, headers)
+            h2.send_data(sid, message)
+        except ngh2.NGH2Error:
+            call.finished = True  # the stream went away under us
+        self.schedule_flush()
+
+    def _finish(self, call: Call, code: int, message: str) -> None:
+        """End the call with a status: trailers, or trailers-only when nothing was sent."""
+        if call.finished:
+            return
+        call.finished = True
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        status = [(b"grpc-status", str(code).encode())] if code else list(_OK_TRAILERS)
+        if message:
+            status.append((b"grpc-message", encode_message_text(message)))
+        h2, sid = self.h2, call.stream_id
+        try:
+            if call.headers_sent:
+                h2.send_trailers(sid, status)
+            else:
+                h2.send_response(sid, (*_RESPONSE_HEADERS, *status), end_stream=True)
+            if not call.remote_closed:  # we are done; the client need not send the rest
+                self.pending_resets.append(sid)
+        except ngh2.NGH2Error:
+            pass
+        self.schedule_flush()

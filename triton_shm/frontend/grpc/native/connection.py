@@ -1,0 +1,485 @@
+"""One HTTP/2 connection serving gRPC calls: an asyncio Protocol around the protocol engine.
+
+Bytes read from the socket go into the engine; its events become calls (one asyncio
+task each); the engine's output goes back to the transport, in bounded chunks and only
+while the transport is not paused, so a slow reader holds its responses in the engine
+(bounded by its flow-control window and the calls it has open) instead of growing
+the transport's buffer. Receive windows are given back as messages are consumed.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+import ngh2
+
+from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner
+from .framing import (
+    INTERNAL,
+    UNAVAILABLE,
+    UNIMPLEMENTED,
+    GrpcError,
+    MessageReader,
+    parse_timeout,
+    supported_encoding,
+)
+
+if TYPE_CHECKING:
+    from .server import NativeServer
+
+log = logging.getLogger(__name__)
+
+WRITE_CHUNK = 256 * 1024  # engine output taken per transport write
+RECEIVE_SLICE = 64 * 1024  # most input fed to the engine between two flushes
+LINGER_SECONDS = 1.0  # reading on after our final GOAWAY
+
+class TokenBucket:
+    """Rate limit for control frames a peer can make us answer (PING, SETTINGS)."""
+
+    __slots__ = ("tokens", "burst", "rate", "stamp")
+
+    def __init__(self, burst: float, rate: float):
+        self.tokens = self.burst = burst
+        self.rate = rate
+        self.stamp = time.monotonic()
+
+    def take(self) -> bool:
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        self.tokens -= 1
+        return self.tokens >= 0
+
+
+class GrpcConnection(CallRunner, asyncio.Protocol):
+    def __init__(self, server: "NativeServer"):
+        self.server = server
+        self.loop = asyncio.get_running_loop()
+        self.h2 = ngh2.Connection(ngh2.Role.SERVER, server.h2_config)
+        self.transport: asyncio.Transport | None = None
+        self.calls: dict[int, Call] = {}
+        self.paused = False
+        self.closed = False
+        self.flush_scheduled = False
+        self.waiting_writers: set[Call] = set()
+        self.pending_resets: list[int] = []
+        self.control_frames = TokenBucket(*server.control_frame_limit)
+        self.last_ping = float("-inf")  # the client's last PING, for the ping policy ...
+        self.ping_strikes = 0  # ... both reset whenever we send response data
+        self.last_read: float | None = None
+        self.ping_timeout: asyncio.TimerHandle | None = None
+        self.idle_timer: asyncio.TimerHandle | None = None
+        self.age_timer: asyncio.TimerHandle | None = None
+        self.shutting_down = False  # GOAWAY sent: no new calls
+        self.terminated = False  # final GOAWAY: the rest of the input is dropped
+        self._dispatch: dict[type, Callable[[Any], None]] = {
+            ngh2.RequestReceived: self._on_request,
+            ngh2.DataReceived: self._on_data,
+            ngh2.StreamReset: self._on_reset,
+            ngh2.StreamClosed: self._on_stream_closed,
+            ngh2.PingReceived: self._on_ping,
+            ngh2.SettingsReceived: self._on_control_frame,
+            ngh2.PingAcknowledged: self._on_ping_ack,
+            ngh2.TrailersReceived: self._on_trailers,
+            ngh2.ConnectionClosed: self._on_connection_closed,
+        }
+
+    # -- transport callbacks ------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        tls = transport.get_extra_info("ssl_object")
+        if tls is not None and tls.selected_alpn_protocol() != "h2":  # RFC 9113 §3.2: h2 over TLS needs ALPN
+            log.warning("gRPC connection from %s refused: TLS without ALPN 'h2'", self._peer())
+            self.closed = True
+            transport.close()
+            return
+        self.server.connections.add(self)
+        self.h2.initiate_connection(self.server.settings)
+        self.h2.set_local_window_size(self.server.connection_window)
+        # A peer that never sends its preface (or anything) is dropped; keepalive
+        # pings take over once it is talking.
+        self.idle_timer = self.loop.call_later(self.server.handshake_timeout, self._handshake_check)
+        if self.server.max_connection_age is not None:  # +-10% so connections do not all age at once
+            age = self.server.max_connection_age * random.uniform(0.9, 1.1)
+            self.age_timer = self.loop.call_later(age, self._aged)
+        self.flush()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closed or self.terminated:  # lingering after GOAWAY: input is read and dropped
+            return
+        self.last_read = self.loop.time()
+        h2 = self.h2
+        # A large read is fed in slices, answering in between: a flood of PINGs or
+        # SETTINGS then meets our rate limit (GOAWAY ENHANCE_YOUR_CALM) before the
+        # engine's cap on unsent acknowledgements, which could only drop the connection.
+        view = memoryview(data) if len(data) > RECEIVE_SLICE else None
+        start = 0
+        while True:
+            chunk = data if view is None else view[start:start + RECEIVE_SLICE]
+            try:
+                h2.receive_data(chunk)
+            except ngh2.NGH2Error as e:  # fatal for the connection (a flood, a protocol violation)
+                log.log(logging.WARNING if isinstance(e, ngh2.DenialOfServiceError) else logging.DEBUG,
+                        "gRPC connection from %s dropped: %s", self._peer(), e)
+                self._abort()
+                return
+            self._process_events()
+            start += RECEIVE_SLICE
+            if view is None or start >= len(data) or self.closed or self.terminated:
+                break
+            if h2.want_write:
+                self.flush()
+        self.flush()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self not in self.server.connections:  # refused in connection_made
+            return
+        self.server.connections.discard(self)
+        for timer in (self.idle_timer, self.ping_timeout, self.age_timer):
+            if timer is not None:
+                timer.cancel()
+        for call in list(self.calls.values()):
+            self._drop(call)
+        self.calls.clear()
+        self.server.connection_done()
+
+    def pause_writing(self) -> None:
+        self.paused = True
+
+    def resume_writing(self) -> None:
+        self.paused = False
+        self.flush()
+
+    # -- output ---------------------------------------------------------------------------
+    def schedule_flush(self) -> None:
+        """Coalesce the output of every call answered in this loop iteration."""
+        if not self.flush_scheduled:
+            self.flush_scheduled = True
+            self.loop.call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flush_scheduled = False
+        if self.closed:
+            return
+        h2, transport = self.h2, self.transport
+        try:
+            while True:
+                while not self.paused:
+                    out = h2.data_to_send(WRITE_CHUNK)
+                    if not out:
+                        break
+                    transport.write(out)
+                if self.paused or not self.pending_resets or not self._send_resets():
+                    break
+        except ngh2.NGH2Error:
+            self._abort()
+            return
+        self._process_events()
+        if self.waiting_writers:
+            for call in list(self.waiting_writers):
+                if self.h2.queued_body_size(call.stream_id) < STREAM_SEND_HIGH // 2:
+                    self._wake_writer(call)
+        if self.shutting_down and not self.calls and not self.h2.want_write:
+            transport.close()
+
+    def _send_resets(self) -> bool:
+        """RST_STREAM the calls we have answered while the client still sends, once their
+        answer is out: the engine sends a reset ahead of queued HEADERS and DATA."""
+        h2, sent, waiting = self.h2, False, []
+        for sid in self.pending_resets:
+            try:
+                if h2.queued_body_size(sid):
+                    waiting.append(sid)
+                    continue
+                h2.reset_stream(sid, ngh2.ErrorCode.NO_ERROR)
+                sent = True
+            except ngh2.NGH2Error:
+                pass
+        self.pending_resets = waiting
+        return sent
+
+    def _abort(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.transport.abort()
+
+    def _process_events(self) -> None:
+        dispatch = self._dispatch
+        try:
+            for event in self.h2.events():
+                if self.terminated:
+                    break
+                handler = dispatch.get(type(event))
+                if handler is not None:
+                    handler(event)
+        except Exception:  # a bug of ours must cost this connection, not the loop's callback
+            log.exception("gRPC connection failed")
+            self._abort()
+
+    # -- streams ----------------------------------------------------------------------------
+    def _on_request(self, event: ngh2.RequestReceived) -> None:
+        sid = event.stream_id
+        path = method = content_type = b""
+        timeout = encoding = accept = None
+        for name, value in event.headers:
+            if name == b":path":
+                path = value
+            elif name == b":method":
+                method = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"grpc-timeout":
+                timeout = value
+            elif name == b"grpc-encoding":
+                encoding = value
+            elif name == b"grpc-accept-encoding":
+                accept = value
+        if method != b"POST":
+            self._http_error(sid, b"405")
+            return
+        if not content_type.startswith(b"application/grpc"):
+            self._http_error(sid, b"415")
+            return
+        if self.shutting_down:  # after our GOAWAY: not processed, safe for the client to retry
+            try:
+                self.h2.reset_stream(sid, ngh2.ErrorCode.REFUSED_STREAM)
+            except ngh2.NGH2Error:
+                pass
+            return
+        target = self.server.methods.get(path)
+        encoding = None if encoding in (None, b"identity") else encoding
+        send_encoding = None
+        if encoding is not None and accept is not None and encoding in accept.replace(b" ", b"").split(b","):
+            send_encoding = encoding  # answer in the encoding the client chose, if it takes it back
+        call = Call(sid, target, MessageReader(self.server.max_message_bytes, encoding or b"identity"),
+                    send_encoding)  # type: ignore[arg-type]
+        self.calls[sid] = call
+        if event.end_stream:
+            call.remote_closed = True
+        if target is None:
+            self._finish(call, UNIMPLEMENTED, f"unknown method {path.decode('utf-8', 'replace')}")
+            return
+        if encoding is not None and not supported_encoding(encoding):
+            self._finish(call, UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')} is not supported")
+            return
+        if timeout is not None:
+            try:
+                seconds = parse_timeout(timeout)
+            except ValueError as e:
+                self._finish(call, INTERNAL, str(e))
+                return
+            call.timer = self.loop.call_later(seconds, self._deadline, call)
+        if target.streaming:
+            call.queue = asyncio.Queue()
+            if call.remote_closed:
+                call.queue.put_nowait(None)
+            call.task = self.loop.create_task(self._run_stream(call))
+        elif call.remote_closed:
+            self._end_of_request(call)
+
+    def _on_data(self, event: ngh2.DataReceived) -> None:
+        sid, data = event.stream_id, event.data
+        call = self.calls.get(sid)
+        size = len(data)
+        if call is None or call.finished:
+            self._ack(sid, size)  # already answered: give the window back, drop the bytes
+            return
+        try:
+            messages = call.reader.feed(data)
+        except GrpcError as e:
+            self._ack(sid, size)
+            self._finish(call, e.code, e.message)
+            return
+        if call.queue is None:
+            self._ack(sid, size)  # unary: the reader holds it, bounded by the message limit
+            call.messages += messages
+            if len(call.messages) > 1:
+                self._finish(call, INTERNAL, "more than one request message on a unary call")
+                return
+        else:
+            for m in messages:
+                call.queue.put_nowait(m)
+            if call.queue.qsize() < STREAM_QUEUE_DEPTH:
+                self._ack(sid, size + call.deferred_ack)
+                call.deferred_ack = 0
+            else:  # the handler is behind: stop opening the window until it catches up
+                call.deferred_ack += size
+        if event.end_stream:
+            call.remote_closed = True
+            self._end_of_request(call)
+
+    def _on_trailers(self, event: ngh2.TrailersReceived) -> None:
+        call = self.calls.get(event.stream_id)
+        if call is not None and not call.finished:
+            call.remote_closed = True
+            self._end_of_request(call)
+
+    def _end_of_request(self, call: Call) -> None:
+        if call.finished:
+            return
+        if call.reader.pending:
+            self._finish(call, INTERNAL, "request ended inside a message (truncated gRPC message)")
+        elif call.queue is not None:
+            call.queue.put_nowait(None)
+        elif len(call.messages) != 1:
+            self._finish(call, INTERNAL, "unary call ended without a request message")
+        else:
+            call.task = self.loop.create_task(self._run_unary(call, call.messages.pop()))
+
+    def _ack(self, sid: int, size: int) -> None:
+        if size:
+            try:
+                self.h2.acknowledge_received_data(size, sid)
+            except ngh2.NGH2Error:
+                pass  # the stream is gone; the engine accounts the connection window itself
+
+    def _on_reset(self, event: ngh2.StreamReset) -> None:
+        call = self.calls.pop(event.stream_id, None)
+        if call is not None:
+            self._drop(call)
+
+    def _on_stream_closed(self, event: ngh2.StreamClosed) -> None:
+        call = self.calls.pop(event.stream_id, None)
+        if call is not None:
+            self._drop(call)
+        if self.shutting_down and not self.calls:
+            self.schedule_flush()
+
+    def _drop(self, call: Call) -> None:
+        """The stream is gone (reset, closed, disconnect): stop its work."""
+        call.finished = True
+        if call.timer is not None:
+            call.timer.cancel()
+        if call.task is not None and not call.task.done():
+            call.task.cancel()  # cancels the request in the scheduler and the worker
+        self._wake_writer(call)
+
+    def _http_error(self, sid: int, status: bytes) -> None:
+        """Not a gRPC request at all: a plain HTTP answer, as gRPC servers give."""
+        try:
+            self.h2.send_response(sid, ((b":status", status),), end_stream=True)
+        except ngh2.NGH2Error:
+            pass
+
+    # -- connection-level -----------------------------------------------------------------------
+    def _on_control_frame(self, event: Any) -> None:
+        if not self.control_frames.take():
+            self._goaway(ngh2.ErrorCode.ENHANCE_YOUR_CALM, b"too_many_control_frames")
+
+    def _on_ping(self, event: ngh2.PingReceived) -> None:
+        """gRPC's ping policy: a ping sooner than the allowed interval after the previous one,
+        with no response data sent in between, is a strike; past max_ping_strikes, GOAWAY."""
+        server, now = self.server, self.loop.time()
+        idle = not self.calls
+        interval = 7200.0 if idle and not server.pings_without_calls else server.min_ping_interval
+        too_soon = self.last_ping + interval > now
+        self.last_ping = now
+        if too_soon:
+            self.ping_strikes += 1
+            if server.max_ping_strikes and self.ping_strikes > server.max_ping_strikes:
+                self._goaway(ngh2.ErrorCode.ENHANCE_YOUR_CALM, b"too_many_pings")
+                return
+        self._on_control_frame(event)
+
+    def _on_ping_ack(self, event: ngh2.PingAcknowledged) -> None:
+        if self.ping_timeout is not None:
+            self.ping_timeout.cancel()
+            self.ping_timeout = None
+
+    def _on_connection_closed(self, event: ngh2.ConnectionClosed | None) -> None:
+        # The engine has queued its final GOAWAY: write it, then close.
+        if event is not None and event.error_code:  # e.g. a rapid-reset peer past the reset rate
+            log.warning("gRPC connection from %s closed by the HTTP/2 engine: %s %s", self._peer(),
+                        ngh2.ErrorCode(event.error_code).name if event.error_code <= 0xD else event.error_code,
+                        event.debug_data.decode("utf-8", "replace"))
+        self.shutting_down = self.terminated = True
+        for call in list(self.calls.values()):
+            self._drop(call)
+        self.calls.clear()
+        self.loop.call_soon(self._close_after_flush)
+
+    def _close_after_flush(self) -> None:
+        """Write what is left (the GOAWAY), half-close, and read on for a moment before
+        closing: closing with unread input makes the kernel send RST, and the peer may
+        then never read the GOAWAY that says why."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            out = self.h2.data_to_send()
+        except ngh2.NGH2Error:
+            out = b""
+        transport = self.transport
+        if out:
+            transport.write(out)
+        if transport.can_write_eof():
+            transport.write_eof()
+        self.loop.call_later(LINGER_SECONDS, transport.close)
+
+    def _goaway(self, code: int, debug: bytes) -> None:
+        """Stop the connection now: GOAWAY, then close once it is written."""
+        if self.closed or self.terminated:
+            return
+        try:
+            self.h2.send_goaway(code, debug_data=debug)  # the debug text tells the client why
+        except ngh2.NGH2Error:
+            pass
+        log.warning("gRPC connection from %s closed: %s", self._peer(), debug.decode())
+        self._on_connection_closed(None)
+
+    def _peer(self) -> str:
+        peer = self.transport.get_extra_info("peername") if self.transport else None
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+    def _handshake_check(self) -> None:
+        if self.last_read is None:  # not even a preface: an idle or stuck client
+            self._abort()
+        elif not self.closed:
+            self.idle_timer = self.loop.call_later(self.server.keepalive_time, self._keepalive)
+
+    def _keepalive(self) -> None:
+        """Ping a connection that went quiet; drop it if the ping is not answered."""
+        if self.closed:
+            return
+        if self.loop.time() - self.last_read >= self.server.keepalive_time and self.ping_timeout is None:
+            try:
+                self.h2.ping()
+            except ngh2.NGH2Error:
+                self._abort()
+                return
+            self.ping_timeout = self.loop.call_later(self.server.keepalive_timeout, self._abort)
+            self.flush()
+        self.idle_timer = self.loop.call_later(self.server.keepalive_time, self._keepalive)
+
+    def _aged(self) -> None:
+        """--grpc-max-connection-age: GOAWAY; the open calls get the grace period, if any."""
+        self.age_timer = None
+        if self.closed or self.shutting_down:
+            return
+        self.begin_shutdown()
+        grace = self.server.max_connection_age_grace
+        if grace is not None:
+            self.age_timer = self.loop.call_later(grace, self.cancel_calls)
+
+    def begin_shutdown(self) -> None:
+        """GOAWAY: no new calls; the open ones finish, then the connection closes."""
+        self.shutting_down = True
+        try:
+            self.h2.send_goaway(ngh2.ErrorCode.NO_ERROR)
+        except ngh2.NGH2Error:
+            pass
+        self.flush()
+
+    def cancel_calls(self) -> None:
+        for call in list(self.calls.values()):
+            if not call.finished:
+                if call.task is not None:
+                    call.task.cancel()
+                self._finish(call, UNAVAILABLE, "server is shutting down")
+        self.flush()
+        if not self.closed:
+            self.transport.close()

@@ -1,0 +1,107 @@
+"""The native gRPC server: listens, owns the connections, stops them with GOAWAY."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl as ssl_module
+
+import ngh2
+
+from ..keepalive import Keepalive
+from ..rpc import Method
+from .connection import GrpcConnection
+
+log = logging.getLogger(__name__)
+
+MAX_CONCURRENT_STREAMS = 1000
+STREAM_WINDOW = 4 << 20  # per-stream receive window
+CONNECTION_WINDOW = 32 << 20
+MAX_HEADER_LIST = 64 * 1024
+MAX_FRAME = 1 << 20  # larger DATA frames from the peer: fewer engine events per big message
+
+
+class NativeServer:
+    """Protocol limits are attributes so tests and embedders can tighten them."""
+
+    def __init__(self, methods: list[Method], *, max_message_bytes: int,
+                 max_concurrent_streams: int = MAX_CONCURRENT_STREAMS, keepalive: Keepalive | None = None):
+        self.methods = {m.path.encode(): m for m in methods}
+        self.max_message_bytes = max_message_bytes
+        self.settings = {
+            ngh2.Setting.MAX_CONCURRENT_STREAMS: max_concurrent_streams,
+            ngh2.Setting.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+            ngh2.Setting.MAX_HEADER_LIST_SIZE: MAX_HEADER_LIST,
+            ngh2.Setting.ENABLE_PUSH: 0,
+            ngh2.Setting.MAX_FRAME_SIZE: MAX_FRAME,
+        }
+        self.connection_window = CONNECTION_WINDOW
+        # The engine bounds header blocks, CONTINUATIONs, SETTINGS entries, unread
+        # acknowledgements and stream resets (rapid reset: a GOAWAY past the rate).
+        self.h2_config = ngh2.Configuration(auto_window_update=False, max_outbound_ack=10_000,
+                                            max_inbound_header_list_size=MAX_HEADER_LIST)
+        self.control_frame_limit = (500.0, 100.0)  # PING/SETTINGS burst, then per second
+        self.handshake_timeout = 10.0  # seconds for a new connection to send anything
+        self.apply_keepalive(keepalive or Keepalive())
+        self.connections: set[GrpcConnection] = set()
+        self._server: asyncio.AbstractServer | None = None
+        self._idle = asyncio.Event()
+
+    def apply_keepalive(self, k: Keepalive) -> None:
+        """tritonserver's --grpc-keepalive-* / --grpc-http2-* / --grpc-max-connection-age* settings,
+        with gRPC's meaning: a quiet connection is pinged every ``time`` and dropped if the ping
+        is not answered within ``timeout``; a client's pings closer together than the minimum
+        interval (two hours on a connection with no calls, unless permitted) are strikes, and
+        past ``max_ping_strikes`` it gets GOAWAY ENHANCE_YOUR_CALM; a connection older than
+        ``max_connection_age`` gets GOAWAY, and its calls ``grace`` more to finish."""
+        self.keepalive_time = k.time_ms / 1000
+        self.keepalive_timeout = k.timeout_ms / 1000
+        self.pings_without_calls = k.permit_without_calls
+        self.min_ping_interval = k.min_recv_ping_interval_without_data_ms / 1000
+        self.max_ping_strikes = k.max_ping_strikes
+        self.max_connection_age = None if k.max_connection_age_ms is None else k.max_connection_age_ms / 1000
+        self.max_connection_age_grace = (None if k.max_connection_age_grace_ms is None
+                                         else k.max_connection_age_grace_ms / 1000)
+
+    async def start(self, host: str, port: int, ssl: "ssl_module.SSLContext | None" = None) -> None:
+        """Listen on ``host:port``; with ``ssl``, TLS whose ALPN must select ``h2``."""
+        if ssl is not None:
+            ssl.set_alpn_protocols(["h2"])
+        loop = asyncio.get_running_loop()
+        try:
+            self._server = await loop.create_server(lambda: GrpcConnection(self), host, port, ssl=ssl,
+                                                    reuse_address=True, backlog=1024)
+        except OSError as e:
+            raise OSError(f"gRPC server could not bind {host}:{port} ({e.strerror})") from e
+
+    @property
+    def port(self) -> int:
+        return self._server.sockets[0].getsockname()[1]
+
+    def connection_done(self) -> None:
+        if not self.connections:
+            self._idle.set()
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting, GOAWAY every connection, let open calls finish for ``grace``
+        seconds, then end what is left with UNAVAILABLE."""
+        if self._server is not None:
+            self._server.close()
+        self._idle.clear()
+        for conn in list(self.connections):
+            conn.begin_shutdown()
+        if self.connections:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout=grace or 0.0)
+            except asyncio.TimeoutError:
+                for conn in list(self.connections):
+                    conn.cancel_calls()
+                await asyncio.sleep(0)
+        if self._server is not None:
+            await self._server.wait_closed()
+
+
+async def start_native(methods: list[Method], host: str, port: int, *, max_message_bytes: int,
+                       keepalive: Keepalive | None = None) -> NativeServer:
+    server = NativeServer(methods, max_message_bytes=max_message_bytes, keepalive=keepalive)
+    await server.start(host, port)
+    return server

@@ -1,0 +1,60 @@
+"""The transport-neutral shape of an RPC: what both gRPC transports serve.
+
+A method body takes the decoded request (a message, or for a stream an async iterator
+of them) and returns the response (or yields responses); it reports failure by raising.
+``rpc_status`` maps what it raised to a status once, for both transports.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from google.protobuf.message import DecodeError
+
+from ...errors import GRPC_STATUS, TritonShmError
+from .native.framing import INTERNAL, STATUS_CODES, GrpcError
+
+log = logging.getLogger(__name__)
+
+
+def _prefix(size: int) -> bytes:
+    return b"\x00" + size.to_bytes(4, "big")
+
+
+def raw_bytes(data: bytes, framed: bool) -> bytes:
+    """Serializer of a body that returns its message already encoded."""
+    return _prefix(len(data)) + data if framed else data
+
+
+def pb_serializer(message: Any, framed: bool) -> bytes:
+    data = message.SerializeToString()
+    return _prefix(len(data)) + data if framed else data
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    """One RPC. ``serialize(response, framed)`` gives the message bytes, with the 5-byte
+    uncompressed gRPC prefix in front when ``framed`` (so a transport that frames
+    messages itself builds each one with a single join)."""
+    path: str  # "/package.Service/Name"
+    handler: Callable[..., Any]  # async def (request) -> response, or async generator for streams
+    deserialize: Callable[[bytes], Any] = _identity
+    serialize: Callable[[Any, bool], bytes] = pb_serializer
+    streaming: bool = False  # bidirectional stream (the only streaming kind served)
+
+
+def rpc_status(exc: BaseException, path: str) -> tuple[int, str]:
+    """(grpc status code, message) for an exception a method body raised."""
+    if isinstance(exc, TritonShmError):
+        return STATUS_CODES[GRPC_STATUS[exc.code]], exc.message
+    if isinstance(exc, GrpcError):
+        return exc.code, exc.message
+    if isinstance(exc, DecodeError):  # the client's bytes, not our bug: no traceback
+        return INTERNAL, f"failed to parse the request message: {exc}"
+    log.error("gRPC %s failed", path, exc_info=exc)
+    return INTERNAL, f"{type(exc).__name__}: {exc}"
