@@ -2,7 +2,12 @@
 worker that breaks it."""
 from __future__ import annotations
 
+import mmap
+import os
 import struct
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -116,6 +121,7 @@ def test_both_decoders_agree_on_every_corruption():
 
 # -- the shared-memory ring ---------------------------------------------------------------------
 from triton_shm.ipc import ring_py  # noqa: E402
+from triton_shm.ipc.link import Link  # noqa: E402
 
 try:
     from triton_shm.ipc import _ring
@@ -176,6 +182,97 @@ def test_ring_refuses_positions_and_lengths_past_its_end(Ring):
             buf[ring_py.HEADER:ring_py.HEADER + 8] = first
         with pytest.raises(ring_py.RingCorrupt):
             rx.pop()
+
+
+# The producer runs in another process, as a worker does: the two really run at once.
+# It pushes numbered records and checks that the consumer's head never goes back.
+RING_PRODUCER = r"""
+import mmap, struct, sys, time
+from triton_shm.ipc import ring_py
+try:
+    from triton_shm.ipc import _ring
+except ImportError:
+    _ring = None
+fd, capacity, count, impl = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+buf = mmap.mmap(fd, ring_py.HEADER + capacity)
+tx = (ring_py.Ring if impl == "python" else _ring.Ring)(buf, capacity)
+deadline, last = time.monotonic() + 60, 0
+for i in range(count):
+    while tx.push(struct.pack("<Q", i) * (1 + i % 7)) < 0:
+        if time.monotonic() > deadline:
+            sys.exit("the consumer stopped draining")
+    head = struct.unpack_from("<Q", buf, 0)[0]
+    if head < last:
+        sys.exit(f"the consumer's head went back from {last} to {head}")
+    last = head
+"""
+
+
+@pytest.mark.parametrize("Ring", RINGS)
+def test_ring_positions_are_never_seen_half_written(Ring):
+    """The consumer reads the producer's tail while it is being stored (and the other way
+    round). A store that clears the word before it writes the value (``struct.pack_into``)
+    shows the peer a position of 0: a ring "past its end" that stopped the worker."""
+    capacity, count = 1 << 14, 200_000
+    fd = os.memfd_create("ring_race")
+    os.ftruncate(fd, ring_py.HEADER + capacity)
+    buf = mmap.mmap(fd, ring_py.HEADER + capacity)
+    rx = Ring(buf, capacity)
+    impl = "python" if Ring is ring_py.Ring else "cython"
+    proc = subprocess.Popen([sys.executable, "-c", RING_PRODUCER, str(fd), str(capacity), str(count), impl],
+                            pass_fds=[fd], stderr=subprocess.PIPE, text=True)
+    os.close(fd)
+    try:
+        deadline = time.monotonic() + 60
+        for i in range(count):
+            while (got := rx.pop()) is None:  # a tight loop: it reads the tail as often as it can
+                assert time.monotonic() < deadline and proc.poll() in (None, 0), proc.stderr.read()
+            assert got == (struct.pack("<Q", i) * (1 + i % 7), 0)
+        assert proc.wait(60) == 0, proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _spawn_worker() -> tuple[Link, subprocess.Popen]:
+    link, theirs, fds = Link.create()
+    proc = subprocess.Popen([sys.executable, "-m", "triton_shm.worker", "--fd", str(theirs.fileno()),
+                             "--name", "cpu", "--link", ",".join(map(str, fds))],
+                            pass_fds=[theirs.fileno(), *fds], stderr=subprocess.PIPE, text=True)
+    theirs.close()
+    for fd in fds:
+        os.close(fd)
+    deadline = time.monotonic() + 60
+    while (got := link.recv()) is None:  # its hello: it serves its ring
+        assert time.monotonic() < deadline and proc.poll() is None, "the worker never said hello"
+        time.sleep(0.01)
+    assert protocol_py.decode(got[0]).body["op"] == "hello"
+    return link, proc
+
+
+def test_a_worker_whose_ring_breaks_says_so_and_exits_nonzero():
+    """Only the front-end's end-of-file is a clean stop (code 0); a worker that leaves
+    its loop for any other reason logs why and exits non-zero, so the front-end's
+    "exited with code ..." points at the worker."""
+    link, proc = _spawn_worker()
+    try:
+        struct.pack_into("<Q", link._maps[0], 64, 1 << 40)  # our tail to it, past its ring's end
+        os.eventfd_write(link.tx_wake, 1)
+        assert proc.wait(60) == 1
+        assert "its link to the front-end broke: ring index past its end" in proc.stderr.read()
+    finally:
+        proc.kill()
+        link.close()
+        proc.wait()
+
+    link, proc = _spawn_worker()
+    try:
+        link.close()  # the front-end goes: end-of-file
+        assert proc.wait(60) == 0
+        assert "stops" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # -- a worker that breaks the protocol, against a running server --------------------------------

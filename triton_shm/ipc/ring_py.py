@@ -4,7 +4,12 @@ with ``struct`` on the mapping. Same API and errors.
 Python has no memory fences. The data-before-position order holds on x86-64 (stores are
 not reordered with stores, loads not with loads), but the wake-up handshake needs a
 store-load fence, so this twin never skips a wake: every push asks for one. Spinning is
-not offered (it would hold the GIL)."""
+not offered (it would hold the GIL).
+
+The words the peer reads (head, tail, sleeping) go through native-width memoryview
+items: one aligned load or store each, as in C. Never ``struct.pack_into`` there: it clears
+the field before it writes the value, and a peer that reads in between sees a position of
+0 (a ring "past its end", or full)."""
 from __future__ import annotations
 
 import struct
@@ -13,9 +18,9 @@ from ..errors import Internal
 
 HEADER = 4096
 _WRAP = 0xFFFFFFFF
-_U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
 _REC = struct.Struct("<II")
+_HEAD, _TAIL, _SLEEPING = 0, 64 // 8, 128 // 4  # word indexes: u64 head and tail, u32 sleeping
 
 
 class RingCorrupt(Internal):
@@ -31,6 +36,9 @@ class Ring:
     def __init__(self, buf, capacity: int):
         check_capacity(len(buf), capacity)
         self.buf = memoryview(buf).cast("B")
+        # native-width views of the header: an item store is one aligned store
+        self._u64 = self.buf[:HEADER].cast("Q")
+        self._u32 = self.buf[:HEADER].cast("I")
         self.capacity = capacity
         self.max_record = capacity // 2 - 8
         self.pos = 0  # ours: the copy in shared memory is what the peer may scribble on
@@ -41,7 +49,7 @@ class Ring:
             return -1
         buf, cap = self.buf, self.capacity
         tail = self.pos
-        head = _U64.unpack_from(buf, 0)[0]
+        head = self._u64[_HEAD]
         need = 8 + ((n + 7) & ~7)
         idx = tail & (cap - 1)
         room = cap - idx
@@ -55,17 +63,17 @@ class Ring:
         _REC.pack_into(buf, HEADER + idx, n, flags)
         buf[HEADER + idx + 8:HEADER + idx + 8 + n] = data
         self.pos = tail + need
-        _U64.pack_into(buf, 64, self.pos)
+        self._u64[_TAIL] = self.pos  # published after the record (x86-64 keeps store order)
         return 1
 
     def room(self) -> int:
-        used = self.pos - _U64.unpack_from(self.buf, 0)[0]
+        used = self.pos - self._u64[_HEAD]
         return 0 if used > self.capacity else self.capacity - used
 
     def pop(self) -> tuple[bytes, int] | None:
         buf, cap = self.buf, self.capacity
         head = self.pos
-        tail = _U64.unpack_from(buf, 64)[0]
+        tail = self._u64[_TAIL]
         if tail == head:
             return None
         if not 8 <= tail - head <= cap:
@@ -83,21 +91,21 @@ class Ring:
             raise RingCorrupt("ring index past its end (the peer broke the ring)")
         data = bytes(buf[HEADER + idx + 8:HEADER + idx + 8 + n])
         self.pos = head + need
-        _U64.pack_into(buf, 0, self.pos)
+        self._u64[_HEAD] = self.pos
         return data, flags
 
     def pending(self) -> bool:
-        return _U64.unpack_from(self.buf, 64)[0] != self.pos
+        return self._u64[_TAIL] != self.pos
 
     def prepare_sleep(self) -> bool:
-        _U32.pack_into(self.buf, 128, 1)
+        self._u32[_SLEEPING] = 1
         if self.pending():
-            _U32.pack_into(self.buf, 128, 0)
+            self._u32[_SLEEPING] = 0
             return False
         return True
 
     def awake(self) -> None:
-        _U32.pack_into(self.buf, 128, 0)
+        self._u32[_SLEEPING] = 0
 
     def spin(self, ns: int) -> bool:
         return self.pending()

@@ -147,15 +147,24 @@ class Worker:
         self.send({"op": "drop", "seg": seg_id})
 
     # -- control loop --------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self) -> int:
+        """Serve frames until the front-end goes (0) or the link breaks (1, logged: a
+        worker that leaves on its own must say why, not look like a clean stop)."""
+        code = 0
         while True:
             try:
                 got = self.link.recv()
                 if got is None:
                     if not self.link.wait(SPIN_NS):
-                        break  # the front-end has gone
+                        log.debug("the front-end has gone (end-of-file); stopping")
+                        break
                     continue
-            except (ConnectionError, OSError, RingCorrupt):
+            except ConnectionError as e:  # end-of-file where a frame's socket part was due
+                log.debug("the front-end has gone (%s); stopping", e)
+                break
+            except (OSError, RingCorrupt) as e:
+                log.error("worker '%s' stops: its link to the front-end broke: %s", self.name, e)
+                code = 1
                 break
             data, fds = got
             msg_id = 0
@@ -175,6 +184,7 @@ class Worker:
                 if msg_id:
                     self.reply(msg_id, {"error": Internal(f"worker error: {e}").to_wire()})
         self.shutdown()
+        return code
 
     def _dispatch(self, msg: "protocol.Message", fds: list[int]) -> None:
         for seg_id, offset, size in msg.frees:  # freed output blocks ride along
@@ -293,9 +303,15 @@ def main(argv: list[str] | None = None) -> None:
     install_module_alias()
     link = Link.attach(socket.socket(fileno=args.fd), [int(fd) for fd in args.link.split(",")])
     worker = Worker(link, args.name)
+    code = 1
     try:
         worker.send({"op": "hello", "pid": os.getpid(), "time": time.time()})
-        worker.run()
-    except (BrokenPipeError, ConnectionError):
-        pass  # the front-end went away
-    os._exit(0)  # model threads may linger; the front-end has gone
+        code = worker.run()
+    except (BrokenPipeError, ConnectionError) as e:
+        if link.peer_gone():
+            code = 0  # the front-end went away
+        else:
+            log.error("worker '%s' stops: %s", args.name, e)
+    except BaseException:
+        log.exception("worker '%s' stops on an unexpected error", args.name)
+    os._exit(code)  # model threads may linger; nothing is left for them to answer
