@@ -98,14 +98,18 @@ class Link:
         except BlockingIOError:
             pass
 
+    def socket_state(self) -> str:
+        """What the socket holds now: "eof" (the peer is gone), "data" (a message waits) or "empty"."""
+        try:
+            return "data" if self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) else "eof"
+        except BlockingIOError:
+            return "empty"
+        except OSError:
+            return "eof"
+
     def peer_gone(self) -> bool:
         """End-of-file on the socket (no frame waiting there)."""
-        try:
-            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-        except BlockingIOError:
-            return False
-        except OSError:
-            return True
+        return self.socket_state() == "eof"
 
     def wait(self, spin_ns: int) -> bool:
         """Block until a frame may be waiting (spinning ``spin_ns`` first, without the

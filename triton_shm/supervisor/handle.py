@@ -17,6 +17,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import Internal, TritonShmError, Unavailable
@@ -38,6 +39,8 @@ INPUT_CHUNK = 64 << 20
 RELEASE_DELAY = 0.02
 RELEASE_BYTES = 8 << 20
 DRAIN_BATCH = 256  # frames read from a worker's ring before the event loop gets a turn
+ORPHAN_RECHECK_S = 0.001  # a socket message waiting for its ring record is looked at again after this
+ORPHAN_LIMIT_S = 5.0  # ... and past this, the worker is taken to misuse the socket
 
 
 class WorkerHandle:
@@ -45,7 +48,7 @@ class WorkerHandle:
         self.name, self.gpu, self.log_verbose = name, gpu, log_verbose
         self.proc: subprocess.Popen | None = None
         self.link: Link | None = None
-        self._spurious = 0  # socket wake-ups without a frame for it: a worker misusing the socket
+        self._orphan_since: float | None = None  # since when a socket message waits for its ring record
         self._broke_protocol = False
         self.arena: Arena | None = None
         self.outputs = SegmentMap()
@@ -82,7 +85,7 @@ class WorkerHandle:
             theirs.close()
             channel.close_fds(link_fds)
         self.link = link
-        self._spurious = 0
+        self._orphan_since = None
         self._broke_protocol = False
         self.outputs = SegmentMap()
         self.arena = Arena(INPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
@@ -289,14 +292,31 @@ class WorkerHandle:
         link = self.link
         if link is None:
             return
-        if link.peer_gone():
+        state = link.socket_state()
+        if state == "eof" or (self.proc is not None and self.proc.poll() is not None):
+            # A worker that died between its socket send and its ring record leaves the
+            # socket readable before its end-of-file: its exit is the end too.
             self._died()
-        elif not link.rx.pending():
-            self._spurious += 1
-            if self._spurious > 10000:  # data on the socket that no record names
-                self._bad_frame(protocol.ProtocolError("socket message without its ring record"))
-        else:
-            self._spurious = 0
+            return
+        if state == "empty":
+            self._orphan_since = None
+            return
+        # A socket message whose ring record has not come yet (the worker sends the socket
+        # part first). It is usually on its way: look again shortly instead of spinning on
+        # the readable socket, which would starve the worker of the CPU it needs to send it.
+        now = time.monotonic()
+        if self._orphan_since is None:
+            self._orphan_since = now
+        elif now - self._orphan_since > ORPHAN_LIMIT_S:
+            self._orphan_since = None
+            self._bad_frame(protocol.ProtocolError("socket message without its ring record"))
+            return
+        self._loop.remove_reader(link.sock.fileno())
+        self._loop.call_later(ORPHAN_RECHECK_S, self._watch_socket, link)
+
+    def _watch_socket(self, link: Link) -> None:
+        if self.link is link and self.alive:
+            self._loop.add_reader(link.sock.fileno(), self._on_socket)
 
     def _dispatch(self, msg: "protocol.Message", fds: list[int]) -> None:
         op = msg.op
