@@ -16,6 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from . import TRITON_PROTOCOL_VERSION, __version__
+from .frontend.grpc.keepalive import Keepalive
+
+_KEEPALIVE = Keepalive()  # tritonserver's gRPC connection defaults, defined once there
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -69,14 +72,14 @@ class ServerOptions:
     strict_model_config: bool = False
     model_config_name: str = ""
     # gRPC transport (milliseconds), tritonserver's defaults; None leaves the setting unset
-    grpc_keepalive_time: int = 7_200_000
-    grpc_keepalive_timeout: int = 20_000
-    grpc_keepalive_permit_without_calls: bool = False
-    grpc_http2_max_pings_without_data: int = 2
-    grpc_http2_min_recv_ping_interval_without_data: int = 300_000
-    grpc_http2_max_ping_strikes: int = 2
-    grpc_max_connection_age: int | None = None
-    grpc_max_connection_age_grace: int | None = None
+    grpc_keepalive_time: int = _KEEPALIVE.time_ms
+    grpc_keepalive_timeout: int = _KEEPALIVE.timeout_ms
+    grpc_keepalive_permit_without_calls: bool = _KEEPALIVE.permit_without_calls
+    grpc_http2_max_pings_without_data: int = _KEEPALIVE.max_pings_without_data
+    grpc_http2_min_recv_ping_interval_without_data: int = _KEEPALIVE.min_recv_ping_interval_without_data_ms
+    grpc_http2_max_ping_strikes: int = _KEEPALIVE.max_ping_strikes
+    grpc_max_connection_age: int | None = _KEEPALIVE.max_connection_age_ms
+    grpc_max_connection_age_grace: int | None = _KEEPALIVE.max_connection_age_grace_ms
     grpc_transport: str | None = None  # None: native, or grpcio without C extensions
     # compatibility flags that were given: flag -> value, and the warnings to log at start
     inert: dict[str, Any] = field(default_factory=dict)
@@ -332,21 +335,24 @@ def _add_implemented(p: argparse.ArgumentParser) -> None:
 
 def _add_grpc_transport(g: argparse._ArgumentGroup) -> None:
     add = g.add_argument
-    add("--grpc-keepalive-time", type=int, default=7_200_000, metavar="MS",
-        help="period after which a keepalive ping is sent (default 7200000)")
-    add("--grpc-keepalive-timeout", type=int, default=20_000, metavar="MS",
-        help="how long to wait for a keepalive ping's acknowledgement (default 20000)")
-    add("--grpc-keepalive-permit-without-calls", type=parse_bool, default=False, metavar="BOOL",
+    k = _KEEPALIVE
+    add("--grpc-keepalive-time", type=int, default=k.time_ms, metavar="MS",
+        help="period after which a keepalive ping is sent (default %(default)s)")
+    add("--grpc-keepalive-timeout", type=int, default=k.timeout_ms, metavar="MS",
+        help="how long to wait for a keepalive ping's acknowledgement (default %(default)s)")
+    add("--grpc-keepalive-permit-without-calls", type=parse_bool, default=k.permit_without_calls, metavar="BOOL",
         help="allow keepalive pings without calls in flight (default false)")
-    add("--grpc-http2-max-pings-without-data", type=int, default=2, metavar="N",
-        help="pings that may be sent without data (0 = no limit; default 2)")
-    add("--grpc-http2-min-recv-ping-interval-without-data", type=int, default=300_000, metavar="MS",
-        help="shortest interval between a client's pings without data; shorter ones are strikes (default 300000)")
-    add("--grpc-http2-max-ping-strikes", type=int, default=2, metavar="N",
-        help="bad pings tolerated before GOAWAY (0 = any number; default 2)")
-    add("--grpc-max-connection-age", type=int, default=None, metavar="MS",
+    add("--grpc-http2-max-pings-without-data", type=int, default=k.max_pings_without_data, metavar="N",
+        help="pings that may be sent without data (0 = no limit; default %(default)s)")
+    add("--grpc-http2-min-recv-ping-interval-without-data", type=int,
+        default=k.min_recv_ping_interval_without_data_ms, metavar="MS",
+        help="shortest interval between a client's pings without data; shorter ones are strikes "
+             "(default %(default)s)")
+    add("--grpc-http2-max-ping-strikes", type=int, default=k.max_ping_strikes, metavar="N",
+        help="bad pings tolerated before GOAWAY (0 = any number; default %(default)s)")
+    add("--grpc-max-connection-age", type=int, default=k.max_connection_age_ms, metavar="MS",
         help="longest a connection may live (default unlimited)")
-    add("--grpc-max-connection-age-grace", type=int, default=None, metavar="MS",
+    add("--grpc-max-connection-age-grace", type=int, default=k.max_connection_age_grace_ms, metavar="MS",
         help="grace period after --grpc-max-connection-age (default unlimited)")
 
 
