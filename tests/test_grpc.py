@@ -19,6 +19,7 @@ from tritonclient.utils import InferenceServerException
 from .conftest import build_core_repository
 from .harness import ServerProcess
 from .models import ECHO_CONFIG, ECHO_PY, write_model
+from .helpers import assert_serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,12 +60,6 @@ def add_sub_inputs(a=A, b=B, mod=grpcclient):
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     return inputs
-
-
-def assert_serving(client):
-    result = client.infer("add_sub", add_sub_inputs())
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
 
 
 def tensor(name, datatype, shape):
@@ -348,7 +343,7 @@ def test_typed_contents_bytes(stub):
     assert raw == expected
 
 
-def test_typed_contents_errors(stub, client):
+def test_typed_contents_errors(server, stub, client):
     # field that does not match the datatype
     req = service_pb2.ModelInferRequest(model_name="identity_int32")
     req.inputs.add(name="INPUT0", datatype="INT32", shape=[2]).contents.fp32_contents.extend([1.0, 2.0])
@@ -377,7 +372,7 @@ def test_typed_contents_errors(stub, client):
     req.inputs.add(name="INPUT1", datatype="FP32", shape=[1, 16])
     req.raw_input_contents.extend([A.tobytes(), B.tobytes()])
     expect_status(lambda: stub.ModelInfer(req), grpc.StatusCode.INVALID_ARGUMENT)
-    assert_serving(client)
+    assert_serving(server)
 
 
 # --------------------------------------------------------------------------- bad input
@@ -440,7 +435,7 @@ BAD_REQUESTS = [
 
 
 @pytest.mark.parametrize("req,code,fragment", [pytest.param(*c[1:], id=c[0]) for c in BAD_REQUESTS])
-def test_bad_request(stub, client, req, code, fragment):
+def test_bad_request(server, stub, client, req, code, fragment):
     start = time.monotonic()
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelInfer(req, timeout=30)
@@ -453,7 +448,7 @@ def test_bad_request(stub, client, req, code, fragment):
     assert details and details.strip()
     if fragment:
         assert fragment in details, (fragment, details)
-    assert_serving(client)
+    assert_serving(server)
 
 
 def _input(name, arr):
@@ -462,7 +457,7 @@ def _input(name, arr):
     return inp
 
 
-def test_client_errors(client):
+def test_client_errors(server, client):
     """The same failures through tritonclient, which surfaces them as InferenceServerException."""
     nine = np.ones((9, 16), np.float32)
     cases = [
@@ -482,7 +477,7 @@ def test_client_errors(client):
             fn()
         assert e.value.status() == status, (e.value.status(), e.value.message())
         assert e.value.message()
-    assert_serving(client)
+    assert_serving(server)
 
 
 # --------------------------------------------------------------------------- known server bugs

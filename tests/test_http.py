@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 from .conftest import build_core_repository
 from .harness import ServerProcess
 from .models import ECHO_CONFIG, ECHO_PY, write_model
+from .helpers import assert_serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -109,17 +110,6 @@ def assert_error(status, headers, body, expected_status, *fragments):
     for fragment in fragments:
         assert fragment in message, f"{fragment!r} not in {message!r}"
     return message
-
-
-def assert_serving(server):
-    """The server still answers a correct request with correct values."""
-    status, headers, body = post_json(server, "/v2/models/add_sub/infer", {
-        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 16], "data": A.ravel().tolist()},
-                   {"name": "INPUT1", "datatype": "FP32", "shape": [1, 16], "data": B.ravel().tolist()}]})
-    assert status == 200, body
-    outs = {o["name"]: o for o in json.loads(body)["outputs"]}
-    np.testing.assert_allclose(outs["OUTPUT0"]["data"], (A + B).ravel())
-    np.testing.assert_allclose(outs["OUTPUT1"]["data"], (A - B).ravel())
 
 
 def add_sub_inputs(a=A, b=B, binary=(True, True)):

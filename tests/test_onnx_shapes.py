@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .harness import ServerProcess
 from .models import save_onnx, write_model
+from .helpers import connect
 
 FLOAT, INT32 = TensorProto.FLOAT, TensorProto.INT32
 DIM_MESSAGE = "dimension must be integer >= 1, or -1 to indicate a variable-size dimension"
@@ -186,11 +187,6 @@ def _config(srv: ServerProcess, model: str) -> dict:
         return json.loads(r.read())
 
 
-def _client(srv: ServerProcess, protocol: str):
-    return httpclient.InferenceServerClient(srv.http_url) if protocol == "http" \
-        else grpcclient.InferenceServerClient(srv.grpc_url)
-
-
 def _infer(srv: ServerProcess, protocol: str, model: str, arrays: dict[str, np.ndarray], datatype: str = "FP32"):
     mod = httpclient if protocol == "http" else grpcclient
     inputs = []
@@ -198,7 +194,7 @@ def _infer(srv: ServerProcess, protocol: str, model: str, arrays: dict[str, np.n
         inp = mod.InferInput(name, list(array.shape), datatype)
         inp.set_data_from_numpy(array)
         inputs.append(inp)
-    with _client(srv, protocol) as client:
+    with connect(srv, protocol) as client:
         return client.infer(model, inputs)
 
 
