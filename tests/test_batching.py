@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -854,3 +855,31 @@ def test_assembler_twins_agree():
         o_c = [bytearray(int(n)) for n in sizes]
         assert assembler_py.scatter(d_py, o_py) == _assembler.scatter(d_c, o_c)
         assert o_py == o_c == [bytearray(p.tobytes()) for p in parts]
+
+
+def test_assembler_twin_reads_and_writes_client_regions_through_the_file(tmp_path):
+    """What the C guard does for a client region truncated under a copy, the twin does by
+    never mapping it: preadv reads short, pwrite is refused after a size check. A 400 for the
+    request, never a SIGBUS for the worker."""
+    from triton_shm.errors import InvalidArgument
+    from triton_shm.worker.assembler_py import RegionSpan, copy, gather, scatter
+    path = tmp_path / "region"
+    path.write_bytes(bytes(range(64)))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        span = RegionSpan(fd, 16, 8, 64)
+        out = bytearray(8)
+        assert copy(out, span) == 8 and out == bytes(range(16, 24))
+        assert copy(span, b"ABCDEFGH") == 8 and path.read_bytes()[16:24] == b"ABCDEFGH"
+        gathered = bytearray(12)
+        assert gather(gathered, [b"xyzw", span]) == 12 and gathered == b"xyzwABCDEFGH"
+        assert scatter(b"12345678", [span]) == 8 and path.read_bytes()[16:24] == b"12345678"
+        os.ftruncate(fd, 20)  # the client shrinks its region after the worker checked its size
+        for call in (lambda: copy(bytearray(8), span), lambda: gather(bytearray(8), [span]),
+                     lambda: copy(span, b"ABCDEFGH"), lambda: scatter(b"12345678", [span])):
+            with pytest.raises(InvalidArgument, match="^a client's shared-memory region shrank while it was "
+                                                      "being read or written$"):
+                call()
+        assert os.fstat(fd).st_size == 20  # a refused write does not grow it back
+    finally:
+        os.close(fd)

@@ -24,12 +24,6 @@ import grpc
 import numpy as np
 import pytest
 
-try:  # the server's workers use the same build of the extension (unless switched off)
-    from triton_shm.worker._assembler import GUARDED as _GUARDED_COPIES
-except ImportError:
-    _GUARDED_COPIES = False
-if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") not in ("", "0"):
-    _GUARDED_COPIES = False
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
@@ -743,8 +737,6 @@ def test_client_truncates_region(proto, client, server, regions, which):
     # NB: the test must not read its own mapping past the new end (SIGBUS here, not in the server)
 
 
-@pytest.mark.skipif(not _GUARDED_COPIES, reason="the C batch assembler is not built: only its guarded copies "
-                    "survive a region truncated mid-request (the pure-Python twin cannot catch SIGBUS)")
 def test_client_truncates_input_during_inference(proto, client, server, regions, tmp_path):
     workers = children(server.proc.pid)
     hin, in_name, kin = regions.create(4096, "in")
