@@ -557,8 +557,9 @@ def test_traversal_names_in_load_unload(explicit, name):
     quoted = urllib.parse.quote(name, safe="")
     for action in ("load", "unload"):
         status, body = http_call(explicit, "POST", f"/v2/repository/models/{quoted}/{action}", {})
-        assert 400 <= status < 500, (action, status, body)
-        expect_error("grpc", lambda: (load if action == "load" else unload)(explicit, "grpc", name), "INVALID_ARGUMENT")
+        assert (status, body) == (400, {"error": f"invalid model name '{name}'"}), action
+        expect_error("grpc", lambda: (load if action == "load" else unload)(explicit, "grpc", name),
+                     "INVALID_ARGUMENT", f"invalid model name '{name}'")
     assert index(explicit) == before
     assert states(explicit, "const_a") == {"1": "READY"}
     assert infer(explicit, "http", "const_a") == 1.0
