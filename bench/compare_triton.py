@@ -61,7 +61,8 @@ ADD_SUB = ("""
     backend: "python"
     max_batch_size: 0
     input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
-    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+             { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
     """, """
     import triton_python_backend_utils as pb_utils
 

@@ -141,7 +141,9 @@ def main() -> None:
                     rows.append((kind, conc, r["throughput"], r["p50_us"], chain))
             finally:
                 server.stop()
-    print("| server | ensemble, concurrency | infer/s | p50 µs | the same 3 calls from the client, sequential, p50 µs |")
+    print(
+        "| server | ensemble, concurrency | infer/s | p50 µs | the same 3 calls from the client, sequential, p50 µs |"
+    )
     print("|---|---|---|---|---|")
     for kind, conc, thr, p50, chain in rows:
         print(f"| {kind} | {conc} | {thr:.0f} | {p50:.0f} | {chain:.0f} |")

@@ -50,8 +50,9 @@ def main() -> None:
              for m in ("throughput", "p50_us")}
         b = {m: statistics.median(r[m] for r in results[("triton-shm perf", protocol, c)])
              for m in ("throughput", "p50_us", "client_cpu_pct")}
-        print(f"| {protocol} | {c} | {a['throughput']:.0f} | {b['throughput']:.0f} | {b['throughput'] / a['throughput']:.2f} "
-              f"| {a['p50_us']:.0f} | {b['p50_us']:.0f} | {b['p50_us'] / a['p50_us']:.2f} | {b['client_cpu_pct']:.0f} |")
+        print(f"| {protocol} | {c} | {a['throughput']:.0f} | {b['throughput']:.0f} "
+              f"| {b['throughput'] / a['throughput']:.2f} | {a['p50_us']:.0f} | {b['p50_us']:.0f} "
+              f"| {b['p50_us'] / a['p50_us']:.2f} | {b['client_cpu_pct']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,10 @@ STEPS = [
     ("IPC round trip", ["ipc_rtt.py", "--n", "20000"]),
     ("One memcpy", ["memcpy.py", "--mib", "16"]),
     ("Batch assembler", ["assembler.py"]),
-    ("triton-shm vs Triton 2.51 (perf_analyzer and triton-shm perf)", ["compare_triton.py", "--rounds", "2", "--interval-ms", "2000"]),
+    (
+        "triton-shm vs Triton 2.51 (perf_analyzer and triton-shm perf)",
+        ["compare_triton.py", "--rounds", "2", "--interval-ms", "2000"],
+    ),
     ("The gRPC floor: grpc.aio vs the native transport", ["grpc_floor.py"]),
     ("The HTTP floor: aiohttp's web layer vs the lean connection", ["http_floor.py"]),
     ("Scheduler cost per request", ["scheduler_cost.py"]),

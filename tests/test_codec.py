@@ -91,5 +91,8 @@ def test_python_backend_helpers_use_the_codec_and_match_tritonclient():
     assert list(pb_utils.deserialize_bytes_tensor(encoded)) == list(values.reshape(-1))
     assert pb_utils.serialize_byte_tensor(np.array([], dtype=np.object_)) == ()
     assert pb_utils.serialize_byte_tensor(np.zeros(2, np.float32)) is None
-    with pytest.raises(pb_utils.TritonModelException, match="^truncated BYTES tensor: BYTES element 3 declares more bytes than the 69 that remain"):
+    with pytest.raises(
+        pb_utils.TritonModelException,
+        match="^truncated BYTES tensor: BYTES element 3 declares more bytes than the 69 that remain",
+    ):
         pb_utils.deserialize_bytes_tensor(encoded[:-1])

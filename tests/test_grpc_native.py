@@ -145,8 +145,10 @@ class RawH2:
                 if isinstance(frame, SettingsFrame) and "ACK" not in frame.flags:
                     self.send(SettingsFrame(0, flags=["ACK"]).serialize())
                 if isinstance(frame, HeadersFrame):  # our frames are small: no CONTINUATION
-                    frame.headers = {(k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-                                     for k, v in self.decoder.decode(frame.data)}
+                    frame.headers = {
+                        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+                        for k, v in self.decoder.decode(frame.data)
+                    }
                 yield frame
             self.sock.settimeout(max(deadline - time.monotonic(), 0.01))
             try:
@@ -520,7 +522,7 @@ def test_perf_analyzer_streaming(server, perf_analyzer):
     args = ["-m", "identity_fp32", "-u", server.grpc_url, "-i", "grpc", "--streaming", "--shape", "INPUT0:16",
             "--concurrency-range", "4", "--measurement-interval", "1000", "--max-trials", "5",
             "--stability-percentage", "80"]
-    for attempt in range(3):  # a loaded machine can miss the stability window: measure again
+    for _attempt in range(3):  # a loaded machine can miss the stability window: measure again
         proc = perf_analyzer.run(*args, timeout=90)
         if proc.returncode == 0 or "Failed to obtain stable measurement" not in proc.stdout + proc.stderr:
             break
@@ -548,7 +550,11 @@ def test_max_connection_age_and_ping_policy(tmp_path):
         pinger = RawH2(srv)
         pinger.send(PingFrame(0, opaque_data=b"12345678").serialize() * 3)  # strikes 1 and 2: past the limit of 1
         goaway = pinger.wait_for(lambda f: isinstance(f, GoAwayFrame), timeout=5)
-        assert goaway is not None and goaway.error_code == ENHANCE_YOUR_CALM and b"too_many_pings" in goaway.additional_data
+        assert (
+            goaway is not None
+            and goaway.error_code == ENHANCE_YOUR_CALM
+            and b"too_many_pings" in goaway.additional_data
+        )
         pinger.close()
     finally:
         srv.stop_cleanly()

@@ -327,7 +327,9 @@ def test_bytes_json_roundtrip(client):
     data = np.array([b"hello", b"", "w\u00f6rld".encode()], dtype=np.object_)
     inp = httpclient.InferInput("INPUT0", [3], "BYTES")
     inp.set_data_from_numpy(data, binary_data=False)
-    result = client.infer("identity_bytes", [inp], outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)])
+    result = client.infer(
+        "identity_bytes", [inp], outputs=[httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)]
+    )
     assert result.get_response()["outputs"][0]["data"] == ["hello", "", "w\u00f6rld"]
 
 

@@ -427,7 +427,8 @@ def test_file_override_loads_onnx_from_bytes(explicit, proto, tmp_path):
     name = f"bytes_onnx_{proto}"
     onnx_add_sub(tmp_path / "model.onnx")
     repo_before = tree(explicit.repo)
-    load(explicit, proto, name, config=ADD_SUB_CONFIG, files={"file:1/model.onnx": (tmp_path / "model.onnx").read_bytes()})
+    load(explicit, proto, name, config=ADD_SUB_CONFIG,
+         files={"file:1/model.onnx": (tmp_path / "model.onnx").read_bytes()})
     assert states(explicit, name) == {"1": "READY"}
     assert tree(explicit.repo) == repo_before, "a file override wrote into the model repository"
     dirs = [d for d in override_dirs(explicit.tmpdir) if (d / name).is_dir()]
@@ -451,7 +452,8 @@ def test_file_override_loads_onnx_from_bytes(explicit, proto, tmp_path):
     assert cfg["max_batch_size"] == 8
 
     # a second override load replaces the temporary directory: only one is kept
-    load(explicit, proto, name, config=ADD_SUB_CONFIG, files={"file:1/model.onnx": (tmp_path / "model.onnx").read_bytes()})
+    load(explicit, proto, name, config=ADD_SUB_CONFIG,
+         files={"file:1/model.onnx": (tmp_path / "model.onnx").read_bytes()})
     assert len([d for d in override_dirs(explicit.tmpdir) if (d / name).exists()]) == 1
     unload(explicit, proto, name)
     assert rows_of(explicit, name)[0]["state"] == "UNAVAILABLE"
@@ -460,7 +462,8 @@ def test_file_override_loads_onnx_from_bytes(explicit, proto, tmp_path):
 def test_file_override_temp_dir_removed_on_unload(explicit, tmp_path):
     name = "bytes_onnx_cleanup"
     onnx_add_sub(tmp_path / "model.onnx")
-    load(explicit, "http", name, config=ADD_SUB_CONFIG, files={"file:1/model.onnx": (tmp_path / "model.onnx").read_bytes()})
+    load(explicit, "http", name, config=ADD_SUB_CONFIG,
+         files={"file:1/model.onnx": (tmp_path / "model.onnx").read_bytes()})
     assert [d for d in override_dirs(explicit.tmpdir) if (d / name).exists()]
     unload(explicit, "http", name)
     assert not [d for d in override_dirs(explicit.tmpdir) if (d / name).exists()], override_dirs(explicit.tmpdir)
@@ -539,9 +542,11 @@ def test_versions_policies(explicit):
     assert infer(explicit, "http", name, version="2") == 2.0
 
     # a policy that selects nothing is a clear error; the loaded versions keep serving
-    err = expect_error("http", lambda: load(explicit, "http", name,
-                                                     config={**base, "version_policy": {"specific": {"versions": [9]}}}),
-                       "INVALID_ARGUMENT")
+    err = expect_error(
+        "http",
+        lambda: load(explicit, "http", name, config={**base, "version_policy": {"specific": {"versions": [9]}}}),
+        "INVALID_ARGUMENT",
+    )
     assert "version" in err.message()
     assert infer(explicit, "http", name, version="3") == 3.0
     unload(explicit, "http", name)
@@ -558,7 +563,7 @@ def test_traversal_names_in_load_unload(explicit, name):
     for action in ("load", "unload"):
         status, body = http_call(explicit, "POST", f"/v2/repository/models/{quoted}/{action}", {})
         assert (status, body) == (400, {"error": f"invalid model name '{name}'"}), action
-        expect_error("grpc", lambda: (load if action == "load" else unload)(explicit, "grpc", name),
+        expect_error("grpc", lambda action=action: (load if action == "load" else unload)(explicit, "grpc", name),
                      "INVALID_ARGUMENT", f"invalid model name '{name}'")
     assert index(explicit) == before
     assert states(explicit, "const_a") == {"1": "READY"}
@@ -809,7 +814,8 @@ def test_mode_none_refuses_load_unload(none_mode, proto):
     assert states(none_mode, "m") == {"1": "READY"}
     for call, kwargs in ((load, {}), (load, {"config": const_config_dict()}), (unload, {}), (load, {"name": "zz"})):
         name = kwargs.pop("name", "m")
-        expect_error(proto, lambda: call(none_mode, proto, name, **kwargs), "UNAVAILABLE", NOT_ALLOWED)
+        expect_error(proto, lambda call=call, name=name, kwargs=kwargs: call(none_mode, proto, name, **kwargs),
+                     "UNAVAILABLE", NOT_ALLOWED)
     status, body = http_call(none_mode, "POST", "/v2/repository/models/m/unload",
                              {"parameters": {"unload_dependents": True}})
     assert status == 503 and body == {"error": NOT_ALLOWED}, (status, body)

@@ -227,7 +227,8 @@ def test_plot_without_matplotlib_is_clear(server, tmp_path):
     """Without matplotlib (hidden from the import system here) --plot fails before any load, clearly."""
     hide = "import sys; sys.modules['matplotlib'] = None; from triton_shm.perf.cli import main; sys.exit(main())"
     p = subprocess.run([sys.executable, "-c", hide, "-m", "identity_fp32", "-u", server.grpc_url,
-                        "--plot", str(tmp_path / "x.png"), *SHORT], capture_output=True, text=True, timeout=60, cwd=ROOT)
+                        "--plot", str(tmp_path / "x.png"), *SHORT],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert_clean_failure(p, "matplotlib", "triton-shm[plot]")
     assert not (tmp_path / "x.png").exists()
 

@@ -194,7 +194,9 @@ async def test_rows_of_batched_requests_count_towards_max_batch_size():
 
 @scenario
 async def test_largest_preferred_size_leaves_without_waiting():
-    h = Harness("max_batch_size: 8\ndynamic_batching { preferred_batch_size: [2, 4] max_queue_delay_microseconds: 100 }")
+    h = Harness(
+        "max_batch_size: 8\ndynamic_batching { preferred_batch_size: [2, 4] max_queue_delay_microseconds: 100 }"
+    )
     for rid in "abcde":
         await h.submit(rid)
     assert h.pool.batches == [["a", "b", "c", "d"]]
@@ -202,7 +204,9 @@ async def test_largest_preferred_size_leaves_without_waiting():
 
 @scenario
 async def test_at_the_delay_the_batch_is_the_largest_preferred_size_the_queue_fills():
-    h = Harness("max_batch_size: 8\ndynamic_batching { preferred_batch_size: [2, 4] max_queue_delay_microseconds: 100 }")
+    h = Harness(
+        "max_batch_size: 8\ndynamic_batching { preferred_batch_size: [2, 4] max_queue_delay_microseconds: 100 }"
+    )
     for rid in "abc":
         await h.submit(rid)
     await h.advance(100 * US)

@@ -526,7 +526,7 @@ def test_register_reserved_existing_object(proto, client, regions, prefix):
     with open(path, "wb") as f:
         f.truncate(64)
     for key in (name, "/" + name, "//" + name):
-        expect_error(proto, lambda: client.register_system_shared_memory("rsv", key, 64),
+        expect_error(proto, lambda key=key: client.register_system_shared_memory("rsv", key, 64),
                      "INVALID_ARGUMENT", "reserved")
     assert status(proto, client) == {}
 
@@ -949,7 +949,7 @@ def test_perf_analyzer_system_shm(proto, server, output_shm, perf_analyzer):
     if output_shm:
         args += ["--output-shared-memory-size", "4096"]
     before = shm_listing()
-    for attempt in range(3):  # on a loaded machine the 80% stability window can be missed: measure again
+    for _attempt in range(3):  # on a loaded machine the 80% stability window can be missed: measure again
         proc = perf_analyzer.run(*args, timeout=90)
         unstable = "Failed to obtain stable measurement" in proc.stdout + proc.stderr
         if proc.returncode == 0 or not unstable:

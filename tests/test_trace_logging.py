@@ -173,10 +173,14 @@ def test_model_override_and_clear_grpc(grpc, http):
 
 def test_trace_file_not_settable(http, grpc):
     for model in (None, "add_sub"):
-        e = _error(lambda: http.update_trace_settings(model_name=model, settings={"trace_file": "/tmp/evil"}))
+        e = _error(
+            lambda model=model: http.update_trace_settings(model_name=model, settings={"trace_file": "/tmp/evil"})
+        )
         assert e.status() == "501"
         assert "trace file location can not be updated through network protocol" in e.message()
-        e = _error(lambda: grpc.update_trace_settings(model_name=model, settings={"trace_file": "/tmp/evil"}))
+        e = _error(
+            lambda model=model: grpc.update_trace_settings(model_name=model, settings={"trace_file": "/tmp/evil"})
+        )
         assert e.status() == "StatusCode.UNIMPLEMENTED"
         assert "trace file location can not be updated through network protocol" in e.message()
     # nothing else in the refused request was applied
@@ -237,9 +241,9 @@ def test_log_settings_get(http, grpc, default_log):
 
 def test_log_file_not_settable(http, grpc, default_log):
     for value in ("/tmp/evil.log", ""):
-        e = _error(lambda: http.update_log_settings({"log_file": value}))
+        e = _error(lambda value=value: http.update_log_settings({"log_file": value}))
         assert e.status() == "501" and "log file location can not be updated through network protocol" in e.message()
-        e = _error(lambda: grpc.update_log_settings({"log_file": value}))
+        e = _error(lambda value=value: grpc.update_log_settings({"log_file": value}))
         assert e.status() == "StatusCode.UNIMPLEMENTED"
         assert "log file location can not be updated through network protocol" in e.message()
     assert http.update_log_settings({"log_file": None}) == default_log  # null: nothing to change
@@ -253,7 +257,7 @@ def test_bad_log_values(http, grpc, default_log):
     assert e.status() == "StatusCode.INVALID_ARGUMENT"
     for bad in ({"log_info": "yes"}, {"log_verbose_level": -1}, {"log_verbose_level": "1"},
                 {"log_verbose_level": True}):
-        assert _error(lambda: http.update_log_settings(bad)).status() == "400"
+        assert _error(lambda bad=bad: http.update_log_settings(bad)).status() == "400"
     assert http.get_log_settings() == default_log
 
 

@@ -46,7 +46,7 @@ def _session(context: ModelContext, providers: list) -> Any:
     options.log_severity_level = 3
     try:
         return ort.InferenceSession(str(_model_path(context)), sess_options=options, providers=providers)
-    except Exception as e:  # corrupt or unsupported model file
+    except Exception as e:  # noqa: BLE001 - a corrupt or unsupported model file, in ORT's words
         raise InvalidArgument(f"failed to load model '{context.name}' version {context.version} with "
                               f"onnxruntime: {e}") from None
 
@@ -165,7 +165,7 @@ class OnnxRuntimeInstance(ModelInstance):
         names = request.requested_outputs or self.output_names
         try:
             results = self.session.run(names, feed)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - ORT's own exception types; reported, not hidden
             # the request passed validation: a failure inside the runtime is INTERNAL, as in Triton
             raise Internal(f"onnxruntime failed to run model '{self.context.name}': {e}") from None
         outputs = {}

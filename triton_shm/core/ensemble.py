@@ -77,7 +77,7 @@ def validate_ensemble(config, repository: "ModelRepository") -> None:
                 raise InvalidArgument(f"ensemble '{name}': tensor '{tensor}' is {types[tensor]} but step {i} "
                                       f"makes it {spec.datatype}")
     for i, step in enumerate(steps):
-        for model_input, tensor in step.input_map.items():
+        for tensor in step.input_map.values():
             if tensor not in producer:
                 raise InvalidArgument(f"ensemble '{name}' step {i}: tensor '{tensor}' is not produced by any step "
                                       "nor an ensemble input (unconnected)")

@@ -80,7 +80,8 @@ class ModelManager:
         self.repository, self.pool, self.mode = repository, pool, mode
         self.poll_secs = poll_secs
         self.latency_summaries = latency_summaries  # keep per-request latencies for metric summaries
-        self.auto_complete = auto_complete  # complete configs from the model files (off: --disable-auto-complete-config)
+        # complete configs from the model files (off: --disable-auto-complete-config)
+        self.auto_complete = auto_complete
         self.config_name = config_name      # --model-config-name: configs/<name>.pbtxt before config.pbtxt
         self._load_slots = asyncio.Semaphore(max(load_threads, 1))
         self._generations = itertools.count(1)

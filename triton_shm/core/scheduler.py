@@ -296,8 +296,10 @@ class Scheduler:
     def _start(self, batch: list[Pending], instance: tuple[str, int]) -> None:
         start = self.clock.now()
         try:
-            self.pool.start_batch(self.model, instance, batch, functools.partial(self._completed, batch, instance, start))
-        except Exception as e:  # never leave a client waiting; a fault of ours is INTERNAL
+            self.pool.start_batch(
+                self.model, instance, batch, functools.partial(self._completed, batch, instance, start)
+            )
+        except Exception as e:  # noqa: BLE001 - never leave a client waiting; a fault of ours is INTERNAL
             self._free_slot(instance)
             error = e if isinstance(e, TritonShmError) else Internal(f"internal error: {type(e).__name__}: {e}")
             for p in batch:

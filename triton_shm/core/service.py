@@ -70,7 +70,8 @@ class InferenceService:
         self.shm.register_cuda(name, raw_handle, device_id, byte_size)
 
     def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
-        """kind "system" → ``[{"name","key","offset","byte_size"}]``; "cuda" → ``[{"name","device_id","byte_size"}]``."""
+        """kind "system" → ``[{"name","key","offset","byte_size"}]``;
+        "cuda" → ``[{"name","device_id","byte_size"}]``."""
         return self.shm.status(kind, name)
 
     def unregister_shm(self, kind: str, name: str = "") -> None:
@@ -202,7 +203,9 @@ class InferenceService:
                 pass  # the calling worker has gone
 
         try:
-            inputs = [InputTensor(n, dt, list(shape), worker.outputs.view(desc)) for n, dt, shape, desc in msg["inputs"]]
+            inputs = [
+                InputTensor(n, dt, list(shape), worker.outputs.view(desc)) for n, dt, shape, desc in msg["inputs"]
+            ]
             request = InferRequest(model_name=str(msg.get("model", "")), model_version=str(msg.get("version", "")),
                                    id=str(msg.get("request_id", "")), parameters=dict(msg.get("parameters") or {}),
                                    inputs=inputs, outputs=[RequestedOutput(n) for n in msg.get("outputs") or []])

@@ -163,7 +163,7 @@ class SharedMemoryRegistry:
         lies inside its region); region name -> Region."""
         regions: dict[str, Region] = {}
         try:
-            for tensor, ref in [*plan.shm_inputs.items(), *plan.shm_outputs.items()]:
+            for ref in [*plan.shm_inputs.values(), *plan.shm_outputs.values()]:
                 region = regions.get(ref.region)
                 if region is None:
                     region = regions[ref.region] = self.acquire(ref.region)

@@ -102,5 +102,5 @@ if not NO_EXTENSIONS:
         pass
 
 __all__ = ["DATATYPES", "HEADER_SIZE", "MAX_DIMS", "MAX_ID", "Message", "Op", "PLACE_ARENA", "PLACE_NONE",
-           "PLACE_REGION", "ProtocolError", "Status", "decode", "encode_control", "encode_fail", "encode_free", "encode_infer",
-           "encode_ping", "encode_pong", "encode_reply", "encode_stream", "USING_EXTENSION"]
+           "PLACE_REGION", "ProtocolError", "Status", "decode", "encode_control", "encode_fail", "encode_free",
+           "encode_infer", "encode_ping", "encode_pong", "encode_reply", "encode_stream", "USING_EXTENSION"]

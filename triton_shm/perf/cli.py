@@ -128,7 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--streaming", action="store_true", help="send over one gRPC bidirectional stream (ModelStreamInfer)")
     add("--async", "-a", dest="async_", action="store_true",
         help="accepted for perf_analyzer compatibility; the generator is always asynchronous")
-    add("--plot", default=None, metavar="FILE.png", help="plot throughput vs latency (needs matplotlib: pip install 'triton-shm[plot]')")
+    add("--plot", default=None, metavar="FILE.png",
+        help="plot throughput vs latency (needs matplotlib: pip install 'triton-shm[plot]')")
     return p
 
 

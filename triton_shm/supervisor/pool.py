@@ -231,7 +231,7 @@ class WorkerPool:
             else:
                 try:
                     results.append(self._response(worker, mv, p, r["outputs"], complete=True))
-                except Exception as e:  # the worker is not trusted: a malformed entry fails its request
+                except Exception as e:  # noqa: BLE001 - the worker is not trusted: a malformed entry fails its request
                     results.append(e if isinstance(e, TritonShmError)
                                    else Internal(f"worker '{worker.name}' sent a malformed response: {e}"))
         timing = reply.get("timing") or (0, 0, 0)

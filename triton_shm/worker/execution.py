@@ -73,7 +73,7 @@ class InstanceRunner:
         if self.model.concat_batching and len(requests) > 1 and _uniform(requests):
             try:
                 return self._run_concatenated(requests)
-            except Exception as e:  # the whole batch fails alike
+            except Exception as e:  # noqa: BLE001 - the whole batch fails alike
                 err = _error(e, name)
                 return {"responses": [err] * len(requests), "timing": [0, 0, 0]}
         # copies of client shared-memory inputs, freed once the batch is answered
@@ -96,7 +96,7 @@ class InstanceRunner:
                     wr.sender = functools.partial(self._stream, msg_id, i, r)
                     wr.is_cancelled = functools.partial(self.worker.cancelled.__contains__, (msg_id, i))
                 decoded.append(wr)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a request that cannot be decoded fails alone
                 results[i] = _error(e, name)
         live = [i for i, r in enumerate(results) if r is None]
         t1 = time.perf_counter_ns()
@@ -106,7 +106,7 @@ class InstanceRunner:
                 responses = self.instance.execute(decoded)
                 if len(responses) != len(decoded):
                     raise Internal(f"model '{name}' returned {len(responses)} responses for {len(decoded)} requests")
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - whatever the model raised fails its requests
                 err = _error(e, name)
                 for i in live:
                     results[i] = err
@@ -118,7 +118,7 @@ class InstanceRunner:
                     raise response.error
                 results[i] = {"decoupled": True} if self.model.decoupled else \
                     {"outputs": self._encode(requests[i], response.outputs)}
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a response that cannot be encoded fails its request
                 results[i] = _error(e, name)
         t3 = time.perf_counter_ns()
         return {"responses": results, "timing": [t1 - t0, t2 - t1, t3 - t2]}
@@ -144,7 +144,7 @@ class InstanceRunner:
                 if response.error is not None:
                     raise response.error
                 body["outputs"] = self._encode(r, response.outputs, partial=True)
-            except Exception as e:
+            except Exception as e:  # noqa: BLE001 - a stream response that cannot be encoded ends as an error
                 body.update(_error(e, self.model.context.name))
         self.worker.stream(body)
 

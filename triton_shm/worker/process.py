@@ -242,7 +242,7 @@ class Worker:
             body = fn(msg)
         except TritonShmError as e:
             body = {"error": e.to_wire()}
-        except Exception as e:  # user code in initialize/auto_complete
+        except Exception as e:  # noqa: BLE001 - user code in initialize/auto_complete
             log.error("%s of model '%s' failed:\n%s", msg["op"], msg.get("model"), traceback.format_exc())
             body = {"error": Internal(f"{type(e).__name__}: {e}").to_wire()}
         self.reply(msg["id"], body)

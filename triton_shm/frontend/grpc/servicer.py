@@ -96,25 +96,37 @@ class InferenceRpcs:
             resp.regions[r["name"]].CopyFrom(response_type.RegionStatus(**r))
         return resp
 
-    async def SystemSharedMemoryStatus(self, request: pb.SystemSharedMemoryStatusRequest) -> pb.SystemSharedMemoryStatusResponse:
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest
+    ) -> pb.SystemSharedMemoryStatusResponse:
         return self._shm_status(pb.SystemSharedMemoryStatusResponse, "system", request.name)
 
-    async def SystemSharedMemoryRegister(self, request: pb.SystemSharedMemoryRegisterRequest) -> pb.SystemSharedMemoryRegisterResponse:
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest
+    ) -> pb.SystemSharedMemoryRegisterResponse:
         self.service.register_system_shm(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
-    async def SystemSharedMemoryUnregister(self, request: pb.SystemSharedMemoryUnregisterRequest) -> pb.SystemSharedMemoryUnregisterResponse:
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
         self.service.unregister_shm("system", request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    async def CudaSharedMemoryStatus(self, request: pb.CudaSharedMemoryStatusRequest) -> pb.CudaSharedMemoryStatusResponse:
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest
+    ) -> pb.CudaSharedMemoryStatusResponse:
         return self._shm_status(pb.CudaSharedMemoryStatusResponse, "cuda", request.name)
 
-    async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest) -> pb.CudaSharedMemoryRegisterResponse:
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest
+    ) -> pb.CudaSharedMemoryRegisterResponse:
         self.service.register_cuda_shm(request.name, request.raw_handle, request.device_id, request.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
-    async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest) -> pb.CudaSharedMemoryUnregisterResponse:
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
         self.service.unregister_shm("cuda", request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 

@@ -175,7 +175,8 @@ def _parse_shape(value: Any, name: str) -> list[int]:
         # bool is an int subclass; JSON true is not a dimension.
         if type(d) is not int or d < 0 or d > INT64_MAX:
             raise InvalidArgument(
-                f"input '{name}': 'shape' must be an array of non-negative integers, got {orjson.dumps(value).decode()}")
+                f"input '{name}': 'shape' must be an array of non-negative integers, "
+                f"got {orjson.dumps(value).decode()}")
     return value
 
 

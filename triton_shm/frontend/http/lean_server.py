@@ -27,8 +27,8 @@ _BRIDGE_KEEPALIVE = 10.0**9  # aiohttp never closes a bridged connection on its 
 class LeanContext:
     """What every connection of one server shares."""
 
-    def __init__(self, service: "InferenceService", max_input_size: int, aiohttp_server: Callable[[], web.RequestHandler],
-                 header_timeout: float, keepalive_timeout: float):
+    def __init__(self, service: "InferenceService", max_input_size: int,
+                 aiohttp_server: Callable[[], web.RequestHandler], header_timeout: float, keepalive_timeout: float):
         self.service = service
         self.max_input_size = max_input_size
         self.aiohttp_server = aiohttp_server
