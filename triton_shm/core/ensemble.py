@@ -9,10 +9,11 @@ and never cross a socket. Errors name the step that failed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import TYPE_CHECKING, Union
 
-from ..errors import InvalidArgument, TritonShmError, Unavailable, Unsupported
+from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
 from .datatypes import config_to_wire
 from .model_config import data_type_name
 from .statistics import ModelStats
@@ -176,13 +177,15 @@ class EnsembleScheduler:
             outputs = []
             for name in plan.outputs:
                 t = tensors[name]
+                if t.data is None:  # an ensemble input passed straight through, from a client region
+                    raise Unsupported(f"ensemble '{self.model.name}': output '{name}' is an input in shared memory")
                 outputs.append(OutputTensor(name, t.datatype, list(t.shape), t.data))
         except BaseException:
             for r in responses:
                 r.release()
             raise
         return InferResponse(model_name=self.model.name, model_version=str(self.model.version), id=request.id,
-                             outputs=outputs, _release=lambda: [r.release() for r in responses])
+                             outputs=outputs, _release=functools.partial(_release_all, responses))
 
     async def _run_step(self, i: int, tensors: dict[str, Tensor], request: InferRequest) -> InferResponse:
         step = self.steps[i]
@@ -193,7 +196,10 @@ class EnsembleScheduler:
         sub = InferRequest(model_name=model.name, model_version=str(model.version), id=request.id,
                            parameters=dict(request.parameters), inputs=inputs,
                            outputs=[RequestedOutput(n) for n in step.output_map])
-        return await model.scheduler.submit(sub, validate_request(model, sub), {})
+        response = await model.queue().submit(sub, validate_request(model, sub), {})
+        if response is None:  # a decoupled step: refused when the ensemble loads
+            raise Internal(f"ensemble step model '{model.name}' answered on a stream")
+        return response
 
     async def drain(self) -> None:
         self._closing = True
@@ -210,3 +216,7 @@ def ensemble_dependents(repository: "ModelRepository", name: str) -> list[str]:
                 break
     return out
 
+
+def _release_all(responses: list[InferResponse]) -> None:
+    for r in responses:
+        r.release()

@@ -6,13 +6,16 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgument, NotFound
+from ..errors import InvalidArgument, NotFound, Unavailable
 from . import model_config as mcfg
 from .datatypes import config_to_wire
 from .scheduler import Scheduler
 from .statistics import ModelStats
+
+if TYPE_CHECKING:
+    from .ensemble import EnsembleScheduler
 
 log = logging.getLogger("triton_shm.repository")
 
@@ -43,7 +46,7 @@ class ModelVersion:
     # (worker name, instance index) pairs, filled by the worker pool
     instances: list[tuple[str, int]] = field(default_factory=list)
     stats: ModelStats | None = None
-    scheduler: Scheduler | None = None
+    scheduler: "Scheduler | EnsembleScheduler | None" = None
 
     generation: int = 0   # distinguishes a reload from the version it replaces
 
@@ -51,6 +54,12 @@ class ModelVersion:
     def key(self) -> str:
         """The name workers know this load by: a reload runs beside the old one until it is ready."""
         return f"{self.name}/{self.version}#{self.generation}"
+
+    def queue(self) -> "Scheduler | EnsembleScheduler":
+        """Where this version's requests go (it has one once loaded)."""
+        if self.scheduler is None:
+            raise Unavailable(f"model '{self.name}' version {self.version} is not loaded")
+        return self.scheduler
 
     @property
     def ready(self) -> bool:
@@ -187,7 +196,7 @@ class ModelRepository:
                 raise NotFound(f"requested model {target} is not available")
         else:
             versions = [mv for e in self.models.values() for mv in e.versions.values() if mv.stats and mv.ready]
-        return [mv.stats.as_dict() for mv in sorted(versions, key=lambda m: (m.name, m.version))]
+        return [mv.stats.as_dict() for mv in sorted(versions, key=lambda m: (m.name, m.version)) if mv.stats]
 
     def all_ready(self) -> bool:
         """Every model that should be loaded has all its versions READY (strict

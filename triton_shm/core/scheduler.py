@@ -253,7 +253,8 @@ class Scheduler:
         wake_ns = None
         while self.idle and any(self.queues.values()):
             if self.dynamic and not self._ready_to_go(now):
-                wake_ns = self._oldest_ns() + self.delay_ns
+                oldest = self._oldest_ns()
+                wake_ns = None if oldest is None else oldest + self.delay_ns
                 break
             batch = self._take_batch()
             if not batch:

@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
 from .. import TRITON_PROTOCOL_VERSION
-from ..errors import InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
+from ..errors import Internal, InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
 from . import settings as log_settings
 from .model_config import config_to_json, validate_model_name
 from .model_manager import ModelManager, decode_load_parameters
@@ -63,10 +63,11 @@ class InferenceService:
         return {"name": self.server_id, "version": TRITON_PROTOCOL_VERSION, "extensions": extensions}
 
     # -- shared memory -------------------------------------------------------------------
-    def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def register_system_shm(self, name: str, key: object, offset: object, byte_size: object) -> None:
+        """The values as the wire carried them: the registry checks their types and ranges."""
         self.shm.register_system(name, key, offset, byte_size)
 
-    def register_cuda_shm(self, name: str, raw_handle: bytes | str, device_id: int, byte_size: int) -> None:
+    def register_cuda_shm(self, name: str, raw_handle: bytes | str, device_id: object, byte_size: object) -> None:
         self.shm.register_cuda(name, raw_handle, device_id, byte_size)
 
     def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
@@ -148,7 +149,10 @@ class InferenceService:
         if model.decoupled:
             raise Unsupported(f"model '{model.name}' is decoupled (it may send any number of responses): use "
                               "the gRPC stream (ModelStreamInfer) or the generate_stream endpoint")
-        return await self._infer(model, request)
+        response = await self._infer(model, request)
+        if response is None:  # only a decoupled model answers on a stream
+            raise Internal(f"model '{model.name}' answered on a stream without being decoupled")
+        return response
 
     def decoupled(self, request: InferRequest) -> bool:
         """Whether the request's model may send any number of responses; False when it
@@ -230,16 +234,17 @@ class InferenceService:
         return self.repository.get(request.model_name, request.model_version, require_ready=True)
 
     async def _infer(self, model: "ModelVersion", request: InferRequest,
-                     stream: ResponseStream | None = None) -> InferResponse:
+                     stream: ResponseStream | None = None) -> InferResponse | None:
+        """The response, or None for a decoupled model (its responses went to ``stream``)."""
         trace = (self.tracer.sample(model.name, model.version, request.id, time.monotonic_ns())
                  if self.tracer.active else None)
         try:
             plan = validate_request(model, request)
             if not (plan.shm_inputs or plan.shm_outputs):
-                return await model.scheduler.submit(request, plan, {}, trace, stream)
+                return await model.queue().submit(request, plan, {}, trace, stream)
             regions = self.shm.acquire_all(plan)
             try:
-                return await model.scheduler.submit(request, plan, regions, trace, stream)
+                return await model.queue().submit(request, plan, regions, trace, stream)
             finally:  # the worker has finished with the regions once it replied
                 for region in regions.values():
                     self.shm.release(region)

@@ -42,7 +42,7 @@ class Region:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
-def _check_key(key: str) -> str:
+def _check_key(key: object) -> str:
     """The object name under /dev/shm for a client key, or InvalidArgument."""
     if not isinstance(key, str) or "\x00" in key:
         raise InvalidArgument("shared memory key must be a string without NUL bytes")
@@ -78,7 +78,7 @@ class SharedMemoryRegistry:
             raise Unsupported(DISABLED_MESSAGE)
 
     # -- registration --------------------------------------------------------------------
-    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def register_system(self, name: str, key: object, offset: object, byte_size: object) -> None:
         self._require_enabled()
         self._check_name(name)
         obj = _check_key(key)
@@ -98,9 +98,9 @@ class SharedMemoryRegistry:
         except BaseException:
             os.close(fd)
             raise
-        self._regions[name] = Region(next(self._ids), name, key, offset, byte_size, fd)
+        self._regions[name] = Region(next(self._ids), name, str(key), offset, byte_size, fd)
 
-    def register_cuda(self, name: str, raw_handle: bytes | str, device_id: int, byte_size: int) -> None:
+    def register_cuda(self, name: str, raw_handle: bytes | str, device_id: object, byte_size: object) -> None:
         self._require_enabled()
         self._check_name(name)
         if isinstance(raw_handle, str):

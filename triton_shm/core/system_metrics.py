@@ -142,6 +142,8 @@ class NvmlSampler:
 
     def _open(self, devices: list[int] | None) -> list[tuple[str, ctypes.c_void_p]]:
         nvml = self._nvml
+        if nvml is None:
+            return []
         handles: list[ctypes.c_void_p] = []
         bus_ids = _cuda_pci_bus_ids(devices) if devices is not None else None
         if bus_ids is not None:

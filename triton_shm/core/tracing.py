@@ -26,7 +26,7 @@ import concurrent.futures
 import logging
 import os
 import time
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable
 
 import orjson
 
@@ -168,7 +168,7 @@ class TraceFile:
     def __init__(self, path: str):
         self.path = path
         self.index = 0
-        self._stream = None
+        self._stream: BinaryIO | None = None
 
     def append(self, docs: list[bytes]) -> None:
         if self._stream is None:

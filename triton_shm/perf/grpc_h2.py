@@ -13,6 +13,7 @@ WINDOW_UPDATE for what it receives, GOAWAY and RST_STREAM ending calls with an e
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 import struct
 from urllib.parse import unquote
 
@@ -71,7 +72,7 @@ class _Call:
 
 class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport  # from connection_made on
         self.error: Exception | None = None
         self.calls: dict[int, _Call] = {}
         self.next_stream = 1
@@ -89,7 +90,7 @@ class _Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)
         settings = struct.pack(">HIHIHI", SETTINGS_ENABLE_PUSH, 0, SETTINGS_INITIAL_WINDOW_SIZE, MAX_WINDOW,
                                SETTINGS_MAX_FRAME_SIZE, RECEIVE_FRAME_SIZE)
         self.transport.write(PREFACE + _frame(SETTINGS, 0, 0, settings)

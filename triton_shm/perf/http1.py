@@ -9,6 +9,7 @@ request, which at low concurrency would show up in the latency it measures.
 from __future__ import annotations
 
 import asyncio
+from typing import cast
 from urllib.parse import urlsplit
 
 
@@ -18,14 +19,14 @@ class HttpConnectionError(Exception):
 
 class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport  # from connection_made on
         self.closed = False
         self._buf = bytearray()
         self._waiter: asyncio.Future | None = None
         self._head: tuple[int, dict[bytes, bytes]] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -76,7 +77,8 @@ class _Connection(asyncio.Protocol):
 
     def _dechunk(self) -> bytes | None:
         """The body if every chunk and the terminating one are in (the buffer is left as is otherwise)."""
-        pos, parts = 0, []
+        pos = 0
+        parts: list[bytes] = []
         while True:
             eol = self._buf.find(b"\r\n", pos)
             if eol < 0:

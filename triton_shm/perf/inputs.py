@@ -116,7 +116,7 @@ def _encode(datatype: str, values: Any, count: int, input_name: str) -> bytes:
         return (f32.view(np.uint32) >> 16).astype("<u2").tobytes()
     if datatype not in _NP:
         raise PerfError(f"input '{input_name}': datatype {datatype} is not supported")
-    arr = np.asarray(values, dtype=_NP[datatype]).reshape(-1)
+    arr: np.ndarray = np.asarray(values, dtype=_NP[datatype]).reshape(-1)
     if arr.size != count:
         raise PerfError(f"input '{input_name}': {arr.size} values given, the shape needs {count}")
     return arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
@@ -190,7 +190,8 @@ def build_input_sets(spec: ModelSpec, shapes: dict[str, list[int]], input_data: 
     if input_data not in ("zero", "random"):
         entries = load_json_data(input_data)
     sets: list[list[InputTensor]] = []
-    for entry in entries or [None]:
+    choices: list[dict[str, Any] | None] = [*entries] if entries else [None]  # None: zero or random data
+    for entry in choices:
         tensors = []
         for t in spec.inputs:
             values = json_shape = None

@@ -207,7 +207,8 @@ async def run_step(opts: Options, client: Any, prepared: list[Any], stats: Calla
             lat, errs = rec.take()
             sent1 = sent_box[0]
             snap1 = ServerSnapshot.from_stats(await stats(), opts.model) if stats else None
-            w = Window(t1 - t0, lat, errs, cpu1 - cpu0, (snap1 - snap0) if snap1 is not None else None)
+            delta = (snap1 - snap0) if snap1 is not None and snap0 is not None else None
+            w = Window(t1 - t0, lat, errs, cpu1 - cpu0, delta)
             w.sent = sent1 - sent0
             windows.append(w)
             ips, latency = window_metric(w, opts.percentile)

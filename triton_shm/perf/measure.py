@@ -147,11 +147,9 @@ def summarize(windows: list[Window], *, mode: str, value: float, batch_size: int
     n = len(lat)
     avg = sum(lat) / n if n else 0.0
     std = math.sqrt(sum((x - avg) ** 2 for x in lat) / n) if n else 0.0
-    server = None
-    if all(w.server is not None for w in windows) and windows:
-        server = windows[0].server
-        for w in windows[1:]:
-            server = server + w.server
+    server = windows[0].server if windows else None  # the sum, if every window has one
+    for w in windows[1:]:
+        server = server + w.server if server is not None and w.server is not None else None
     cpu = sum(w.cpu_s for w in windows)
     return Result(mode=mode, value=value, batch_size=batch_size, requests=n,
                   errors=sum(w.errors for w in windows), duration_s=dur,

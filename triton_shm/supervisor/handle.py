@@ -12,6 +12,7 @@ pool's BLS handler.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import os
@@ -61,12 +62,13 @@ class WorkerHandle:
         self._release_bytes = 0
         self._flush_scheduled = False
         self.alive = False
-        self.regions: set[int] = set()
+        self.regions: set[int] = set()  # client regions whose fd this worker holds
         self.generation = 0
-        self.on_death = None  # callback(handle) set by the pool
-        self.on_bls = None    # callback(handle, message) for a model's BLS call, set by the pool
+        self.on_death: Callable[[WorkerHandle], None] | None = None  # set by the pool
+        # a model's BLS call: (handle, message), set by the pool
+        self.on_bls: Callable[[WorkerHandle, dict[str, Any]], None] | None = None
         self._staged: dict[tuple, Block] = {}  # input-arena blocks lent to the worker (BLS replies)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop  # the front-end's, from start() on
 
     # -- process lifecycle ---------------------------------------------------------------
     def start(self) -> None:
@@ -89,7 +91,7 @@ class WorkerHandle:
         self._broke_protocol = False
         self.outputs = SegmentMap()
         self.arena = Arena(INPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
-        self.regions: set[int] = set()  # client regions whose fd this worker holds
+        self.regions = set()  # client regions whose fd this worker holds
         self.generation += 1
         self.alive = True
         self._loop.add_reader(link.rx_wake, self._on_readable)
@@ -237,11 +239,11 @@ class WorkerHandle:
             else:
                 fut.set_result(reply)
 
+        build: Callable[[int, list[list[int]]], bytes | bytearray]
         if message is None:
             build = protocol.encode_ping
         else:
-            def build(msg_id: int, frees: list[list[int]]) -> bytearray:
-                return protocol.encode_control(msg_id, message, frees)
+            build = functools.partial(_encode_control, message=message)
         msg_id = self.request(build, on_reply, fds)
         try:
             return await fut
@@ -384,6 +386,8 @@ class WorkerHandle:
         """Copy bytes into this worker's input arena for it to read (a BLS reply); the
         worker hands the block back with ``bls_release``."""
         view = memoryview(data).cast("B")
+        if self.arena is None:
+            raise Unavailable(f"worker '{self.name}' is not running")
         block = self.arena.alloc(view.nbytes)
         block.view[:] = view
         desc = block.descriptor()
@@ -423,3 +427,7 @@ def _deliver(on_reply: Callable[[dict[str, Any] | Exception], None], reply: dict
         on_reply(reply)
     except Exception:
         log.exception("handling a worker reply failed")
+
+
+def _encode_control(msg_id: int, frees: list[list[int]], message: dict[str, Any]) -> bytearray:
+    return protocol.encode_control(msg_id, message, frees)

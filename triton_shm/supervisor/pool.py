@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Sequence
 
 from ..core import codec
 from ..core.datatypes import element_size
@@ -19,7 +19,7 @@ from ..core.model_config import config_to_json, mc
 from ..core.types import BatchRequest, InferResponse, OutputTensor
 from ..errors import Internal, TritonShmError, Unavailable
 from ..ipc import protocol
-from ..ipc.arena import Block
+from ..ipc.arena import Arena, Block
 from ..ipc.protocol import PLACE_ARENA, PLACE_NONE, PLACE_REGION
 from .handle import WorkerHandle
 
@@ -45,7 +45,7 @@ class WorkerPool:
         self._restarts: dict[str, int] = {name: 0 for name in self.workers}
         self._closing = False
         # serves a model's BLS call: async (worker, message) -> None, set by the service
-        self.bls_handler: Callable[[WorkerHandle, dict[str, Any]], Awaitable[None]] | None = None
+        self.bls_handler: Callable[[WorkerHandle, dict[str, Any]], Coroutine[Any, Any, None]] | None = None
         self._bls_tasks: set[asyncio.Task] = set()
         # what the owner of model state hears: "worker down" (name), then "worker back" (name)
         # once its process runs again (it then loads the models placed there)
@@ -160,8 +160,9 @@ class WorkerPool:
         await self.workers[worker].call(None)
 
     # -- inference -----------------------------------------------------------------------
-    def start_batch(self, mv: "ModelVersion", instance: tuple[str, int], batch: list[BatchRequest],
-                    done: Callable[[list[InferResponse | Exception], tuple[int, int, int] | None], None]) -> None:
+    def start_batch(self, mv: "ModelVersion", instance: tuple[str, int], batch: Sequence[BatchRequest],
+                    done: Callable[[list[InferResponse | Exception | None], tuple[int, int, int] | None], None]
+                    ) -> None:
         """Send a batch of validated requests to one instance: one control message there
         and back. When the reply arrives, ``done`` gets one response or error per request
         and the worker's (compute_input, compute_infer, compute_output) nanoseconds, or
@@ -199,9 +200,10 @@ class WorkerPool:
         msg_id = worker.next_id()
         if on_stream is not None:
             for i, p in enumerate(batch):
-                p.stream.cancel = functools.partial(worker.cancel, msg_id, i)
+                if p.stream is not None:
+                    p.stream.cancel = functools.partial(worker.cancel, msg_id, i)
         try:
-            requests = [self._request_record(worker, p, blocks) for p in batch]
+            requests = [self._request_record(worker, arena, p, blocks) for p in batch]
 
             def build(msg_id: int, frees: list[list[int]]) -> bytearray:
                 return protocol.encode_infer(msg_id, mv.key, index, requests, frees)
@@ -211,8 +213,8 @@ class WorkerPool:
             free_inputs()
             raise
 
-    def _batch_results(self, worker: WorkerHandle, mv: "ModelVersion", batch: list[BatchRequest],
-                       reply: dict[str, Any], on_stream) -> tuple[list[InferResponse | Exception],
+    def _batch_results(self, worker: WorkerHandle, mv: "ModelVersion", batch: Sequence[BatchRequest],
+                       reply: dict[str, Any], on_stream) -> tuple[list[InferResponse | Exception | None],
                                                                    tuple[int, int, int]]:
         responses = reply.get("responses")
         if not isinstance(responses, list) or len(responses) != len(batch):
@@ -241,40 +243,45 @@ class WorkerPool:
             raise Internal(f"worker '{worker.name}' sent a malformed timing") from None
 
     def _stream_handler(self, worker: WorkerHandle, mv: "ModelVersion",
-                        batch: list[BatchRequest]) -> Callable[[dict[str, Any] | None], None]:
+                        batch: Sequence[BatchRequest]) -> Callable[[dict[str, Any] | None], None]:
         """Routes a decoupled batch's responses to each request's stream queue, until
         every request has had its final response."""
         open_requests = set(range(len(batch)))
+        queues = []
+        for p in batch:
+            if p.stream is None:
+                raise Internal(f"model '{mv.name}' is decoupled but a request of its batch has no stream")
+            queues.append(p.stream.queue)
 
         def handle(msg: dict[str, Any] | None) -> None:
             if msg is None:  # the worker died
                 for i in sorted(open_requests):
-                    batch[i].stream.queue.put_nowait(
+                    queues[i].put_nowait(
                         (Unavailable(f"worker '{worker.name}' exited while model '{mv.name}' was responding"), True))
                 open_requests.clear()
                 return
-            i = msg.get("index")
-            if i not in open_requests:
+            index = msg.get("index")
+            if not isinstance(index, int) or index not in open_requests:
                 return  # unknown index or already final: a worker is not trusted
             final = bool(msg.get("final"))
             if "error" in msg:
                 item: InferResponse | Exception | None = TritonShmError.from_wire(msg["error"])
             elif "outputs" in msg:
                 try:
-                    item = self._response(worker, mv, batch[i], msg["outputs"])
+                    item = self._response(worker, mv, batch[index], msg["outputs"])
                 except TritonShmError as e:
                     item = e
             else:
                 item = None
-            batch[i].stream.queue.put_nowait((item, final))
+            queues[index].put_nowait((item, final))
             if final:  # an error response does not end the request: only the final flag does
-                open_requests.discard(i)
+                open_requests.discard(index)
             if not open_requests:
                 worker.end_stream(msg["id"])
 
         return handle
 
-    def _request_record(self, worker: WorkerHandle, p: BatchRequest, blocks: list[Block]) -> tuple:
+    def _request_record(self, worker: WorkerHandle, arena: Arena, p: BatchRequest, blocks: list[Block]) -> tuple:
         """One request of an INFER frame: in-band inputs copied once into the worker's
         arena, client shared-memory tensors named in place."""
         plan, request = p.plan, p.request
@@ -286,7 +293,9 @@ class WorkerPool:
                 inputs.append((inp.name, inp.datatype, inp.shape, PLACE_REGION, region.id, ref.offset, ref.byte_size))
                 continue
             data = inp.data
-            block = worker.arena.alloc(len(data) if not isinstance(data, memoryview) else data.nbytes)
+            if data is None:  # validation found its data or its region
+                raise Internal(f"input '{inp.name}' has neither data nor a shared-memory region")
+            block = arena.alloc(len(data) if not isinstance(data, memoryview) else data.nbytes)
             blocks.append(block)
             block.view[:] = data  # the one copy of an in-band tensor
             inputs.append((inp.name, inp.datatype, inp.shape, PLACE_ARENA, block.segment.id, block.offset, block.size))

@@ -9,12 +9,12 @@ from .assembler_py import GUARDED, copy, gather, scatter
 USING_EXTENSION = False
 if not NO_EXTENSIONS:
     try:
-        from . import _assembler  # type: ignore
+        from . import _assembler
     except ImportError:  # not built: the pure-Python twin serves
         pass
     else:
         if _assembler.GUARDED:  # else the twin, which needs no signal handler
-            from ._assembler import GUARDED, copy, gather, scatter  # type: ignore  # noqa: F811
+            from ._assembler import GUARDED, copy, gather, scatter  # type: ignore[no-redef]  # noqa: F811
             USING_EXTENSION = True
 
 __all__ = ["GUARDED", "copy", "gather", "scatter", "USING_EXTENSION"]

@@ -40,7 +40,7 @@ class BlsClient:
 
     # called on the control thread
     def deliver(self, msg: dict[str, Any]) -> None:
-        waiter = self._waiters.get(msg.get("bid"))
+        waiter = self._waiters.get(msg.get("bid", 0))
         if waiter is not None:
             waiter.put(msg)
 
@@ -97,7 +97,7 @@ class BlsClient:
         try:
             for name, datatype, shape, desc in outputs:
                 staged.append(desc)
-                array = decode_input(datatype, shape, self.worker.view(desc))
+                array = decode_input(datatype, shape, self.worker.inputs.view(desc))  # staged in our input arena
                 array = array.copy() if array.dtype != np.object_ else array  # the block goes back below
                 code = pb_utils._WIRE_TO_ENUM[datatype]
                 tensors.append(pb_utils.Tensor(name, array, code if datatype in ("BF16", "BYTES") else None))

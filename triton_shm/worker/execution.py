@@ -191,7 +191,7 @@ class InstanceRunner:
             buf = np.empty(sum(v.nbytes for v in views), dtype=np.uint8)
             assembler.gather(buf, views)  # BYTES too: encoded tensors concatenate
             model_shape = self.model.reshapes.input_shape(name, [total, *shape[1:]])
-            inputs[name] = decode_input(datatype, model_shape, memoryview(buf))
+            inputs[name] = decode_input(datatype, model_shape, buf.data)
             datatypes[name] = datatype
         merged = WorkerRequest(id=requests[0].get("request_id", ""), inputs=inputs, datatypes=datatypes,
                                requested_outputs=list(requests[0]["outputs"]),

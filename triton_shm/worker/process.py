@@ -129,9 +129,9 @@ class Worker:
         ``scratch`` (pages already mapped; the caller frees it once the batch is answered),
         or, without ``scratch``, into memory of its own that lives as long as the model
         holds it (decoupled models answer after execute returns)."""
-        view = self.view(desc)
         if not desc or desc[0] != "r":
-            return view
+            return self.inputs.view(desc)
+        view = self.view(desc)
         if scratch is None:
             private = memoryview(bytearray(view.nbytes))
         else:
@@ -225,7 +225,7 @@ class Worker:
         elif op == "region_drop":
             self.regions.drop(int(msg["rid"]))
         elif op == "cancel":
-            self.cancelled.add((msg.get("batch"), msg.get("index")))
+            self.cancelled.add((int(msg["batch"]), int(msg["index"])))
         elif op == "bls_reply":
             self.bls.deliver(msg)
         elif op == "auto_complete":

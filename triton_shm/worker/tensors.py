@@ -12,6 +12,7 @@ from ..core.datatypes import element_size, from_numpy, numpy_dtype
 from ..errors import Internal, InvalidArgument
 from ..ipc.arena import Arena, Block
 from . import assembler
+from .assembler_py import RegionSpan
 
 
 def _fill(template: list[int], variable: list[int]) -> list[int]:
@@ -107,7 +108,7 @@ def encode_output(arena: Arena, name: str, datatype: str, array) -> tuple[list[i
     return shape, block
 
 
-def encode_output_into(target: memoryview, name: str, datatype: str, array) -> tuple[list[int], int]:
+def encode_output_into(target: memoryview | RegionSpan, name: str, datatype: str, array) -> tuple[list[int], int]:
     """Write one output into a client's shared-memory slice; returns its shape and size."""
     shape, data = wire_bytes(name, datatype, array)
     if data.nbytes > target.nbytes:

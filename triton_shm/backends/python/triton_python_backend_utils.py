@@ -26,7 +26,7 @@ import enum
 import json
 import logging
 import threading
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 
@@ -194,7 +194,7 @@ def _bf16_words(obj) -> np.ndarray | None:
     if isinstance(obj, np.ndarray):  # ml_dtypes.bfloat16
         return obj.view(np.uint16)
     try:  # torch.Tensor
-        import torch  # type: ignore
+        import torch
         t = obj.detach()
         if t.device.type != "cpu":
             t = t.cpu()
@@ -324,7 +324,7 @@ class InferenceRequest:
         self._parameters = parameters if isinstance(parameters, str) else _compact_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._response_sender: InferenceResponseSender | None = None
-        self._is_cancelled = None  # set by the server for decoupled requests
+        self._is_cancelled: Callable[[], bool] | None = None  # set by the server for decoupled requests
 
     def inputs(self) -> list[Tensor]:
         return self._inputs

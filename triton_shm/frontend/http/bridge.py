@@ -38,7 +38,9 @@ class _SharedTransport(asyncio.Transport):
     def __init__(self, conn: "LeanConnection"):
         super().__init__()
         self.conn = conn
-        self._real: asyncio.Transport = conn.transport  # type: ignore[assignment]
+        if conn.transport is None:  # bridged only while the connection is open
+            raise RuntimeError("a closed connection cannot be bridged")
+        self._real: asyncio.Transport = conn.transport
 
     def write(self, data: Any) -> None:
         self.conn.write(data)

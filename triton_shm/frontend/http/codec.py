@@ -8,7 +8,7 @@ it has one; malformed input is always an :class:`InvalidArgument` (400), never a
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 import orjson
@@ -144,6 +144,7 @@ def _check_depth(value: Any, depth: int) -> None:
     stack = [(value, depth)]
     while stack:
         v, d = stack.pop()
+        children: Iterable[Any]
         if isinstance(v, dict):
             children = v.values()
         elif isinstance(v, list):

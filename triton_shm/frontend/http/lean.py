@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import httptools
 
@@ -64,7 +64,7 @@ class LeanConnection(asyncio.Protocol):
 
     # -- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)
         self.ctx.connections.add(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -126,12 +126,14 @@ class LeanConnection(asyncio.Protocol):
 
     def on_url(self, url: bytes) -> None:
         msg = self._msg
+        assert msg is not None  # llhttp calls back only between message begin and complete
         msg.url += url
         if len(msg.url) > MAX_URL:
             raise HttpLimit(414, f"request line is longer than {MAX_URL} bytes")
 
     def on_header(self, name: bytes, value: bytes) -> None:
         msg = self._msg
+        assert msg is not None
         if len(name) + len(value) > MAX_FIELD:
             raise HttpLimit(431, f"a header field is longer than {MAX_FIELD} bytes")
         msg.headers.append((name, value))
@@ -158,6 +160,7 @@ class LeanConnection(asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         msg = self._msg
+        assert msg is not None
         parser = self._parser
         msg.method = parser.get_method()
         msg.version = parser.get_http_version()
@@ -175,6 +178,7 @@ class LeanConnection(asyncio.Protocol):
 
     def on_body(self, chunk: bytes) -> None:
         msg = self._msg
+        assert msg is not None
         if msg.error is not None:
             return  # read and dropped, so the answer can follow
         msg.size += len(chunk)
@@ -188,6 +192,7 @@ class LeanConnection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         msg, self._msg = self._msg, None
+        assert msg is not None
         self.state = IDLE  # the idle clock starts when the response is written (request_done)
         if self._discard:
             return  # refused already, or input after the last request
@@ -207,7 +212,7 @@ class LeanConnection(asyncio.Protocol):
                 return
             self._busy = True
             if msg.route is not None:
-                self._task = self.loop.create_task(self._infer(msg))
+                self._task = self.loop.create_task(self._infer(msg, *msg.route))
             else:
                 self._forward(msg)
         if self.transport is None:
@@ -220,13 +225,12 @@ class LeanConnection(asyncio.Protocol):
         if self._discard and not self._queue:
             self._close()  # the last request this connection serves is answered
             return
-        msg = self._msg
-        if msg is not None and msg.expect_continue and not self._queue and not self._discard:
-            msg.expect_continue = False
+        parsing = self._msg
+        if parsing is not None and parsing.expect_continue and not self._queue and not self._discard:
+            parsing.expect_continue = False
             self.write(_CONTINUE)
 
-    async def _infer(self, msg: Message) -> None:
-        model, version = msg.route
+    async def _infer(self, msg: Message, model: str, version: str) -> None:
         try:
             reply = await serve_infer(
                 self.ctx.service, model, version, msg.body, header_length=msg.header_length,

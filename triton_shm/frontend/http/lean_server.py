@@ -89,6 +89,8 @@ async def start_lean_http(
     runner = web.AppRunner(app, access_log=None, auto_decompress=False, shutdown_timeout=shutdown_timeout,
                            keepalive_timeout=_BRIDGE_KEEPALIVE)
     await runner.setup()
+    if runner.server is None:  # setup() made it
+        raise RuntimeError("aiohttp's runner has no server after setup")
     ctx = LeanContext(service, max_input_size, runner.server, header_timeout, keepalive_timeout)
     server = LeanHttpServer(ctx, runner, shutdown_timeout)
     try:

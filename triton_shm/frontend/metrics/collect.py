@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from ...core.statistics import SUMMARY_PHASES
@@ -89,61 +90,69 @@ _GPU_SERIES = (
 )
 
 
-def _version_labels(mv: "ModelVersion") -> dict[str, str]:
-    return {"model": mv.name, "version": str(mv.version)}
+@dataclass(frozen=True)
+class Loaded:
+    """A loaded version and its statistics."""
+    version: "ModelVersion"
+    stats: "ModelStats"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {"model": self.version.name, "version": str(self.version.version)}
+
+    def queued(self) -> int:
+        """Requests waiting in the scheduler's queues (Triton: enqueued, not yet handed to
+        the backend). Falls back to queued+executing if there is no scheduler to ask."""
+        queues = getattr(self.version.scheduler, "queues", None)
+        if queues is None:
+            return self.stats.pending
+        return sum(len(q) for q in queues.values())
 
 
-def _queued(mv: "ModelVersion") -> int:
-    """Requests waiting in the scheduler's queues (Triton: enqueued, not yet handed to
-    the backend). Falls back to queued+executing if there is no scheduler to ask."""
-    queues = getattr(mv.scheduler, "queues", None)
-    if queues is None:
-        return mv.stats.pending if mv.stats else 0
-    return sum(len(q) for q in queues.values())
-
-
-def loaded_versions(repository: "ModelRepository") -> list["ModelVersion"]:
+def loaded_versions(repository: "ModelRepository") -> list[Loaded]:
     """The versions Triton has metrics for: the loaded (ready) ones, as the statistics
     endpoint lists them."""
-    versions = [mv for e in repository.models.values() for mv in e.versions.values() if mv.stats and mv.ready]
-    return sorted(versions, key=lambda m: (m.name, m.version))
+    loaded = [Loaded(mv, mv.stats) for e in repository.models.values() for mv in e.versions.values()
+              if mv.stats and mv.ready]
+    return sorted(loaded, key=lambda m: (m.version.name, m.version.version))
 
 
-def model_families(versions: list["ModelVersion"], config: MetricsConfig = MetricsConfig()) -> list[Family]:
+def model_families(versions: list[Loaded], config: MetricsConfig = MetricsConfig()) -> list[Family]:
     if not versions:
         return []
     families = []
     for name, kind, help_text, value in _MODEL_SERIES:
         if name in _LATENCY_COUNTERS and not config.counter_latencies:
             continue
-        families.append(Family(name, kind, help_text,
-                               [Sample(_version_labels(mv), value(mv.stats)) for mv in versions]))
+        families.append(Family(name, kind, help_text, [Sample(m.labels, value(m.stats)) for m in versions]))
         if name == "nv_inference_request_success":  # Triton's order: failures next
             families.append(_failures(versions))
-    families.append(Family(*_PENDING, [Sample(_version_labels(mv), _queued(mv)) for mv in versions]))
-    summarized = [mv for mv in versions if mv.stats.summaries is not None]
-    if config.summary_latencies and summarized:
-        families += summary_families(summarized, config.summary_quantiles)
+    families.append(Family(*_PENDING, [Sample(m.labels, m.queued()) for m in versions]))
+    if config.summary_latencies:
+        families += summary_families(versions, config.summary_quantiles)
     return families
 
 
-def _failures(versions: list["ModelVersion"]) -> Family:
+def _failures(versions: list[Loaded]) -> Family:
     samples = []
-    for mv in versions:
-        failures = mv.stats.failures
+    for m in versions:
+        failures = m.stats.failures
         for reason in sorted(set(FAILURE_REASONS) | set(failures)):
-            samples.append(Sample({**_version_labels(mv), "reason": reason}, failures.get(reason, 0)))
+            samples.append(Sample({**m.labels, "reason": reason}, failures.get(reason, 0)))
     return Family(*_FAILURE, samples)
 
 
-def summary_families(versions: list["ModelVersion"], quantiles: tuple[float, ...]) -> list[Family]:
+def summary_families(versions: list[Loaded], quantiles: tuple[float, ...]) -> list[Family]:
+    """For the versions that keep latency summaries (none: no families)."""
     now = time.monotonic()
+    kept = [(m.labels, m.stats.summaries) for m in versions if m.stats.summaries is not None]
+    if not kept:
+        return []
     families = []
     for phase, (name, help_text) in _SUMMARIES.items():
         family = Family(name, "summary", help_text)
-        for mv in versions:
-            summary = mv.stats.summaries[phase]
-            labels = _version_labels(mv)
+        for labels, summaries in kept:
+            summary = summaries[phase]
             family.samples.append(Sample(labels, summary.count, "_count"))
             family.samples.append(Sample(labels, summary.sum, "_sum"))
             family.samples += [Sample({**labels, "quantile": f"{q:g}"}, v)

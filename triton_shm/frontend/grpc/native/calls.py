@@ -106,6 +106,8 @@ class CallRunner:
 
     async def _requests(self, call: Call) -> AsyncIterator[Any]:
         queue, deserialize = call.queue, call.method.deserialize
+        if queue is None:  # only a stream call has its messages queued
+            return
         while True:
             item = await queue.get()
             if item is None:

@@ -12,10 +12,11 @@ import asyncio
 import logging
 import random
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 import ngh2
 
+from ..rpc import Method
 from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner
 from .framing import (
     INTERNAL,
@@ -59,7 +60,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         self.server = server
         self.loop = asyncio.get_running_loop()
         self.h2 = ngh2.Connection(ngh2.Role.SERVER, server.h2_config)
-        self.transport: asyncio.Transport | None = None
+        self.transport: asyncio.Transport  # from connection_made on
         self.calls: dict[int, Call] = {}
         self.paused = False
         self.closed = False
@@ -89,7 +90,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
 
     # -- transport callbacks ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = cast(asyncio.Transport, transport)
         tls = transport.get_extra_info("ssl_object")
         if tls is not None and tls.selected_alpn_protocol() != "h2":  # RFC 9113 §3.2: h2 over TLS needs ALPN
             log.warning("gRPC connection from %s refused: TLS without ALPN 'h2'", self._peer())
@@ -255,8 +256,10 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         send_encoding = None
         if encoding is not None and accept is not None and encoding in accept.replace(b" ", b"").split(b","):
             send_encoding = encoding  # answer in the encoding the client chose, if it takes it back
-        call = Call(sid, target, MessageReader(self.server.max_message_bytes, encoding or b"identity"),
-                    send_encoding)  # type: ignore[arg-type]
+        # an unknown path still gets a call, to be answered UNIMPLEMENTED below
+        rpc_method = target or Method(path.decode("utf-8", "replace"), _unimplemented)
+        call = Call(sid, rpc_method, MessageReader(self.server.max_message_bytes, encoding or b"identity"),
+                    send_encoding)
         self.calls[sid] = call
         if event.end_stream:
             call.remote_closed = True
@@ -328,7 +331,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         elif len(call.messages) != 1:
             self._finish(call, INTERNAL, "unary call ended without a request message")
         else:
-            call.task = self.loop.create_task(self._run_unary(call, call.messages.pop()))
+            call.task = self.loop.create_task(self._run_unary(call, bytes(call.messages.pop())))
 
     def _ack(self, sid: int, size: int) -> None:
         if size:
@@ -445,7 +448,8 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         """Ping a connection that went quiet; drop it if the ping is not answered."""
         if self.closed:
             return
-        if self.loop.time() - self.last_read >= self.server.keepalive_time and self.ping_timeout is None:
+        quiet = self.last_read is not None and self.loop.time() - self.last_read >= self.server.keepalive_time
+        if quiet and self.ping_timeout is None:
             try:
                 self.h2.ping()
             except ngh2.NGH2Error:
@@ -483,3 +487,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         self.flush()
         if not self.closed:
             self.transport.close()
+
+
+async def _unimplemented(_request: Any) -> None:
+    raise GrpcError(UNIMPLEMENTED, "unknown method")

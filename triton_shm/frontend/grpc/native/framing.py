@@ -41,7 +41,7 @@ def compress(data: bytes, encoding: bytes) -> bytes:
     return c.compress(data) + c.flush()
 
 
-def decompress(data: bytes, encoding: bytes, limit: int) -> bytes:
+def decompress(data: bytes | memoryview, encoding: bytes, limit: int) -> bytes:
     """Inflate at most ``limit`` bytes: a small compressed message may claim to inflate
     to gigabytes, so the bound applies to the output, not to the input."""
     if encoding not in _WBITS:

@@ -43,7 +43,7 @@ class NativeServer:
         self.handshake_timeout = 10.0  # seconds for a new connection to send anything
         self.apply_keepalive(keepalive or Keepalive())
         self.connections: set[GrpcConnection] = set()
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.Server | None = None
         self._idle = asyncio.Event()
 
     def apply_keepalive(self, k: Keepalive) -> None:
@@ -75,6 +75,8 @@ class NativeServer:
 
     @property
     def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the gRPC server is not listening")
         return self._server.sockets[0].getsockname()[1]
 
     def connection_done(self) -> None:
