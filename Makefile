@@ -16,10 +16,13 @@ install: $(VENV)/.installed
 serve: $(VENV)/.installed
 	$(VENV)/bin/triton-shm --model-repository examples/model_repository
 
-# First the user's path (sdist and wheel built, installed into clean venvs, the console
-# script serving from outside the checkout), then the whole suite twice: with the C
-# extensions, then with their pure-Python twins.
+# First the static checks (ruff, mypy: pyproject.toml configures both), then the user's
+# path (sdist and wheel built, installed into clean venvs, the console script serving from
+# outside the checkout), then the whole suite twice: with the C extensions, then with their
+# pure-Python twins.
 test: $(VENV)/.installed
+	$(PY) -m ruff check .
+	$(PY) -m mypy
 	$(PY) tests/check_install.py
 	$(PY) -m pytest tests
 	TRITON_SHM_NO_EXTENSIONS=1 $(PY) -m pytest tests
