@@ -52,6 +52,7 @@ class ServerOptions:
     http_max_input_size: int = 64 * 1024 * 1024
     http_header_timeout_secs: float = 30.0
     exit_timeout_secs: int = 30
+    drain_secs: float = 5.0
     log_verbose: int = 0
     log_info: bool = True
     log_warning: bool = True
@@ -134,6 +135,16 @@ DEVICE_FRACTION = _form("<device_id>:<fraction>", lambda v: _fields(v, ":", (int
 PORT_RANGE = _form("<integer>-<integer>", lambda v: _fields(v, "-", (int, int)))
 RESOURCE = _form("<string>:<integer>[:<integer>]",
                  lambda v: _fields(v, ":", (str, int, int), optional=1) and bool(v.split(":")[0]))
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{value}'") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got '{value}'")
+    return seconds
 
 
 def _config_name(value: str) -> str:
@@ -277,6 +288,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="close an HTTP connection whose request headers take longer than this to arrive (default 30)")
     add("--exit-timeout-secs", type=int, default=30, metavar="SECONDS",
         help="on SIGINT/SIGTERM, how long in-flight requests may take to finish (default 30)")
+    add("--drain-secs", type=_seconds, default=5.0, metavar="SECONDS",
+        help="on SIGTERM, first report not ready while still serving for this long, so load "
+             "balancers stop sending before the server stops accepting; SIGINT or a second signal "
+             "skips it (default 5)")
     add("--log-verbose", type=int, default=0, metavar="LEVEL", help="verbose logging level (default 0)")
     add("--log-info", type=parse_bool, default=True, metavar="BOOL", help="log INFO messages (default true)")
     add("--log-warning", type=parse_bool, default=True, metavar="BOOL", help="log WARNING messages (default true)")

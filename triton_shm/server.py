@@ -33,10 +33,10 @@ async def serve(options: ServerOptions) -> int:
     service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
                                strict_readiness=options.strict_readiness, server_id=options.server_id)
     service.tracer = Tracer.from_config(options.trace_config)
-    stop = asyncio.Event()
+    shutdown = ShutdownSignals()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, shutdown.received, sig)
 
     await pool.start()
     runners = []
@@ -69,13 +69,14 @@ async def serve(options: ServerOptions) -> int:
                                                      keepalive=grpc_keepalive(options), transport=transport)))
             log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
                      transport)
-        await stop.wait()
+        await shutdown.drain(service, options.drain_secs)
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
     finally:
-        service.accepting = False
+        service.draining = True
         pool.begin_shutdown()
         deadline = loop.time() + options.exit_timeout_secs
         await _stop_frontends(runners, options.exit_timeout_secs)
+        service.accepting = False  # after the front-ends: what they took in was served
         try:  # in-flight requests are done or timed out: unload models (finalize runs)
             await asyncio.wait_for(models.stop(), timeout=max(deadline - loop.time(), 1.0))
         except asyncio.TimeoutError:
@@ -84,6 +85,32 @@ async def serve(options: ServerOptions) -> int:
         service.shm.close()
         await service.tracer.close()
     return 0
+
+
+class ShutdownSignals:
+    """SIGTERM starts the drain; SIGINT, or a second signal, ends it (or skips it) at once."""
+
+    def __init__(self) -> None:
+        self.first = asyncio.Event()
+        self.now = asyncio.Event()
+
+    def received(self, sig: int) -> None:
+        if self.first.is_set() or sig != signal.SIGTERM:
+            self.now.set()
+        self.first.set()
+
+    async def drain(self, service: InferenceService, seconds: float) -> None:
+        """Wait for the first signal, then report not ready while serving on for ``seconds``:
+        load balancers take the server out of rotation before it stops accepting."""
+        await self.first.wait()
+        if seconds <= 0 or self.now.is_set():
+            return
+        service.draining = True
+        log.info("draining for %g s: not ready, still serving (signal again to stop now)", seconds)
+        try:
+            await asyncio.wait_for(self.now.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
 
 
 def grpc_keepalive(options: ServerOptions):
