@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
 import threading
 import time
 import urllib.error
@@ -184,7 +185,11 @@ def transport(request):
 def start(tmp_path: Path, *args: str) -> ServerProcess:
     repo = tmp_path / "models"
     write_model(repo, "pause", config=PAUSE_CONFIG, model_py=PAUSE_PY)
-    return ServerProcess(repo, tmp_path / "server.log", extra_args=list(args)).start()
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=list(args)).start()
+    # Ready (asked over HTTP) only once every front-end listens: gRPC takes connections now.
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", srv.grpc_port)) == 0
+    return srv
 
 
 def test_sigterm_drains_then_stops_losing_no_request(tmp_path, transport):
@@ -243,6 +248,15 @@ def test_drain_ends_by_itself_and_exits_zero(tmp_path):
     srv.proc.send_signal(signal.SIGTERM)
     assert srv.proc.wait(60) == 0, srv.log()[-3000:]
     assert "draining for 1 s" in srv.log()
+
+
+def test_sigint_skips_the_drain(tmp_path):
+    """Ctrl-C at a terminal: no load balancer to wait for."""
+    srv = start(tmp_path, "--drain-secs", "600")
+    srv.proc.send_signal(signal.SIGINT)
+    assert srv.proc.wait(60) == 0, srv.log()[-3000:]
+    assert "draining" not in srv.log()
+    assert "shutting down" in srv.log()
 
 
 @pytest.mark.parametrize("value", ["-1", "x"])

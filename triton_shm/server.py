@@ -69,6 +69,7 @@ async def serve(options: ServerOptions) -> int:
                                                      keepalive=grpc_keepalive(options), transport=transport)))
             log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
                      transport)
+        service.listening = True  # ready from now on: every port takes connections
         await shutdown.drain(service, options.drain_secs)
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
     finally:
