@@ -259,7 +259,14 @@ def test_sigint_skips_the_drain(tmp_path):
     assert "shutting down" in srv.log()
 
 
-@pytest.mark.parametrize("value", ["-1", "x"])
+def test_drain_secs_parses():
+    from triton_shm.cli import parse_args
+    assert parse_args(["--model-repository", "/m"]).drain_secs == 5.0
+    assert parse_args(["--model-repository", "/m", "--drain-secs=2.5"]).drain_secs == 2.5
+    assert parse_args(["--model-repository", "/m", "--drain-secs", "0"]).drain_secs == 0.0
+
+
+@pytest.mark.parametrize("value", ["-1", "x", "inf", "nan"])
 def test_bad_drain_secs_is_refused(tmp_path, value):
     import subprocess
     import sys
