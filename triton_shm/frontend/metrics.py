@@ -22,6 +22,8 @@ from ..core.system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSample
 from .http.app import serve_app
 
 if TYPE_CHECKING:
+    from ssl import SSLContext
+
     from ..core.repository import ModelRepository, ModelVersion
     from ..core.statistics import ModelStats
 
@@ -321,8 +323,8 @@ def create_metrics_app(collector: MetricsCollector, interval_ms: float = 2000) -
 
 async def start_metrics(repository: "ModelRepository", host: str, port: int, *, cpu: bool = True,
                         gpu: bool = True, interval_ms: float = 2000, gpus: list[int] | None = None,
-                        config: MetricsConfig = MetricsConfig()) -> web.AppRunner:
-    """Serve ``GET /metrics`` on ``host:port``; stop it with ``await runner.cleanup()``
-    (which also stops the sampler)."""
+                        config: MetricsConfig = MetricsConfig(), ssl: "SSLContext | None" = None) -> web.AppRunner:
+    """Serve ``GET /metrics`` on ``host:port`` (HTTPS with ``ssl``); stop it with
+    ``await runner.cleanup()`` (which also stops the sampler)."""
     collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus, config=config)
-    return await serve_app(create_metrics_app(collector, interval_ms), host, port, shutdown_timeout=1.0)
+    return await serve_app(create_metrics_app(collector, interval_ms), host, port, ssl=ssl, shutdown_timeout=1.0)
