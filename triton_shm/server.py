@@ -58,6 +58,15 @@ async def serve(options: ServerOptions) -> int:
                 gpu=options.allow_gpu_metrics, interval_ms=options.metrics_interval_ms, gpus=gpus,
                 config=metrics_config, ssl=security.context("metrics"))))
             log.info("Started Metrics Service at %s:%d", address, options.metrics_port)
+        if options.allow_grpc:  # before HTTP, as tritonserver: HTTP ready means both answer
+            from .frontend.grpc.server import default_transport, start_grpc
+            transport = options.grpc_transport or default_transport()
+            runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
+                                                     keepalive=grpc_keepalive(options), transport=transport,
+                                                     restrictions=security.grpc_restrictions,
+                                                     tls=security.tls.get("grpc"))))
+            log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
+                     transport)
         if options.allow_http:
             from .frontend.http.app import start_http
             runners.append(("HTTP", await start_http(service, options.http_address, options.http_port,
@@ -67,15 +76,6 @@ async def serve(options: ServerOptions) -> int:
                                                      restrictions=security.http_restrictions,
                                                      ssl=security.context("http"))))
             log.info("Started HTTPService at %s:%d", options.http_address, options.http_port)
-        if options.allow_grpc:
-            from .frontend.grpc.server import default_transport, start_grpc
-            transport = options.grpc_transport or default_transport()
-            runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
-                                                     keepalive=grpc_keepalive(options), transport=transport,
-                                                     restrictions=security.grpc_restrictions,
-                                                     tls=security.tls.get("grpc"))))
-            log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
-                     transport)
         await stop.wait()
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
     finally:
