@@ -12,7 +12,7 @@ from .restricted import RestrictionError, Restrictions, parse_restrictions
 from .tls import ServerTls
 
 if TYPE_CHECKING:
-    from ..cli import ServerOptions
+    from ..options import ServerOptions
 
 log = logging.getLogger(__name__)
 
