@@ -11,10 +11,10 @@ Which route or RPC belongs to which group: ``frontend/http/api_groups.py`` and
 """
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -32,16 +32,27 @@ class RestrictionError(ValueError):
     """A restricted-API flag that cannot be served (the server exits 1 at start)."""
 
 
-@dataclass
 class Restriction:
     """One header and the value it must have. ``key`` is the header as given (it is what
-    the refusal names); ``name`` is what requests are matched on."""
-    key: str
-    source: str  # the value as written on the command line: literal, @file or env:NAME
-    value: bytes = field(default=b"", repr=False)
+    the refusal names); ``name`` is what requests are matched on; ``source`` is the value as
+    written on the command line: the value itself, ``@file`` or ``env:NAME``."""
 
-    def __post_init__(self) -> None:
+    def __init__(self, key: str, source: str):
+        self.key = key
+        self.source = source
         self.value = self.read_value()
+
+    def __repr__(self) -> str:  # never the value
+        return f"Restriction(key={self.key!r})"
+
+    @property
+    def value(self) -> bytes:
+        return self._value
+
+    @value.setter
+    def value(self, value: bytes) -> None:
+        self._value = value
+        self._digest = hashlib.sha256(value).digest()
 
     @property
     def name(self) -> str:
@@ -72,8 +83,9 @@ class Restriction:
         return value
 
     def admits(self, given: bytes | None) -> bool:
-        # compare_digest: the time taken does not depend on how much of the value matched
-        return given is not None and hmac.compare_digest(given, self.value)
+        # Digests of equal length compared with compare_digest: the time taken depends neither
+        # on how much of the value matched nor on its length.
+        return given is not None and hmac.compare_digest(hashlib.sha256(given).digest(), self._digest)
 
 
 class Restrictions:
