@@ -41,7 +41,6 @@ class InferenceService:
         shm.on_close = self.workers.drop_region
         self.strict_readiness = strict_readiness
         self.workers.bls_handler = self._serve_bls
-        self.listening = False  # True once every front-end has started
         self.draining = False  # shutting down: not ready, still serving what comes
         self.accepting = True  # False once the front-ends have stopped
         self.tracer = Tracer()  # the server replaces it with one built from --trace-config
@@ -52,9 +51,9 @@ class InferenceService:
         return True
 
     def ready(self) -> bool:
-        """Live, every front-end listening, not shutting down, workers up; with strict
-        readiness every model that should be loaded is READY."""
-        if self.draining or not (self.listening and self.accepting and self.workers.all_alive()):
+        """Live, not shutting down, workers up; with strict readiness every model that
+        should be loaded is READY."""
+        if self.draining or not (self.accepting and self.workers.all_alive()):
             return False
         return self.repository.all_ready() if self.strict_readiness else True
 

@@ -7,6 +7,7 @@ from typing import Any, AsyncIterator, Callable
 
 import grpc
 
+from ..restricted import Restrictions
 from .rpc import Method, rpc_status
 
 
@@ -60,11 +61,27 @@ class AioServer:
         await self.server.stop(max(deadline - loop.time(), 0.0))
 
 
+def _refusal(restrictions: Restrictions | None, method: Method, context: grpc.aio.ServicerContext) -> str | None:
+    """The restricted-API check, before the body runs; metadata keys arrive lower case."""
+    if restrictions is None:
+        return None
+
+    def lookup(name: str) -> bytes | None:
+        for key, value in context.invocation_metadata() or ():
+            if key == name:
+                return value if isinstance(value, bytes) else value.encode("utf-8", "surrogateescape")
+        return None
+    return restrictions.refusal(method.group, lookup)
+
+
 # Responses are serialized inside the handler (grpcio's serializer hook is not used): a
 # ModelInfer response holds arena blocks until it is encoded, and the handler is the one
 # place sure to run to the end or be cancelled as a whole.
-def _unary(method: Method, gate: CallGate) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
+def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate
+           ) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if (refusal := _refusal(restrictions, method, context)) is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         if not gate.enter():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         try:
@@ -79,8 +96,11 @@ def _unary(method: Method, gate: CallGate) -> Callable[[Any, grpc.aio.ServicerCo
     return handler
 
 
-def _stream(method: Method, gate: CallGate) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate
+            ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
     async def handler(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if (refusal := _refusal(restrictions, method, context)) is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         if not gate.enter():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         try:
@@ -92,24 +112,30 @@ def _stream(method: Method, gate: CallGate) -> Callable[[Any, grpc.aio.ServicerC
     return handler
 
 
-def generic_handlers(methods: list[Method], gate: CallGate) -> list[grpc.GenericRpcHandler]:
+def generic_handlers(methods: list[Method], restrictions: Restrictions | None = None,
+                     gate: CallGate | None = None) -> list[grpc.GenericRpcHandler]:
+    restrictions = restrictions or None
+    gate = gate or CallGate()
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = defaultdict(dict)
     for m in methods:
         service, name = m.path[1:].split("/")
         kwargs = dict(request_deserializer=m.deserialize, response_serializer=None)
         by_service[service][name] = (
-            grpc.stream_stream_rpc_method_handler(_stream(m, gate), **kwargs) if m.streaming
-            else grpc.unary_unary_rpc_method_handler(_unary(m, gate), **kwargs))
+            grpc.stream_stream_rpc_method_handler(_stream(m, restrictions, gate), **kwargs) if m.streaming
+            else grpc.unary_unary_rpc_method_handler(_unary(m, restrictions, gate), **kwargs))
     return [grpc.method_handlers_generic_handler(s, handlers) for s, handlers in by_service.items()]
 
 
-async def start_aio(methods: list[Method], host: str, port: int, options: list[tuple[str, int]]) -> AioServer:
+async def start_aio(methods: list[Method], host: str, port: int, options: list[tuple[str, int]], *,
+                    restrictions: Restrictions | None = None, credentials: Any = None) -> AioServer:
+    """``credentials``: grpcio server credentials (TLS), else plaintext."""
     server = grpc.aio.server(options=options)
     gate = CallGate()
-    server.add_generic_rpc_handlers(generic_handlers(methods, gate))
+    server.add_generic_rpc_handlers(generic_handlers(methods, restrictions, gate))
     address = f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = (server.add_insecure_port(address) if credentials is None
+                 else server.add_secure_port(address, credentials))
     except RuntimeError as e:  # some grpcio versions raise instead of returning 0
         bound = 0
         cause: Exception | None = e
