@@ -20,12 +20,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from geventhttpclient.response import HTTPConnectionClosed
 from tritonclient.utils import InferenceServerException
 
 from .harness import ServerProcess
+from .helpers import client_module, connect
 from .models import write_model
 
 CLIENTS = 16
@@ -74,27 +73,17 @@ def health(srv: ServerProcess, what: str) -> int:
         return 0
 
 
-class Http:
-    def __init__(self, srv: ServerProcess):
-        self.client = httpclient.InferenceServerClient(srv.http_url, network_timeout=60, connection_timeout=60)
+class Client:
+    """One tritonclient of ``proto``, asking the pause model to echo a value."""
+
+    def __init__(self, srv: ServerProcess, proto: str):
+        self.proto, self.client = proto, connect(srv, proto)
 
     def infer(self, value: int) -> np.ndarray:
-        inp = httpclient.InferInput("INPUT0", [1], "INT32")
+        inp = client_module(self.proto).InferInput("INPUT0", [1], "INT32")
         inp.set_data_from_numpy(np.array([value], dtype=np.int32))
-        return self.client.infer("pause", [inp]).as_numpy("OUTPUT0")
-
-    def close(self) -> None:
-        self.client.close()
-
-
-class Grpc:
-    def __init__(self, srv: ServerProcess):
-        self.client = grpcclient.InferenceServerClient(srv.grpc_url)
-
-    def infer(self, value: int) -> np.ndarray:
-        inp = grpcclient.InferInput("INPUT0", [1], "INT32")
-        inp.set_data_from_numpy(np.array([value], dtype=np.int32))
-        return self.client.infer("pause", [inp], client_timeout=60).as_numpy("OUTPUT0")
+        options = {"client_timeout": 60} if self.proto == "grpc" else {}
+        return self.client.infer("pause", [inp], **options).as_numpy("OUTPUT0")
 
     def close(self) -> None:
         self.client.close()
@@ -114,8 +103,8 @@ def refused(error: BaseException) -> bool:
 class Load:
     """``CLIENTS`` threads, each with its own client, looping requests until stopped."""
 
-    def __init__(self, srv: ServerProcess, kind: type):
-        self.srv, self.kind = srv, kind
+    def __init__(self, srv: ServerProcess, proto: str):
+        self.srv, self.proto = srv, proto
         self.outcomes: list[list[Outcome]] = [[] for _ in range(CLIENTS)]
         self.stopping = threading.Event()
         self.threads = [threading.Thread(target=self._loop, args=(i,), daemon=True) for i in range(CLIENTS)]
@@ -123,7 +112,7 @@ class Load:
             t.start()
 
     def _loop(self, index: int) -> None:
-        client = self.kind(self.srv)
+        client = Client(self.srv, self.proto)
         mine = self.outcomes[index]
         value = index * 1_000_000
         try:
@@ -171,9 +160,9 @@ class Load:
 
 
 TRANSPORTS = {
-    "http": (Http, []),
-    "grpc-native": (Grpc, ["--grpc-transport", "native"]),
-    "grpc-grpcio": (Grpc, ["--grpc-transport", "grpcio"]),
+    "http": ("http", []),
+    "grpc-native": ("grpc", ["--grpc-transport", "native"]),
+    "grpc-grpcio": ("grpc", ["--grpc-transport", "grpcio"]),
 }
 
 
@@ -193,9 +182,9 @@ def start(tmp_path: Path, *args: str) -> ServerProcess:
 
 
 def test_sigterm_drains_then_stops_losing_no_request(tmp_path, transport):
-    kind, args = transport
+    proto, args = transport
     srv = start(tmp_path, "--drain-secs", "600", "--exit-timeout-secs", "30", *args)
-    load = Load(srv, kind)
+    load = Load(srv, proto)
     try:
         load.wait_each_done(5, after=0.0)
         srv.proc.send_signal(signal.SIGTERM)
@@ -207,9 +196,9 @@ def test_sigterm_drains_then_stops_losing_no_request(tmp_path, transport):
         assert health(srv, "live") == 200
         not_ready = time.monotonic()
         load.wait_each_done(5, after=not_ready)
-        probe = Grpc(srv)
+        probe = connect(srv, "grpc")
         try:
-            assert probe.client.is_server_ready() is False
+            assert probe.is_server_ready() is False
         finally:
             probe.close()
         assert srv.proc.poll() is None
@@ -227,9 +216,9 @@ def test_sigterm_drains_then_stops_losing_no_request(tmp_path, transport):
 def test_sigterm_without_drain_loses_no_request(tmp_path, transport):
     """``--drain-secs 0``: straight to stopping; requests sent around the signal still
     succeed or are refused before they started."""
-    kind, args = transport
+    proto, args = transport
     srv = start(tmp_path, "--drain-secs", "0", *args)
-    load = Load(srv, kind)
+    load = Load(srv, proto)
     try:
         load.wait_each_done(5, after=0.0)
         signalled = time.monotonic()
