@@ -3,8 +3,9 @@
 On SIGTERM the server reports not ready while it keeps serving for ``--drain-secs`` (a
 second signal ends the drain at once), then stops accepting, lets what is in flight
 finish and exits 0. Sixteen clients loop small requests through both phases: each request
-either succeeds or is refused before the server took it (the connection is refused, or
-gRPC's GOAWAY turned the stream away); none fails mid-way.
+either succeeds or is refused before it started (the connection is refused or closed unanswered,
+gRPC's GOAWAY turns the stream away, or grpc.aio answers UNAVAILABLE as it stops), and the
+model never ran a request that failed; none fails mid-way.
 """
 from __future__ import annotations
 
