@@ -19,10 +19,12 @@ from aiohttp import web
 
 from ..core.statistics import SUMMARY_PHASES
 from ..core.system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
+from .cache_metrics import render_cache_metrics, render_model_cache_metrics
 from .http.app import serve_app
 
 if TYPE_CHECKING:
     from ..core.repository import ModelRepository, ModelVersion
+    from ..core.response_cache import ResponseCache
     from ..core.statistics import ModelStats
 
 log = logging.getLogger("triton_shm.metrics")
@@ -193,7 +195,7 @@ def loaded_versions(repository: "ModelRepository") -> list["ModelVersion"]:
 
 
 def render_model_metrics(out: list[str], versions: list["ModelVersion"],
-                         config: MetricsConfig = MetricsConfig()) -> None:
+                         config: MetricsConfig = MetricsConfig(), cache: "ResponseCache | None" = None) -> None:
     if not versions:
         return
     for name, kind, help_text, value in _MODEL_SERIES:
@@ -209,6 +211,8 @@ def render_model_metrics(out: list[str], versions: list["ModelVersion"],
                     samples.append((_labels(model=mv.name, reason=reason, version=str(mv.version)),
                                     failures.get(reason, 0)))
         _family(out, name, kind, help_text, samples)
+    if cache is not None:
+        render_model_cache_metrics(out, versions, _family, _labels)
     _family(out, *_PENDING, [(_labels(model=mv.name, version=str(mv.version)), _queued(mv)) for mv in versions])
     summarized = [mv for mv in versions if mv.stats.summaries is not None]
     if config.summary_latencies and summarized:
@@ -250,8 +254,9 @@ class MetricsCollector:
     """Holds the latest CPU/GPU readings and renders the whole page."""
 
     def __init__(self, repository: "ModelRepository", *, cpu: bool = True, gpu: bool = True,
-                 gpus: list[int] | None = None, config: MetricsConfig = MetricsConfig()):
-        self.repository, self.config = repository, config
+                 gpus: list[int] | None = None, config: MetricsConfig = MetricsConfig(),
+                 cache: "ResponseCache | None" = None):
+        self.repository, self.config, self.cache = repository, config, cache
         self.cpu = CpuSampler() if cpu else None
         if self.cpu is not None and not self.cpu.available:
             log.info("CPU metrics are not available: no /proc/stat or /proc/meminfo")
@@ -276,9 +281,11 @@ class MetricsCollector:
 
     def render(self) -> str:
         out: list[str] = []
-        render_model_metrics(out, loaded_versions(self.repository), self.config)
+        render_model_metrics(out, loaded_versions(self.repository), self.config, self.cache)
         render_cpu_metrics(out, self.cpu_reading)
         render_gpu_metrics(out, self.gpu_readings)
+        if self.cache is not None:
+            render_cache_metrics(out, self.cache, _family)
         return "\n".join(out) + "\n" if out else ""
 
     def close(self) -> None:
@@ -321,8 +328,9 @@ def create_metrics_app(collector: MetricsCollector, interval_ms: float = 2000) -
 
 async def start_metrics(repository: "ModelRepository", host: str, port: int, *, cpu: bool = True,
                         gpu: bool = True, interval_ms: float = 2000, gpus: list[int] | None = None,
-                        config: MetricsConfig = MetricsConfig()) -> web.AppRunner:
+                        config: MetricsConfig = MetricsConfig(),
+                        cache: "ResponseCache | None" = None) -> web.AppRunner:
     """Serve ``GET /metrics`` on ``host:port``; stop it with ``await runner.cleanup()``
     (which also stops the sampler)."""
-    collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus, config=config)
+    collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus, config=config, cache=cache)
     return await serve_app(create_metrics_app(collector, interval_ms), host, port, shutdown_timeout=1.0)
