@@ -318,7 +318,8 @@ class ModelManager:
                     if claims:
                         self.limiter.unregister(claims)
                     raise
-                mv.scheduler = Scheduler(mv, self.pool, mv.stats, self.limiter if claims else None, claims)
+                mv.scheduler = Scheduler(mv, self.pool, mv.stats, limiter=self.limiter if claims else None,
+                                         claims=claims)
             mv.state, mv.reason = READY, ""
             log.info("successfully loaded '%s' version %d", mv.name, mv.version)
         except TritonShmError as e:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..errors import InvalidArgument
-from .types import Buffer, InferRequest, InferResponse, OutputTensor
+from .types import SHM_PARAMETERS, Buffer, InferRequest, InferResponse, OutputTensor
 
 if TYPE_CHECKING:
     from .repository import ModelVersion
@@ -29,8 +29,7 @@ if TYPE_CHECKING:
 
 KEY_BYTES = 32
 # Output parameters that say how or where an answer is delivered, not what it is.
-_DELIVERY_PARAMETERS = frozenset({"binary_data", "shared_memory_region", "shared_memory_byte_size",
-                                  "shared_memory_offset"})
+_DELIVERY_PARAMETERS = frozenset({"binary_data", *SHM_PARAMETERS})
 
 
 @dataclass(frozen=True, slots=True)

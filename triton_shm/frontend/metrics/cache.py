@@ -1,18 +1,16 @@
-"""The response cache's Prometheus series, under Triton 2.51's names, types and HELP
-texts: per model (only models with ``response_cache`` on, and only with a cache
-configured) from their statistics, and server-wide gauges read from the cache at
-scrape time."""
+"""The response cache's families, under Triton 2.51's names, types and HELP texts: per
+model (only models with ``response_cache`` on, and only with a cache configured) from
+their statistics, and server-wide gauges read from the cache at scrape time."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-if TYPE_CHECKING:
-    from ..core.repository import ModelVersion
-    from ..core.response_cache import ResponseCache
-    from ..core.statistics import ModelStats
+from .exposition import Family, Sample
 
-Family = Callable[[list, str, str, str, list], None]
-Labels = Callable[..., str]
+if TYPE_CHECKING:
+    from ...core.repository import ModelVersion
+    from ...core.response_cache import ResponseCache
+    from ...core.statistics import ModelStats
 
 _PER_MODEL: tuple[tuple[str, str, Callable[["ModelStats"], int]], ...] = (
     ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s.phases["cache_hit"].count),
@@ -37,16 +35,13 @@ _SERVER: tuple[tuple[str, str, Callable[["ResponseCache"], float | int]], ...] =
 )
 
 
-def render_model_cache_metrics(out: list[str], versions: list["ModelVersion"], family: Family,
-                               labels: Labels) -> None:
+def model_cache_families(versions: list["ModelVersion"]) -> list[Family]:
+    """Triton's per-model cache counters (they follow the compute durations on its page)."""
     cached = [mv for mv in versions if mv.config.response_cache.enable]
-    if not cached:
-        return
-    for name, help_text, value in _PER_MODEL:
-        family(out, name, "counter", help_text,
-               [(labels(model=mv.name, version=str(mv.version)), value(mv.stats)) for mv in cached])
+    return [Family(name, "counter", help_text,
+                   [Sample({"model": mv.name, "version": str(mv.version)}, value(mv.stats)) for mv in cached])
+            for name, help_text, value in _PER_MODEL]
 
 
-def render_cache_metrics(out: list[str], cache: "ResponseCache", family: Family) -> None:
-    for name, help_text, value in _SERVER:
-        family(out, name, "gauge", help_text, [("", value(cache))])
+def cache_families(cache: "ResponseCache") -> list[Family]:
+    return [Family(name, "gauge", help_text, [Sample({}, value(cache))]) for name, help_text, value in _SERVER]
