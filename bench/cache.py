@@ -94,6 +94,17 @@ def measure(port: int, model: str, kind: str, n: int) -> tuple[float, float, flo
     return statistics.median(samples), samples[int(len(samples) * 0.99) - 1], (ns1 - ns0) / max(count1 - count0, 1) / 1e3
 
 
+def print_latencies(results: dict, kinds: tuple[str, ...]) -> None:
+    print("| model | request | server | p50 µs | p99 µs | server µs/request |")
+    print("|---|---|---|---|---|---|")
+    for label, kind, _ in CASES:
+        for k in kinds:
+            rows = results[(label, kind, k)]
+            med = [statistics.median(r[i] for r in rows) for i in range(3)]
+            print(f"| {label} | {kind} | {k} | {med[0]:.0f} | {med[1]:.0f} | {med[2]:.1f} |")
+    print(flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--requests", type=int, default=400)
@@ -118,6 +129,8 @@ def main() -> None:
                     for k in kinds:
                         results.setdefault((label, kind, k), []).append(
                             measure(servers[k].port, model, kind, args.requests))
+            print_latencies(results, kinds)
+            for _ in range(args.rounds):
                 for conc in (1, 8):
                     for k in kinds:
                         case = Case(f"c{conc}", "add_sub_cached", ["--concurrency-range", str(conc)])
@@ -125,14 +138,6 @@ def main() -> None:
         finally:
             for s in servers.values():
                 s.stop()
-    print("| model | request | server | p50 µs | p99 µs | server µs/request |")
-    print("|---|---|---|---|---|---|")
-    for label, kind, _ in CASES:
-        for k in kinds:
-            rows = results[(label, kind, k)]
-            med = [statistics.median(r[i] for r in rows) for i in range(3)]
-            print(f"| {label} | {kind} | {k} | {med[0]:.0f} | {med[1]:.0f} | {med[2]:.1f} |")
-    print()
     print("| perf_analyzer, cached add_sub (all hits), gRPC | server | infer/s | p50 µs | p99 µs |")
     print("|---|---|---|---|---|")
     for conc in (1, 8):
