@@ -196,3 +196,22 @@ def test_rate_limit_flags_are_checked(tmp_path, flags, message):
         srv.start(timeout=30)
     assert message in str(info.value)
     assert srv.proc.returncode == 2
+
+
+def test_loading_an_instance_needing_more_than_exists_is_a_400(tmp_path):
+    log = tmp_path / "executions.log"
+    repo = tmp_path / "models"
+    timed_model(repo, "big", log, '{ name: "R" count: 3 }')
+    srv = start(repo, tmp_path / "server.log", "--model-control-mode", "explicit", "--rate-limit",
+                "execution_count", "--rate-limit-resource", "R:2")
+    try:
+        with httpclient.InferenceServerClient(srv.http_url) as cl:
+            with pytest.raises(httpclient.InferenceServerException) as info:
+                cl.load_model("big")
+            assert info.value.status() == "400"
+            assert info.value.message() == (
+                "load failed for model 'big': version 1: Resource count for \"R\" is limited to 2 which will "
+                "prevent scheduling of one or more model instances, the minimum required count is 3")
+            assert not cl.is_model_ready("big")
+    finally:
+        srv.stop_cleanly()

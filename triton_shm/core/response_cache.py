@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import hashlib
-import struct
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
@@ -103,42 +102,29 @@ class ResponseCache:
 
 
 # -- keys ------------------------------------------------------------------------------------
-def _field(h, data: bytes | str) -> None:
-    raw = data.encode() if isinstance(data, str) else data
-    h.update(struct.pack("<Q", len(raw)))
-    h.update(raw)
-
-
-def _parameters(h, params: dict) -> None:
-    items = sorted((k, v) for k, v in params.items() if k not in _DELIVERY_PARAMETERS)
-    h.update(struct.pack("<Q", len(items)))
-    for k, v in items:
-        _field(h, k)
-        _field(h, f"{type(v).__name__}:{v!r}")  # 1, 1.0, True and "1" are different answers
+def _answer_parameters(params: dict) -> tuple:
+    return tuple(sorted((k, v) for k, v in params.items() if k not in _DELIVERY_PARAMETERS))
 
 
 def request_key(model: "ModelVersion", request: InferRequest, plan: "RequestPlan",
                 input_bytes: Callable[[str], Buffer]) -> bytes:
     """The cache key of a validated request. ``input_bytes(name)`` gives an input's
-    bytes (read from the client's region for a shared-memory input)."""
-    h = hashlib.blake2b(digest_size=KEY_BYTES)
-    _field(h, model.name)
-    _field(h, str(model.version))
-    h.update(struct.pack("<Q", len(request.inputs)))
-    for inp in request.inputs:
-        _field(h, inp.name)
-        _field(h, inp.datatype)
-        h.update(struct.pack(f"<Q{len(inp.shape)}q", len(inp.shape), *inp.shape))
-        data = inp.data if inp.name not in plan.shm_inputs else input_bytes(inp.name)
-        view = memoryview(data).cast("B")
-        h.update(struct.pack("<Q", view.nbytes))
-        h.update(view)
+    bytes (read from the client's region for a shared-memory input).
+
+    Everything but the tensor bytes goes into one header, the ``repr`` of a tuple of
+    strings and numbers (unambiguous: strings are quoted, and ``1``, ``1.0``, ``True``
+    and ``"1"`` all differ); each input's byte count is in it, so the bytes that follow
+    it, back to back, cannot be split another way."""
+    datas = [memoryview(inp.data if inp.name not in plan.shm_inputs else input_bytes(inp.name)).cast("B")
+             for inp in request.inputs]
     requested = {o.name: o.parameters for o in request.outputs}
-    h.update(struct.pack("<Q", len(plan.outputs)))
-    for name in plan.outputs:
-        _field(h, name)
-        _parameters(h, requested.get(name, {}))
-    _parameters(h, request.model_parameters())
+    header = (model.name, model.version,
+              tuple((inp.name, inp.datatype, tuple(inp.shape), d.nbytes) for inp, d in zip(request.inputs, datas)),
+              tuple((name, _answer_parameters(requested.get(name, {}))) for name in plan.outputs),
+              _answer_parameters(request.model_parameters()))
+    h = hashlib.blake2b(repr(header).encode(), digest_size=KEY_BYTES)
+    for d in datas:
+        h.update(d)
     return h.digest()
 
 
