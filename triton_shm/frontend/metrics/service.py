@@ -14,6 +14,8 @@ from .config import MetricsConfig
 from .exposition import CONTENT_TYPE
 
 if TYPE_CHECKING:
+    from ssl import SSLContext
+
     from ...core.repository import ModelRepository
     from ...core.response_cache import ResponseCache
 
@@ -56,9 +58,9 @@ def create_metrics_app(collector: MetricsCollector, interval_ms: float = 2000) -
 
 async def start_metrics(repository: "ModelRepository", host: str, port: int, *, cpu: bool = True,
                         gpu: bool = True, interval_ms: float = 2000, gpus: list[int] | None = None,
-                        config: MetricsConfig = MetricsConfig(),
+                        config: MetricsConfig = MetricsConfig(), ssl: "SSLContext | None" = None,
                         cache: "ResponseCache | None" = None) -> web.AppRunner:
-    """Serve ``GET /metrics`` on ``host:port``; stop it with ``await runner.cleanup()``
-    (which also stops the sampler)."""
+    """Serve ``GET /metrics`` on ``host:port`` (HTTPS with ``ssl``); stop it with
+    ``await runner.cleanup()`` (which also stops the sampler)."""
     collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus, config=config, cache=cache)
-    return await serve_app(create_metrics_app(collector, interval_ms), host, port, shutdown_timeout=1.0)
+    return await serve_app(create_metrics_app(collector, interval_ms), host, port, ssl=ssl, shutdown_timeout=1.0)
