@@ -274,8 +274,8 @@ def _add_security(g: argparse._ArgumentGroup) -> None:
             help=f"CA certificate(s) (PEM) that client certificates must be signed by, for mutual TLS{default}")
     add("--http-restricted-api", action="append", default=[], metavar="<API>[,<API>...]:<HEADER>=<VALUE>",
         help="HTTP APIs of these groups (health, metadata, inference, shared-memory, model-config, "
-             "model-repository, statistics, trace, logging) need HEADER: VALUE; VALUE may be @FILE or "
-             "env:NAME (repeatable; each group in one flag only)")
+             "model-repository, statistics, trace, logging; and metrics: the metrics port) need HEADER: VALUE; "
+             "VALUE may be @FILE or env:NAME (repeatable; each group in one flag only)")
     add("--grpc-restricted-protocol", action="append", default=[], metavar="<PROTOCOL>[,<PROTOCOL>...]:<KEY>=<VALUE>",
         help="gRPC methods of these groups need the metadata triton-grpc-protocol-KEY: VALUE; VALUE may be "
              "@FILE or env:NAME (repeatable)")

@@ -61,7 +61,8 @@ async def serve(options: ServerOptions) -> int:
             runners.append(("Metrics", await start_metrics(
                 repository, address, options.metrics_port, cpu=options.allow_cpu_metrics,
                 gpu=options.allow_gpu_metrics, interval_ms=options.metrics_interval_ms, gpus=gpus,
-                config=metrics_config, ssl=security.context("metrics"), cache=cache)))
+                config=metrics_config, ssl=security.context("metrics"),
+                restrictions=security.http_restrictions, cache=cache)))
             log.info("Started Metrics Service at %s:%d", address, options.metrics_port)
         if options.allow_grpc:  # before HTTP, as tritonserver: HTTP ready means both answer
             from .frontend.grpc.server import default_transport, start_grpc
