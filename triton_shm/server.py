@@ -8,7 +8,9 @@ import sys
 
 from .options import ServerOptions
 from .core.model_manager import ModelManager
+from .core.rate_limiter import RateLimiter
 from .core.repository import ModelRepository
+from .core.response_cache import ResponseCache
 from .core.service import InferenceService
 from .core.settings import install_logging
 from .core.shm_registry import SharedMemoryRegistry
@@ -27,12 +29,15 @@ async def serve(options: ServerOptions) -> int:
     pool = WorkerPool(gpus, options.log_verbose)
     repository = ModelRepository(options.model_repositories, gpu_count=len(gpus))
     metrics_config = MetricsConfig.parse(options.metrics_config)
+    cache = ResponseCache(options.cache_size) if options.cache_size is not None else None
+    limiter = RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
     models = ModelManager(repository, pool, mode=options.model_control_mode, poll_secs=options.repository_poll_secs,
                           load_threads=options.model_load_thread_count,
                           latency_summaries=options.allow_metrics and metrics_config.summary_latencies,
-                          auto_complete=options.auto_complete_config, config_name=options.model_config_name)
+                          auto_complete=options.auto_complete_config, config_name=options.model_config_name,
+                          limiter=limiter)
     service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
-                               strict_readiness=options.strict_readiness, server_id=options.server_id)
+                               strict_readiness=options.strict_readiness, server_id=options.server_id, cache=cache)
     service.tracer = Tracer.from_config(options.trace_config)
     security = Security.from_options(options)  # unusable files or values: exit 1 before anything starts
     shutdown = ShutdownSignals()
@@ -57,7 +62,7 @@ async def serve(options: ServerOptions) -> int:
                 repository, address, options.metrics_port, cpu=options.allow_cpu_metrics,
                 gpu=options.allow_gpu_metrics, interval_ms=options.metrics_interval_ms, gpus=gpus,
                 config=metrics_config, ssl=security.context("metrics"),
-                restrictions=security.http_restrictions)))
+                restrictions=security.http_restrictions, cache=cache)))
             log.info("Started Metrics Service at %s:%d", address, options.metrics_port)
         if options.allow_grpc:  # before HTTP, as tritonserver: HTTP ready means both answer
             from .frontend.grpc.server import default_transport, start_grpc
