@@ -67,6 +67,19 @@ TEXT_CONFIG = """
 """
 
 
+# An ensemble with the cache on over "plain", which has it off.
+ENSEMBLE_CONFIG = """
+    name: "ens"
+    platform: "ensemble"
+    max_batch_size: 0
+    input [{ name: "X" data_type: TYPE_FP32 dims: [ -1, -1 ] }]
+    output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1, -1 ] }, { name: "N" data_type: TYPE_INT64 dims: [ 1 ] }]
+    ensemble_scheduling { step [{ model_name: "plain" model_version: -1 input_map { key: "INPUT0" value: "X" }
+                                  output_map [{ key: "OUTPUT0" value: "Y" }, { key: "RUNS" value: "N" }] }] }
+    response_cache { enable: true }
+"""
+
+
 def counter_config(name: str, cache: bool = True, decoupled: bool = False) -> str:
     return f"""
         name: "{name}"
@@ -91,6 +104,7 @@ def start(root: Path, models: dict[str, dict], *flags: str, text: bool = False) 
         counter_model(repo, name, **kw)
     if text:
         write_model(repo, "text", config=TEXT_CONFIG, model_py=TEXT_PY)
+        write_model(repo, "ens", config=ENSEMBLE_CONFIG)
     port = free_port()
     srv = ServerProcess(repo, root / "server.log", extra_args=[
         "--allow-metrics=true", "--metrics-port", str(port), "--allow-cpu-metrics=false",
@@ -231,14 +245,29 @@ def test_statistics_as_triton_counts_them(server):
 
 def test_a_model_without_the_cache_reports_zeros(server):
     x = fresh()
+    before = stats(server, "plain")["execution_count"]
     infer("http", server, "plain", x)
     infer("http", server, "plain", x)
     s = stats(server, "plain")
-    assert s["execution_count"] == 2
+    assert s["execution_count"] == before + 2
     assert s["inference_stats"]["cache_hit"] == {"count": 0, "ns": 0}
     assert s["inference_stats"]["cache_miss"] == {"count": 0, "ns": 0}
     g = grpc_stats(server, "plain")["inference_stats"]
     assert g["cache_hit"] == {} and g["cache_miss"] == {}  # proto3 JSON: present, all zero
+
+
+def test_an_ensemble_is_cached_as_a_whole(server):
+    x = fresh()
+    with grpcclient.InferenceServerClient(server.grpc_url) as cl:
+        runs = []
+        for _ in range(2):
+            inp = grpcclient.InferInput("X", [1, 4], "FP32")
+            inp.set_data_from_numpy(x)
+            result = cl.infer("ens", [inp])
+            np.testing.assert_array_equal(result.as_numpy("Y"), x + 1)
+            runs.append(result.as_numpy("N")[0])
+    assert runs[1] == runs[0]  # the step did not run again
+    assert stats(server, "ens")["inference_stats"]["cache_hit"]["count"] == 1
 
 
 def test_decoupled_model_with_the_cache_is_refused_at_load(server):
@@ -253,7 +282,7 @@ def test_per_model_metrics_follow_the_statistics(server):
     text = scrape(server)
     per_model = [line for line in cache_lines(text) if "_per_model" in line and not line.startswith("#")]
     models = {re.search(r'model="([^"]+)"', line).group(1) for line in per_model}
-    assert models == {"counter", "counter_stats", "text"}  # only models with the cache on
+    assert models == {"counter", "counter_stats", "text", "ens"}  # only models with the cache on
     s = stats(server, "counter_stats")["inference_stats"]
     labels = '{model="counter_stats",version="1"}'
     for line in (f"nv_cache_num_hits_per_model{labels} {s['cache_hit']['count']}",
