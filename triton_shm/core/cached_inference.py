@@ -33,7 +33,7 @@ async def infer_cached(cache: ResponseCache, model: "ModelVersion", request: Inf
     tensors = cache.lookup(key)
     stats = model.stats
     if tensors is not None:
-        response = from_cached(model, request, tensors, _shm_writer(plan, regions))
+        response = from_cached(model, request, tensors, _shm_writer(plan, regions) if plan.shm_outputs else None)
         end = time.monotonic_ns()
         stats.record_cache_hit(end - arrived_ns, lookup_start - arrived_ns, end - lookup_start)
         return response

@@ -138,16 +138,17 @@ def to_cached(response: InferResponse, shm_output: Callable[[OutputTensor], byte
 
 
 def from_cached(model: "ModelVersion", request: InferRequest, tensors: tuple[CachedTensor, ...],
-                write_shm: Callable[[str, bytes], bool]) -> InferResponse:
+                write_shm: Callable[[str, bytes], bool] | None = None) -> InferResponse:
     """The answer to ``request`` from a cache entry, with the new request's id.
-    ``write_shm(name, data)`` writes an output into the client's region where the
-    request asks for that, and says whether it did."""
+    ``write_shm(name, data)``, given when the request names shared-memory outputs,
+    writes an output into the client's region where it asks for that, and says whether
+    it did. Other outputs are served from the entry itself (its bytes are immutable)."""
     outputs = []
     for t in tensors:
-        if write_shm(t.name, t.data):
+        if write_shm is not None and write_shm(t.name, t.data):
             outputs.append(OutputTensor(t.name, t.datatype, list(t.shape), b"", in_shared_memory=True,
                                         shm_byte_size=len(t.data)))
-        else:  # served from the entry itself: its bytes are immutable
+        else:
             outputs.append(OutputTensor(t.name, t.datatype, list(t.shape), memoryview(t.data)))
     return InferResponse(model_name=model.name, model_version=str(model.version), id=request.id, outputs=outputs)
 
