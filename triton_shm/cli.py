@@ -79,6 +79,16 @@ RESOURCE = _form("<string>:<integer>[:<integer>]",
                  lambda v: _fields(v, ":", (str, int, int), optional=1) and bool(v.split(":")[0]))
 
 
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{value}'") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got '{value}'")
+    return seconds
+
+
 def _rate_limit_mode(value: str) -> str:
     mode = value.lower()
     if mode not in ("execution_count", "off"):
@@ -211,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="close an HTTP connection whose request headers take longer than this to arrive (default 30)")
     add("--exit-timeout-secs", type=int, default=30, metavar="SECONDS",
         help="on SIGINT/SIGTERM, how long in-flight requests may take to finish (default 30)")
+    add("--drain-secs", type=_seconds, default=5.0, metavar="SECONDS",
+        help="on SIGTERM, first report not ready while still serving for this long, so load "
+             "balancers stop sending before the server stops accepting; SIGINT or a second signal "
+             "skips it (default 5)")
     add("--log-verbose", type=int, default=0, metavar="LEVEL", help="verbose logging level (default 0)")
     add("--log-info", type=parse_bool, default=True, metavar="BOOL", help="log INFO messages (default true)")
     add("--log-warning", type=parse_bool, default=True, metavar="BOOL", help="log WARNING messages (default true)")

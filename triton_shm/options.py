@@ -32,6 +32,7 @@ class ServerOptions:
     http_max_input_size: int = 64 * 1024 * 1024
     http_header_timeout_secs: float = 30.0
     exit_timeout_secs: int = 30
+    drain_secs: float = 5.0
     log_verbose: int = 0
     log_info: bool = True
     log_warning: bool = True

@@ -44,7 +44,8 @@ class InferenceService:
         shm.on_close = self.workers.drop_region
         self.strict_readiness = strict_readiness
         self.workers.bls_handler = self._serve_bls
-        self.accepting = True  # False once shutdown begins
+        self.draining = False  # shutting down: not ready, still serving what comes
+        self.accepting = True  # False once the front-ends have stopped
         self.tracer = Tracer()  # the server replaces it with one built from --trace-config
         self.log_settings = log_settings.current()
 
@@ -55,7 +56,7 @@ class InferenceService:
     def ready(self) -> bool:
         """Live, not shutting down, workers up; with strict readiness every model that
         should be loaded is READY."""
-        if not (self.accepting and self.workers.all_alive()):
+        if self.draining or not (self.accepting and self.workers.all_alive()):
             return False
         return self.repository.all_ready() if self.strict_readiness else True
 
