@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ssl import SSLContext
 
     from ...core.repository import ModelRepository
+    from ...core.response_cache import ResponseCache
     from ..restricted import Restrictions
 
 log = logging.getLogger("triton_shm.metrics")
@@ -63,9 +64,10 @@ def create_metrics_app(collector: MetricsCollector, interval_ms: float = 2000,
 async def start_metrics(repository: "ModelRepository", host: str, port: int, *, cpu: bool = True,
                         gpu: bool = True, interval_ms: float = 2000, gpus: list[int] | None = None,
                         config: MetricsConfig = MetricsConfig(), ssl: "SSLContext | None" = None,
-                        restrictions: "Restrictions | None" = None) -> web.AppRunner:
+                        restrictions: "Restrictions | None" = None,
+                        cache: "ResponseCache | None" = None) -> web.AppRunner:
     """Serve ``GET /metrics`` on ``host:port`` (HTTPS with ``ssl``); stop it with
     ``await runner.cleanup()`` (which also stops the sampler)."""
-    collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus, config=config)
+    collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus, config=config, cache=cache)
     return await serve_app(create_metrics_app(collector, interval_ms, restrictions), host, port, ssl=ssl,
                            shutdown_timeout=1.0)
