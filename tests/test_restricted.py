@@ -205,13 +205,14 @@ def test_http_infer_refused_on_the_lean_and_the_aiohttp_route(http_restricted):
 
 
 def test_refused_infer_keeps_the_connection_for_the_next_request(http_restricted):
-    """Pipelined on one keep-alive connection: refused, then served, in order."""
+    """Pipelined on one keep-alive connection: refused (its 4 MiB body read and dropped),
+    then served, in order."""
     body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [2.0]}]})
-    request = (f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-               "{}\r\n").encode()
+    big = b" " * (4 << 20)
+    head = "POST /v2/models/" + MODEL + "/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n{}\r\n"
     with socket.create_connection(("127.0.0.1", http_restricted.http_port), timeout=30) as s:
-        s.sendall(request.replace(b"{}", b"") + body
-                  + request.replace(b"{}", f"{INFER_KEY}: env-secret\r\nConnection: close\r\n".encode()) + body)
+        s.sendall(head.format(len(big), "").encode() + big
+                  + head.format(len(body), f"{INFER_KEY}: env-secret\r\nConnection: close\r\n").encode() + body)
         out = b""
         while chunk := s.recv(65536):
             out += chunk
