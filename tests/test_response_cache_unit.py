@@ -72,7 +72,8 @@ def test_input_order_is_part_of_the_key():
 
 
 def test_boundaries_between_fields_are_unambiguous():
-    assert key(inputs=[InputTensor("AB", "FP32", [1], b"\0" * 4)]) != key(inputs=[InputTensor("A", "BFP32", [1], b"\0" * 4)])
+    zeros = b"\0" * 4
+    assert key(inputs=[InputTensor("AB", "FP32", [1], zeros)]) != key(inputs=[InputTensor("A", "BFP32", [1], zeros)])
 
 
 def test_shared_memory_input_is_keyed_on_its_bytes():

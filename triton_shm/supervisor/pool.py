@@ -333,7 +333,8 @@ class WorkerPool:
                     if not (desc[0] == "r" and desc[1] == region.id and desc[2] == ref.offset
                             and 0 <= desc[3] <= ref.byte_size):
                         raise Internal(f"worker misplaced output '{name}' bound for shared memory")
-                    outputs.append(OutputTensor(name, datatype, list(shape), b"", in_shared_memory=True))
+                    outputs.append(OutputTensor(name, datatype, list(shape), b"", in_shared_memory=True,
+                                                shm_byte_size=desc[3]))
                     continue
                 view = worker.outputs.view(desc)  # checks the descriptor against the worker's segments
                 descriptors.append(desc)
