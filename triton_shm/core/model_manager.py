@@ -25,6 +25,7 @@ from .repository import (LOADING, NOT_REQUESTED, READY, UNAVAILABLE, UNLOADED, U
                          ModelRepository, ModelVersion, select_versions, version_dirs)
 from .ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
 from .scheduler import Scheduler, check_batching_config
+from .sequence import SequenceScheduler, check_sequence_config
 from .statistics import ModelStats
 
 if TYPE_CHECKING:
@@ -300,6 +301,7 @@ class ModelManager:
                 config = await self._complete(mv, base)
                 self._check_io(config)
                 check_batching_config(config)
+                check_sequence_config(config, mv.model_dir)
             mv.set_config(config)
             mv.stats = ModelStats(mv.name, str(mv.version))
             if self.latency_summaries:
@@ -308,7 +310,8 @@ class ModelManager:
                 mv.scheduler = EnsembleScheduler(mv, self.repository, mv.stats)
             else:
                 await self.pool.load(mv)
-                mv.scheduler = Scheduler(mv, self.pool, mv.stats)
+                sequences = config.HasField("sequence_batching")
+                mv.scheduler = (SequenceScheduler if sequences else Scheduler)(mv, self.pool, mv.stats)
             mv.state, mv.reason = READY, ""
             log.info("successfully loaded '%s' version %d", mv.name, mv.version)
         except TritonShmError as e:
