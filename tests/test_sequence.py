@@ -17,12 +17,49 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from .harness import ServerProcess
-from .models import sequence_model
+from .models import sequence_model, write_model
 
 pytestmark = pytest.mark.timeout(120)
 
 OLDEST = "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 2000 }"
 IDLE_US = 300_000
+
+# A decoupled sequence model: two responses per request (INPUT x 1, INPUT x 2), each
+# carrying the correlation ID, then the final flag; a null request gets only the final flag.
+DECOUPLED_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            sender = r.get_response_sender()
+            if pb_utils.get_input_tensor_by_name(r, "READY").as_numpy().reshape(-1)[0]:
+                x = pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
+                corrid = pb_utils.get_input_tensor_by_name(r, "CORRID").as_numpy().astype(np.int64)
+                for k in (1, 2):
+                    sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", (x * k).astype(np.int32)),
+                                                            pb_utils.Tensor("CORRID_OUT", corrid)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+DECOUPLED_CONFIG = """
+name: "seq_decoupled"
+backend: "python"
+max_batch_size: 4
+model_transaction_policy { decoupled: true }
+sequence_batching {
+  direct { }
+  control_input [
+    { name: "READY" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 } ] }
+  ]
+}
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "CORRID_OUT" data_type: TYPE_INT64 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +74,7 @@ def srv(tmp_path_factory):
     sequence_model(repo, "seq_two", max_batch_size=1, instances=2)
     sequence_model(repo, "seq_stats")
     sequence_model(repo, "seq_pa", max_batch_size=8, instances=2)
+    write_model(repo, "seq_decoupled", config=DECOUPLED_CONFIG, model_py=DECOUPLED_PY)
     server = ServerProcess(repo, root / "server.log").start()
     yield server
     server.stop_cleanly()
@@ -143,6 +181,31 @@ def test_gRPC_stream_sequence_and_error_keeps_the_stream_open(srv):
             assert error is None
             totals.append(_seen(result)["total"])
         assert totals == [1, 3, 6, 10, 15]  # in order, each on the state of the one before
+    finally:
+        client.stop_stream()
+
+
+def test_decoupled_sequence_model_on_the_stream(srv):
+    """A decoupled model's responses reach the stream; the null request of a batch (slot 0
+    while only slot 1 has work) answers nowhere, and the stream goes on."""
+    client = grpcclient.InferenceServerClient(srv.grpc_url)
+    replies: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: replies.put((result, error)))
+
+    def send(value, sid, **kw):
+        client.async_stream_infer("seq_decoupled", _inputs(grpcclient, value), sequence_id=sid, **kw)
+        got = []
+        for _ in range(2):
+            result, error = replies.get(timeout=30)
+            assert error is None, error
+            got.append((int(result.as_numpy("OUTPUT").reshape(-1)[0]), int(result.as_numpy("CORRID_OUT").reshape(-1)[0])))
+        return got
+
+    try:
+        assert send(3, 4501, sequence_start=True) == [(3, 4501), (6, 4501)]
+        assert send(4, 4502, sequence_start=True) == [(4, 4502), (8, 4502)]  # slot 1: a null request in row 0
+        assert send(5, 4502, sequence_end=True) == [(5, 4502), (10, 4502)]
+        assert send(6, 4501, sequence_end=True) == [(6, 4501), (12, 4501)]
     finally:
         client.stop_stream()
 

@@ -374,10 +374,12 @@ class SequenceBook:
         idle = self._idle()
         return min(s.last_ns for s in idle) + self.cfg.idle_ns if idle else None
 
+    def queued(self) -> list[Entry]:
+        sequences = [*(s for slots in self.slots.values() for s in slots if s is not None), *self.backlog]
+        return [e for s in sequences for e in s.queue]
+
     def empty(self) -> bool:
-        return not any(self.busy.values()) and not any(
-            s.queue for slots in self.slots.values() for s in slots if s is not None) and not any(
-            s.queue for s in self.backlog)
+        return not any(self.busy.values()) and not self.queued()
 
 
 # -- tensors the model sees ------------------------------------------------------------------
@@ -419,6 +421,15 @@ def _initial(cfg: SequenceConfig) -> dict[str, tuple[list[int], bytes]]:
 
 
 # -- the scheduler ---------------------------------------------------------------------------
+class _Discard:
+    """Where a decoupled model's responses to a null request go: released, unread."""
+
+    @staticmethod
+    def put_nowait(item: tuple[Any, bool]) -> None:
+        if isinstance(item[0], InferResponse):
+            item[0].release()
+
+
 @dataclass(eq=False)
 class SequencePending(Pending):
     key: Any = None
@@ -439,7 +450,11 @@ class SequenceScheduler:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_ns: int | None = None
         self._closing = False
-        self.queues: dict[int, list] = {1: []}  # read by the metrics (queued requests); kept empty
+
+    @property
+    def queues(self) -> dict[int, list[Entry]]:
+        """Requests waiting to run, as the metrics read a scheduler's queues (one level)."""
+        return {1: self.book.queued()}
 
     async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
                      trace: Any = None, stream: ResponseStream | None = None) -> InferResponse | None:
@@ -503,7 +518,8 @@ class SequenceScheduler:
             count = int(np.prod(shape)) if shape else 1
             inputs.append(InputTensor(spec.name, spec.datatype, shape, bytes(count * (element_size(spec.datatype) or 4))))
         request = InferRequest(self.model.name, str(self.model.version), inputs=inputs)
-        return BatchRequest(request, RequestPlan(outputs=[], batch_size=1), {}, None)
+        stream = ResponseStream(_Discard()) if self.model.decoupled else None
+        return BatchRequest(request, RequestPlan(outputs=[], batch_size=1), {}, stream)
 
     def _expand(self, seq: Sequence | None, entry: Entry | None) -> BatchRequest:
         """The request as the model sees it: its inputs, the control tensors and the state."""
