@@ -132,7 +132,8 @@ def add_sub_onnx_model(repo: Path) -> None:
 
 # A sequence model (``sequence_batching``): accumulates INPUT into its implicit state and
 # reports what the sequence batcher gave it: the control values, the correlation ID, and
-# where the request ran (instance, row in the batch, batch size, null requests in the batch).
+# where the request ran (instance, row in the batch, batch size, null requests in the batch)
+# and the request's flags() and correlation_id().
 SEQUENCE_PY = """
 import json
 import time
@@ -165,7 +166,7 @@ class TritonPythonModel:
             corrid = _value(r, "CORRID")
             corrid = corrid.decode() if isinstance(corrid, bytes) else str(corrid)
             control = [float(_value(r, n)) for n in ("START", "END", "READY")]
-            where = f"{self.instance}:{row}:{len(requests)}:{nulls}"
+            where = f"{self.instance}:{row}:{len(requests)}:{nulls}:{r.flags()}:{r.correlation_id()}"
             outputs = [pb_utils.Tensor("OUTPUT", total.astype(np.int32)),
                        pb_utils.Tensor("CONTROL", np.array(control, dtype=np.float32).reshape(shape[:-1] + [3])),
                        pb_utils.Tensor("CORRID_OUT", np.array([corrid], dtype=object).reshape(shape)),
@@ -187,7 +188,6 @@ def sequence_model(repo: Path, name: str, *, max_batch_size: int = 4, strategy: 
           state [ {{ input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_INT32 dims: {dims}
                     initial_state: {{ data_type: TYPE_INT32 dims: {dims} zero_data: true name: "zero" }} }} ]""" \
         if state else ""
-    control_dims = "[ 3 ]" if max_batch_size else "[ 3 ]"
     return write_model(repo, name, model_py=SEQUENCE_PY, config=f"""
         name: "{name}"
         backend: "python"
@@ -205,7 +205,7 @@ def sequence_model(repo: Path, name: str, *, max_batch_size: int = 4, strategy: 
         input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: {dims} }} ]
         output [
           {{ name: "OUTPUT" data_type: TYPE_INT32 dims: {dims} }},
-          {{ name: "CONTROL" data_type: TYPE_FP32 dims: {control_dims} }},
+          {{ name: "CONTROL" data_type: TYPE_FP32 dims: [ 3 ] }},
           {{ name: "CORRID_OUT" data_type: TYPE_STRING dims: {dims} }},
           {{ name: "WHERE" data_type: TYPE_STRING dims: {dims} }}
         ]

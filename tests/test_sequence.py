@@ -89,11 +89,12 @@ def _inputs(mod, value: int, batched: bool = True, rows: int = 1):
 
 def _seen(result, batched: bool = True) -> dict:
     """What the model reported for one request."""
-    where = result.as_numpy("WHERE").reshape(-1)[0].decode().split(":")
+    where = result.as_numpy("WHERE").reshape(-1)[0].decode().split(":", 5)
     return {"total": int(result.as_numpy("OUTPUT").reshape(-1)[0]),
             "control": result.as_numpy("CONTROL").reshape(-1).tolist(),
             "corrid": result.as_numpy("CORRID_OUT").reshape(-1)[0].decode(),
-            "instance": where[0], "row": int(where[1]), "batch": int(where[2]), "nulls": int(where[3])}
+            "instance": where[0], "row": int(where[1]), "batch": int(where[2]), "nulls": int(where[3]),
+            "flags": int(where[4]), "correlation_id": where[5]}
 
 
 def http_infer(srv, model, value, batched=True, **kw):
@@ -140,6 +141,9 @@ def test_sequence_gets_controls_and_keeps_state(srv, infer):
     assert [first["control"], middle["control"], last["control"]] == [[1, 0, 1], [0, 0, 1], [0, 1, 1]]
     assert [first["total"], middle["total"], last["total"]] == [5, 11, 18]
     assert {first["corrid"], middle["corrid"], last["corrid"]} == {str(sid)}
+    # request.flags() and request.correlation_id() as Triton's python backend gives them
+    assert [first["flags"], middle["flags"], last["flags"]] == [1, 0, 2]
+    assert {first["correlation_id"], middle["correlation_id"], last["correlation_id"]} == {str(sid)}
     status, message = (http_error if infer is http_infer else grpc_error)(srv, "seq_direct", sequence_id=sid)
     assert status in (400, "StatusCode.INVALID_ARGUMENT") and message == start_error(sid, "seq_direct")
 
@@ -219,6 +223,7 @@ def test_direct_rows_are_slots_with_null_requests_between(srv):
     b_end = http_infer(srv, "seq_direct", 1, sequence_id=5002, sequence_end=True)
     # slot 0, then slot 1: a batch for slot 1 alone has a null request (READY false) in row 0
     assert (a["row"], a["batch"], a["nulls"]) == (0, 1, 0)
+    assert (b_end["flags"], b_end["correlation_id"]) == (2, "5002")
     assert [(r["row"], r["batch"], r["nulls"]) for r in (b, b_again, b_end)] == [(1, 2, 1)] * 3
     assert (a_end["row"], a_end["batch"]) == (0, 1)
 
@@ -273,6 +278,7 @@ def test_string_correlation_ids(srv):
     first = grpc_infer(srv, "seq_str", 2, sequence_id="user-7", sequence_start=True)
     last = http_infer(srv, "seq_str", 3, sequence_id="user-7", sequence_end=True)
     assert (first["corrid"], last["corrid"], last["total"]) == ("user-7", "user-7", 5)
+    assert (first["correlation_id"], first["flags"], last["flags"]) == ("user-7", 1, 2)
     longest = http_infer(srv, "seq_str", 1, sequence_id="x" * 128, sequence_start=True, sequence_end=True)
     assert longest["corrid"] == "x" * 128
     too_long = "string correlation ID cannot be longer than 128 characters"

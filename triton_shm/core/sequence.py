@@ -539,7 +539,8 @@ class SequenceScheduler:
             extra.append(InputTensor(st.input_name, st.datatype, list(shape), data))
         r = base.request
         request = InferRequest(r.model_name, r.model_version, r.id, r.parameters, [*r.inputs, *extra], r.outputs)
-        plan = dataclasses.replace(base.plan, state_outputs=self.state_outputs) if self.state_outputs else base.plan
+        sequence = None if entry is None else (seq.key, entry.start, entry.end)
+        plan = dataclasses.replace(base.plan, state_outputs=self.state_outputs, sequence=sequence)
         return BatchRequest(request, plan, base.regions, base.stream)
 
     def _start(self, instance: Instance, rows: list[tuple[Sequence | None, Entry | None]]) -> None:

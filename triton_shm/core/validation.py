@@ -35,6 +35,7 @@ class RequestPlan:
     # sequence batching: state outputs (name -> datatype) the model may return beside the
     # requested ones; the scheduler keeps them, the client never sees them
     state_outputs: dict[str, str] = field(default_factory=dict)
+    sequence: tuple | None = None   # sequence batching: (correlation ID, start, end), for the model
 
 
 def _shm_ref(params: dict, what: str, rid: str) -> ShmRef | None:

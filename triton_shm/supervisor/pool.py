@@ -294,6 +294,8 @@ class WorkerPool:
             else:
                 region = self._client_region(worker, p.regions[ref.region])
                 outputs.append((name, PLACE_REGION, region.id, ref.offset, ref.byte_size))
+        if plan.sequence is not None:
+            return request.id, request.model_parameters(), inputs, outputs, plan.sequence
         return request.id, request.model_parameters(), inputs, outputs
 
     @staticmethod

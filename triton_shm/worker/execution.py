@@ -130,8 +130,12 @@ class InstanceRunner:
             inputs[name] = decode_input(datatype, reshapes.input_shape(name, shape),
                                         self.worker.input_bytes(desc, scratch))
             datatypes[name] = datatype
-        return WorkerRequest(id=r.get("request_id", ""), inputs=inputs, datatypes=datatypes,
-                             requested_outputs=list(r["outputs"]), parameters=r.get("parameters") or {})
+        request = WorkerRequest(id=r.get("request_id", ""), inputs=inputs, datatypes=datatypes,
+                                requested_outputs=list(r["outputs"]), parameters=r.get("parameters") or {})
+        if "sequence" in r:
+            request.correlation_id, start, end = r["sequence"]
+            request.flags = (1 if start else 0) | (2 if end else 0)
+        return request
 
     def _stream(self, msg_id: int, index: int, r: dict[str, Any], response: WorkerResponse | None,
                 final: bool) -> None:

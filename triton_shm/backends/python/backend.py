@@ -249,9 +249,9 @@ class PythonModelInstance(ModelInstance):
         if self._state_outputs:
             requested = [n for n in requested if n not in self._state_outputs]
         request = pb_utils.InferenceRequest(
-            request_id=r.id, correlation_id=0, inputs=inputs,
+            request_id=r.id, correlation_id=r.correlation_id, inputs=inputs,
             requested_output_names=requested, model_name=self.context.name,
-            model_version=self.context.version, flags=0, parameters=dict(r.parameters))
+            model_version=self.context.version, flags=r.flags, parameters=dict(r.parameters))
         if r.sender is not None:
             sender = r.sender
             request._response_sender = pb_utils.InferenceResponseSender(
