@@ -178,7 +178,7 @@ def test_correlation_id_required(params):
 
 
 def test_correlation_id_checks():
-    flags = lambda params, strings=None: sequence_flags(InferRequest("m", parameters=params), "m", strings)  # noqa: E731
+    flags = lambda params, strings=None: sequence_flags(InferRequest("m", parameters=params), "m", strings)
     assert flags({"sequence_id": 7, "sequence_start": True}) == (7, True, False)
     assert flags({"sequence_id": "abc", "sequence_end": True}, True) == ("abc", False, True)
     assert flags({"sequence_id": "x" * 128}, True) == ("x" * 128, False, False)

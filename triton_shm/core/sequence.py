@@ -33,9 +33,10 @@ import functools
 import logging
 import struct
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -60,7 +61,6 @@ START, READY, END, CORRID = (Kind.CONTROL_SEQUENCE_START, Kind.CONTROL_SEQUENCE_
 MAX_STRING_ID = 128                 # characters of a string correlation ID
 DEFAULT_IDLE_US = 1_000_000         # max_sequence_idle_microseconds when unset (Triton's default)
 CORRID_TYPES = ("UINT64", "INT64", "UINT32", "INT32", "BYTES")
-Key = "int | str"
 Instance = tuple[str, int]
 
 
@@ -266,7 +266,9 @@ class SequenceBook:
 
     # admission
     def admit(self, key, start: bool, end: bool, item: Any, now: int, model: str) -> Entry:
-        """Queue a request in its sequence (a new one on START); raises the START error."""
+        """Queue a request in its sequence (a new one on START); raises the START error.
+        START on a live sequence begins it again in its slot (its state is reset when that
+        request runs)."""
         seq = self.live.get(key)
         if seq is None or seq.ending:
             if not start:
@@ -274,8 +276,6 @@ class SequenceBook:
             seq = Sequence(key)
             self.live[key] = seq
             self._place(seq)
-        elif start:  # START on a live sequence: it begins again (its state is reset when this one runs)
-            pass
         entry = Entry(item, start, end, now)
         seq.queue.append(entry)
         seq.last_ns = now
@@ -439,7 +439,7 @@ class SequencePending(Pending):
 class SequenceScheduler:
     """The sequence batcher of one model version (the interface of ``scheduler.Scheduler``)."""
 
-    def __init__(self, model: "ModelVersion", pool: "WorkerPool", stats: ModelStats,
+    def __init__(self, model: ModelVersion, pool: WorkerPool, stats: ModelStats,
                  clock: Callable[[], int] = time.monotonic_ns):
         self.model, self.pool, self.stats, self.clock = model, pool, stats, clock
         self.cfg = sequence_config(model.config, model.model_dir)
@@ -456,7 +456,7 @@ class SequenceScheduler:
         """Requests waiting to run, as the metrics read a scheduler's queues (one level)."""
         return {1: self.book.queued()}
 
-    async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
+    async def submit(self, request: InferRequest, plan: RequestPlan, regions: dict[str, Region],
                      trace: Any = None, stream: ResponseStream | None = None) -> InferResponse | None:
         name = self.model.name
         if self._closing:
@@ -510,7 +510,7 @@ class SequenceScheduler:
 
     def _null(self) -> BatchRequest:
         """A null request (an empty direct slot): zeros for every input, no outputs wanted."""
-        from .validation import RequestPlan  # noqa: PLC0415 - validation imports the repository, which imports us
+        from .validation import RequestPlan
         inputs = []
         for spec in self.model.inputs.values():
             dims = [max(d, 1) for d in spec.dims]
