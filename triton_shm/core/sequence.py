@@ -32,8 +32,6 @@ import dataclasses
 import functools
 import logging
 import struct
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,6 +41,7 @@ import numpy as np
 from ..errors import InvalidArgument, TritonShmError, Unavailable, Unsupported
 from .datatypes import config_to_wire, element_size, numpy_dtype
 from .model_config import data_type_name, mc
+from .clock import Clock, LoopClock, Timer
 from .scheduler import Pending, _resolve
 from .statistics import ModelStats
 from .types import BatchRequest, InferRequest, InferResponse, InputTensor, ResponseStream
@@ -439,15 +438,14 @@ class SequencePending(Pending):
 class SequenceScheduler:
     """The sequence batcher of one model version (the interface of ``scheduler.Scheduler``)."""
 
-    def __init__(self, model: ModelVersion, pool: WorkerPool, stats: ModelStats,
-                 clock: Callable[[], int] = time.monotonic_ns):
-        self.model, self.pool, self.stats, self.clock = model, pool, stats, clock
+    def __init__(self, model: ModelVersion, pool: WorkerPool, stats: ModelStats, clock: Clock | None = None):
+        self.model, self.pool, self.stats = model, pool, stats
+        self.clock: Clock = clock or LoopClock()
         self.cfg = sequence_config(model.config, model.model_dir)
         self.book = SequenceBook(self.cfg, model.instances)
         self.state_outputs = {st.output_name: st.datatype for st in self.cfg.states}
         self._state_input = {st.output_name: st.input_name for st in self.cfg.states}
-        self._loop = asyncio.get_running_loop()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._timer_ns: int | None = None
         self._closing = False
 
@@ -465,7 +463,7 @@ class SequenceScheduler:
         if (plan.batch_size or 1) != 1:
             raise InvalidArgument(f"inference request to model '{name}' must specify batch-size 1 due to "
                                   "requirements of sequence batcher")
-        now = self.clock()
+        now = self.clock.now()
         pending = SequencePending(request, plan, regions, stream, 1, 0, now, None, False, trace=trace, key=key)
         pending.entry = self.book.admit(key, start, end, pending, now, name)
         if trace is not None:
@@ -482,7 +480,7 @@ class SequenceScheduler:
 
     # dispatch
     def _pump(self) -> None:
-        now = self.clock()
+        now = self.clock.now()
         for seq in self.book.release_idle(now):
             log.info("model '%s': sequence %s released after %d us without a request", self.model.name, seq.key,
                      self.cfg.idle_ns // 1000)
@@ -502,7 +500,7 @@ class SequenceScheduler:
             self._timer.cancel()
         self._timer, self._timer_ns = None, when_ns
         if when_ns is not None:
-            self._timer = self._loop.call_later(max(when_ns - self.clock(), 0) / 1e9, self._on_timer)
+            self._timer = self.clock.call_at(when_ns, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer, self._timer_ns = None, None
@@ -544,7 +542,7 @@ class SequenceScheduler:
         return BatchRequest(request, plan, base.regions, base.stream)
 
     def _start(self, instance: Instance, rows: list[tuple[Sequence | None, Entry | None]]) -> None:
-        start = self.clock()
+        start = self.clock.now()
         try:
             batch = [self._expand(seq, entry) for seq, entry in rows]
             self.pool.start_batch(self.model, instance, batch,
@@ -555,7 +553,7 @@ class SequenceScheduler:
 
     def _completed(self, instance: Instance, rows: list[tuple[Sequence | None, Entry | None]], start: int,
                    results: list[Any], timing: tuple[int, int, int] | None) -> None:
-        now = self.clock()
+        now = self.clock.now()
         for (seq, entry), result in zip(rows, results):
             if entry is None:  # a null request: its answer goes nowhere
                 if isinstance(result, InferResponse):

@@ -1,18 +1,27 @@
-"""Unit tests of the sequence batcher's bookkeeping (``core/sequence.py``): slots, backlog,
-batch layout by strategy, idle release and the request checks. The time is an argument
-of every call (nanoseconds), so nothing here sleeps; the end-to-end behaviour is in
-test_sequence.py."""
+"""Unit tests of the sequence batcher (``core/sequence.py``): the bookkeeping (slots,
+backlog, batch layout by strategy, idle release, the request checks), where the time is
+an argument of every call, and the scheduler on a clock the test moves (state, null rows,
+timers). Nothing here sleeps; the end-to-end behaviour is in test_sequence.py."""
 from __future__ import annotations
 
+import asyncio
 import struct
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
 
 from triton_shm.core.model_config import parse_pbtxt
-from triton_shm.core.sequence import SequenceBook, control_tensors, sequence_config, sequence_flags
-from triton_shm.core.types import InferRequest
+from triton_shm.core.repository import TensorSpec
+from triton_shm.core.sequence import (SequenceBook, SequenceScheduler, control_tensors, sequence_config,
+                                      sequence_flags)
+from triton_shm.core.statistics import ModelStats
+from triton_shm.core.types import InferRequest, InferResponse, InputTensor, OutputTensor
+from triton_shm.core.validation import RequestPlan
 from triton_shm.errors import InvalidArgument, Unsupported
+
+from .test_scheduler import FakeClock, settle
 
 INSTANCES = [("cpu", 0), ("cpu", 1)]
 CONTROLS = """
@@ -226,3 +235,118 @@ def test_bad_configs_are_refused(extra, words):
 def test_bad_corrid_type_is_refused():
     with pytest.raises(InvalidArgument, match="must have data_type TYPE_UINT64"):
         sequence_config(config(corrid="TYPE_FP32"))
+
+
+# -- the scheduler on a clock the test moves (tests/test_scheduler.py's clock and pool) -----------
+STATE = 'state [ { input_name: "IN_STATE" output_name: "OUT_STATE" data_type: TYPE_INT32 dims: [ 1 ] } ]'
+
+
+class BatchPool:
+    """Keeps every batch the scheduler starts (the requests as the model would get them)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[tuple[str, int], list, Any]] = []
+
+    def start_batch(self, mv, instance, batch, done) -> None:
+        self.sent.append((instance, batch, done))
+
+    def answer(self, index: int, state: list[int | None]) -> None:
+        """Each row answers OUTPUT = its INPUT, and OUT_STATE = ``state[row]`` (None: none)."""
+        _, batch, done = self.sent[index]
+        results = []
+        for p, value in zip(batch, state):
+            outputs = [OutputTensor("OUTPUT", "INT32", [1, 1], bytes(p.request.inputs[0].data))]
+            if value is not None:
+                outputs.append(OutputTensor("OUT_STATE", "INT32", [1, 1], np.int32([[value]]).tobytes()))
+            results.append(InferResponse("m", "1", outputs=outputs))
+        done(results, (1, 2, 3))
+
+
+def _inputs(p) -> dict[str, Any]:
+    """A request's inputs as the model sees them: name -> first value."""
+    out = {}
+    for t in p.request.inputs:
+        out[t.name] = (bytes(t.data)[4:].decode() if t.datatype == "BYTES"
+                       else np.frombuffer(t.data, np.dtype("<" + {"FP32": "f4", "INT32": "i4", "UINT64": "u8",
+                                                                    "BOOL": "?"}[t.datatype]))[0].item())
+    return out
+
+
+class SeqHarness:
+    def __init__(self, **kw) -> None:
+        self.clock, self.pool = FakeClock(), BatchPool()
+        model = SimpleNamespace(name="m", version=1, config=config(**kw), instances=[("cpu", 0)], model_dir=None,
+                                decoupled=False, inputs={"INPUT": TensorSpec("INPUT", "INT32", [1])})
+        self.stats = ModelStats("m", "1")
+        self.scheduler = SequenceScheduler(model, self.pool, self.stats, clock=self.clock)
+
+    async def submit(self, value: int, **parameters: Any) -> asyncio.Task:
+        data = np.int32([[value]]).tobytes()
+        request = InferRequest("m", parameters=parameters, inputs=[InputTensor("INPUT", "INT32", [1, 1], data)])
+        task = asyncio.ensure_future(self.scheduler.submit(request, RequestPlan(outputs=["OUTPUT"], batch_size=1), {}))
+        await settle()
+        return task
+
+
+def test_state_goes_round_and_is_hidden_from_the_client():
+    async def run():
+        h = SeqHarness(extra=STATE)
+        first = await h.submit(5, sequence_id=9, sequence_start=True)
+        h.pool.answer(0, [42])
+        await settle()
+        response = first.result()
+        assert [o.name for o in response.outputs] == ["OUTPUT"]  # the state output stays with the server
+        second = await h.submit(6, sequence_id=9)
+        (row,) = h.pool.sent[1][1]
+        assert _inputs(row)["IN_STATE"] == 42 and row.plan.state_outputs == {"OUT_STATE": "INT32"}
+        assert row.plan.sequence == (9, False, False)
+        h.pool.answer(1, [None])  # a model that returns no state leaves it as it was
+        await settle()
+        await h.submit(0, sequence_id=9, sequence_end=True)
+        (row,) = h.pool.sent[2][1]
+        assert _inputs(row)["IN_STATE"] == 42 and row.plan.sequence == (9, False, True)
+        assert second.done()
+    asyncio.run(run())
+
+
+def test_null_rows_reach_the_model_and_count_for_nobody():
+    async def run():
+        h = SeqHarness(max_batch_size=4)
+        a = await h.submit(1, sequence_id=1, sequence_start=True)
+        h.pool.answer(0, [None])
+        b = await h.submit(2, sequence_id=2, sequence_start=True)  # slot 1: row 0 is a null request
+        null, real = h.pool.sent[1][1]
+        assert (_inputs(null)["READY"], _inputs(null)["CORRID"], null.plan.outputs, null.plan.sequence) == (0, 0, [], None)
+        assert (_inputs(real)["READY"], _inputs(real)["START"], _inputs(real)["CORRID"]) == (7, 1.0, 2)
+        h.pool.answer(1, [None, None])
+        await settle()
+        assert a.done() and b.done() and np.frombuffer(b.result().outputs[0].data, "<i4").tolist() == [2]
+        assert (h.stats.inference_count, h.stats.execution_count) == (2, 2)
+    asyncio.run(run())
+
+
+def test_idle_timer_releases_a_sequence_with_no_request():
+    async def run():
+        h = SeqHarness(idle_us=100)
+        await h.submit(1, sequence_id=3, sequence_start=True)
+        h.pool.answer(0, [None])
+        await settle()
+        h.clock.advance(99_999)
+        assert 3 in h.scheduler.book.live
+        h.clock.advance(1)  # the scheduler's own timer fires: nothing else happens meanwhile
+        assert h.scheduler.book.live == {}
+        with pytest.raises(InvalidArgument, match="must specify the START flag"):
+            await h.scheduler.submit(InferRequest("m", parameters={"sequence_id": 3}), RequestPlan(["OUTPUT"], 1), {})
+    asyncio.run(run())
+
+
+def test_oldest_delay_timer_starts_the_batch():
+    async def run():
+        strategy = "oldest { max_candidate_sequences: 4 preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 50 }"
+        h = SeqHarness(strategy=strategy, max_batch_size=4)
+        await h.submit(1, sequence_id=1, sequence_start=True)
+        assert h.pool.sent == []
+        h.clock.advance(50_000)
+        await settle()
+        assert len(h.pool.sent) == 1 and len(h.pool.sent[0][1]) == 1
+    asyncio.run(run())
