@@ -44,6 +44,33 @@ class TritonPythonModel:
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
 """
+# Calls seq_nobatch through BLS with the correlation ID and flags its request parameters name.
+BLS_PY = """
+import json
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for r in requests:
+            p = json.loads(r.parameters())
+            call = pb_utils.InferenceRequest(model_name="seq_nobatch", inputs=[pb_utils.get_input_tensor_by_name(r, "INPUT")],
+                                             requested_output_names=["OUTPUT"], correlation_id=p["sid"], flags=p["flags"])
+            answer = call.exec()
+            if answer.has_error():
+                responses.append(pb_utils.InferenceResponse(error=answer.error()))
+            else:
+                responses.append(pb_utils.InferenceResponse([pb_utils.get_output_tensor_by_name(answer, "OUTPUT")]))
+        return responses
+"""
+BLS_CONFIG = """
+name: "seq_bls"
+backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+"""
 DECOUPLED_CONFIG = """
 name: "seq_decoupled"
 backend: "python"
@@ -75,6 +102,7 @@ def srv(tmp_path_factory):
     sequence_model(repo, "seq_stats")
     sequence_model(repo, "seq_pa", max_batch_size=8, instances=2)
     write_model(repo, "seq_decoupled", config=DECOUPLED_CONFIG, model_py=DECOUPLED_PY)
+    write_model(repo, "seq_bls", config=BLS_CONFIG, model_py=BLS_PY)
     server = ServerProcess(repo, root / "server.log").start()
     yield server
     server.stop_cleanly()
@@ -212,6 +240,21 @@ def test_decoupled_sequence_model_on_the_stream(srv):
         assert send(6, 4501, sequence_end=True) == [(6, 4501), (12, 4501)]
     finally:
         client.stop_stream()
+
+
+def test_bls_call_into_a_sequence_model(srv):
+    """pb_utils.InferenceRequest(correlation_id=..., flags=...) from a Python model runs in
+    the sequence like any client request; a call without START is Triton's error."""
+    client = httpclient.InferenceServerClient(srv.http_url)
+
+    def call(value, flags, sid=3300):
+        return client.infer("seq_bls", _inputs(httpclient, value, batched=False), parameters={"sid": sid, "flags": flags})
+
+    totals = [int(call(v, f).as_numpy("OUTPUT")[0]) for v, f in ((1, 1), (2, 0), (3, 2))]
+    assert totals == [1, 3, 6]
+    with pytest.raises(InferenceServerException) as e:
+        call(1, 0)
+    assert start_error(3300, "seq_nobatch") in e.value.message()
 
 
 # -- slots, instances and strategies ---------------------------------------------------------
