@@ -79,16 +79,28 @@ def test_direct_batch_is_laid_out_by_slot_with_null_rows():
     assert first.start and not first.end  # the entries keep their flags
 
 
-def test_one_batch_per_instance_and_requests_of_a_sequence_in_order():
+def test_requests_of_a_sequence_run_one_at_a_time_in_order():
     b = SequenceBook(sequence_config(config()), [("cpu", 0)])
     admit(b, 1, 0, start=True, item="a")
     admit(b, 1, 1, item="b")
     rows, _ = b.take_batch(("cpu", 0), 2)
     assert [e.item for _, e in rows] == ["a"]
-    assert b.take_batch(("cpu", 0), 3) == ([], None)  # busy until the batch answers
+    assert b.take_batch(("cpu", 0), 3) == ([], None)  # "b" waits until "a" answers
     b.finished(("cpu", 0), rows, 4)
     rows, _ = b.take_batch(("cpu", 0), 5)
     assert [e.item for _, e in rows] == ["b"]
+
+
+def test_one_batch_at_a_time_per_instance():
+    b = SequenceBook(sequence_config(config(max_batch_size=4)), [("cpu", 0)])
+    admit(b, 1, 0, start=True)
+    first, _ = b.take_batch(("cpu", 0), 0)
+    admit(b, 2, 1, start=True)
+    admit(b, 1, 1)
+    assert b.take_batch(("cpu", 0), 1) == ([], None)  # what arrives meanwhile joins the next batch
+    b.finished(("cpu", 0), first, 2)
+    second, _ = b.take_batch(("cpu", 0), 2)
+    assert layout(first) == [1] and layout(second) == [1, 2]
 
 
 def test_end_frees_the_slot_for_the_backlog():

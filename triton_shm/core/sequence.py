@@ -45,12 +45,12 @@ from .clock import Clock, LoopClock, Timer
 from .scheduler import Pending, _resolve
 from .statistics import ModelStats
 from .types import BatchRequest, InferRequest, InferResponse, InputTensor, ResponseStream
+from .validation import RequestPlan
 
 if TYPE_CHECKING:
     from ..supervisor.pool import WorkerPool
     from .repository import ModelVersion
     from .shm_registry import Region
-    from .validation import RequestPlan
 
 log = logging.getLogger("triton_shm.sequence")
 
@@ -259,6 +259,9 @@ class SequenceBook:
         self.cfg = cfg
         self.instances = list(instances)
         self.slots: dict[Instance, list[Sequence | None]] = {i: [None] * cfg.slots for i in self.instances}
+        # one batch at a time per instance, as Triton's sequence batcher: what arrives
+        # meanwhile joins the next batch (a second batch held in the worker measured no faster
+        # and splits batches into ones of a single request)
         self.busy: dict[Instance, bool] = dict.fromkeys(self.instances, False)
         self.live: dict[Any, Sequence] = {}          # correlation ID -> the sequence that takes its requests
         self.backlog: collections.deque[Sequence] = collections.deque()
@@ -317,7 +320,7 @@ class SequenceBook:
     def take_batch(self, instance: Instance, now: int) -> tuple[list[tuple[Sequence | None, Entry | None]], int | None]:
         """The next batch for a free instance as ``(sequence, entry)`` rows (``(None, None)``:
         a null request in a direct batch), or ``([], wake)``: nothing yet, look again at
-        ``wake`` (None: when something arrives)."""
+        ``wake`` (None: when something arrives or the batch answers)."""
         if self.busy[instance]:
             return [], None
         slots = self.slots[instance]
@@ -382,31 +385,25 @@ class SequenceBook:
 
 
 # -- tensors the model sees ------------------------------------------------------------------
-def _scalar(datatype: str, value: Any, batched: bool) -> InputTensor:
-    shape = [1, 1] if batched else [1]
-    if datatype == "BYTES":
-        raw = str(value).encode()
-        data = struct.pack("<I", len(raw)) + raw
-    else:
-        data = np.array(value, dtype=numpy_dtype(datatype)).tobytes()
-    return InputTensor("", datatype, shape, data)
+@functools.lru_cache(maxsize=64)
+def _flag(datatype: str, value: Any) -> bytes:
+    """A control flag's value in wire encoding (a handful per model: encoded once)."""
+    return np.array(value, dtype=numpy_dtype(datatype)).tobytes()
 
 
 def control_tensors(cfg: SequenceConfig, key: Any, start: bool, end: bool, ready: bool) -> list[InputTensor]:
     """The control inputs of one request (``key`` None: a null request, CORRID 0 or "")."""
     tensors = []
     for c in cfg.controls:
-        if c.kind == CORRID:
-            if c.datatype == "BYTES":
-                value: Any = "" if key is None else str(key)
-            else:
-                value = key if isinstance(key, int) else 0
+        if c.kind == CORRID and c.datatype == "BYTES":
+            raw = b"" if key is None else str(key).encode()
+            data = struct.pack("<I", len(raw)) + raw
+        elif c.kind == CORRID:
+            data = np.array(key if isinstance(key, int) else 0, dtype=numpy_dtype(c.datatype)).tobytes()
         else:
             flag = {START: start, END: end, READY: ready}[c.kind]
-            value = c.values[1] if flag else c.values[0]
-        t = _scalar(c.datatype, value, cfg.batched)
-        t.name = c.name
-        tensors.append(t)
+            data = _flag(c.datatype, c.values[1] if flag else c.values[0])
+        tensors.append(InputTensor(c.name, c.datatype, [1, 1] if cfg.batched else [1], data))
     return tensors
 
 
@@ -486,9 +483,11 @@ class SequenceScheduler:
                      self.cfg.idle_ns // 1000)
         wakes = [self.book.next_idle_ns()]
         for instance in self.book.instances:
-            rows, wake = self.book.take_batch(instance, now)
-            wakes.append(wake)
-            if rows:
+            while True:
+                rows, wake = self.book.take_batch(instance, now)
+                if not rows:
+                    wakes.append(wake)
+                    break
                 self._start(instance, rows)
         wakes = [w for w in wakes if w is not None]
         self._arm(min(wakes) if wakes else None)
@@ -506,9 +505,9 @@ class SequenceScheduler:
         self._timer, self._timer_ns = None, None
         self._pump()
 
+    @functools.cached_property
     def _null(self) -> BatchRequest:
-        """A null request (an empty direct slot): zeros for every input, no outputs wanted."""
-        from .validation import RequestPlan
+        """The null request (an empty direct slot): zeros for every input, no outputs wanted."""
         inputs = []
         for spec in self.model.inputs.values():
             dims = [max(d, 1) for d in spec.dims]
@@ -522,7 +521,7 @@ class SequenceScheduler:
     def _expand(self, seq: Sequence | None, entry: Entry | None) -> BatchRequest:
         """The request as the model sees it: its inputs, the control tensors and the state."""
         if entry is None:
-            base = self._null()
+            base = self._null
             extra = control_tensors(self.cfg, None, False, False, False)
             state = _initial(self.cfg)
         else:
