@@ -5,6 +5,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -48,7 +49,8 @@ class ServerProcess:
 
     def __init__(self, repository: Path | list[Path], log_path: Path, *, extra_args: list[str] = (),
                  env: dict[str, str] | None = None, program: list[str] | None = None,
-                 cwd: Path | None = None):
+                 cwd: Path | None = None, https: ssl.SSLContext | None = None,
+                 health_headers: dict[str, str] | None = None):
         self.program = program or [sys.executable, "-m", "triton_shm"]
         self.cwd = cwd
         self.repositories = repository if isinstance(repository, list) else [repository]
@@ -57,6 +59,8 @@ class ServerProcess:
         self.extra_args = list(extra_args)
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
+        self.https = https  # the client context for a server that serves HTTPS
+        self.health_headers = health_headers or {}  # for a server whose health API is restricted
 
     @property
     def http_url(self) -> str:
@@ -87,8 +91,10 @@ class ServerProcess:
 
     def _answers(self, ready: bool) -> bool:
         path = "/v2/health/ready" if ready else "/v2/health/live"
+        scheme = "http" if self.https is None else "https"
+        request = urllib.request.Request(f"{scheme}://{self.http_url}{path}", headers=self.health_headers)
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=1) as r:
+            with urllib.request.urlopen(request, timeout=1, context=self.https) as r:
                 return r.status == 200
         except OSError:
             return False

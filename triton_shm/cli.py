@@ -16,6 +16,7 @@ from typing import Any, Callable, NamedTuple
 
 from . import TRITON_PROTOCOL_VERSION, __version__
 from .frontend.grpc.keepalive import Keepalive
+from .frontend.restricted import RestrictionError, parse_restrictions
 from .options import ServerOptions
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -104,9 +105,6 @@ INERT_FLAGS: tuple[InertFlag, ...] = (
     InertFlag("--grpc-infer-allocation-pool-size", int, "gRPC request/response objects are not pooled"),
     InertFlag("--grpc-infer-response-compression-level", str, "gRPC responses are sent uncompressed",
               choices=("none", "low", "medium", "high")),
-    InertFlag("--grpc-server-cert", str, "gRPC is served without TLS"),
-    InertFlag("--grpc-server-key", str, "gRPC is served without TLS"),
-    InertFlag("--grpc-root-cert", str, "gRPC is served without TLS"),
     InertFlag("--allow-sagemaker", parse_bool, "triton-shm serves no SageMaker endpoint"),
     InertFlag("--sagemaker-port", int, "triton-shm serves no SageMaker endpoint"),
     InertFlag("--sagemaker-safe-port-range", PORT_RANGE, "triton-shm serves no SageMaker endpoint"),
@@ -133,14 +131,6 @@ INERT_FLAGS: tuple[InertFlag, ...] = (
     InertFlag("--model-load-gpu-limit", DEVICE_FRACTION, "GPU memory use is not checked before a load",
               repeat=True),
 )
-
-# Flags whose being ignored would weaken security: refused rather than served without.
-REFUSED_FLAGS: dict[str, str] = {
-    "--grpc-use-ssl": "gRPC TLS is not supported",
-    "--grpc-use-ssl-mutual": "gRPC TLS is not supported",
-    "--http-restricted-api": "restricting HTTP APIs by header is not supported",
-    "--grpc-restricted-protocol": "restricting gRPC protocols by header is not supported",
-}
 
 # --backend-config settings of the python backend; any other setting gets the generic reason.
 BACKEND_SETTINGS: dict[str, str] = {
@@ -254,10 +244,71 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inert_flags(p.add_argument_group(
         "tritonserver compatibility", "accepted so tritonserver command lines start unchanged; each one "
         "used has no effect here and logs one warning at start-up"))
-    _add_refused_flags(p.add_argument_group(
-        "tritonserver security flags", "accepted in their off form only: serving without what they ask "
-        "for would weaken security, so the server refuses to start"))
+    _add_security(p.add_argument_group(
+        "TLS and restricted APIs", "TLS 1.2 or later on each port that asks for it; mutual TLS also requires "
+        "client certificates signed by the root certificate; SIGHUP reloads certificates and keys. "
+        "See docs/security.md"))
     return p
+
+
+_TLS_PORTS = {"grpc": "gRPC", "http": "HTTP", "metrics": "metrics"}
+
+
+def _add_security(g: argparse._ArgumentGroup) -> None:
+    add = g.add_argument
+    for port, name in _TLS_PORTS.items():
+        default = " (default: the HTTP port's)" if port == "metrics" else ""
+        add(f"--{port}-use-ssl", type=parse_bool, default=False, metavar="BOOL",
+            help=f"serve {name} over TLS (default false)")
+        add(f"--{port}-use-ssl-mutual", type=parse_bool, default=False, metavar="BOOL",
+            help=f"serve {name} over mutual TLS: clients must present a certificate signed by --{port}-root-cert "
+                 f"(implies --{port}-use-ssl; default false)")
+        add(f"--{port}-server-cert", default=None, metavar="PATH",
+            help=f"{name} server certificate chain (PEM){default}")
+        add(f"--{port}-server-key", default=None, metavar="PATH", help=f"{name} server private key (PEM){default}")
+        add(f"--{port}-root-cert", default=None, metavar="PATH",
+            help=f"CA certificate(s) (PEM) that client certificates must be signed by, for mutual TLS{default}")
+    add("--http-restricted-api", action="append", default=[], metavar="<API>[,<API>...]:<HEADER>=<VALUE>",
+        help="HTTP APIs of these groups (health, metadata, inference, shared-memory, model-config, "
+             "model-repository, statistics, trace, logging) need HEADER: VALUE; VALUE may be @FILE or "
+             "env:NAME (repeatable; each group in one flag only)")
+    add("--grpc-restricted-protocol", action="append", default=[], metavar="<PROTOCOL>[,<PROTOCOL>...]:<KEY>=<VALUE>",
+        help="gRPC methods of these groups need the metadata triton-grpc-protocol-KEY: VALUE; VALUE may be "
+             "@FILE or env:NAME (repeatable)")
+
+
+def _security_error(options: ServerOptions) -> str:
+    """What makes the TLS or restricted-API flags unusable, or ''."""
+    for port in _TLS_PORTS:
+        if not options.uses_tls(port):
+            continue
+        cert, key, root = options.tls_paths(port)
+        metrics = port == "metrics"
+        if not (cert and key):
+            return (f"--{port}-use-ssl needs --{port}-server-cert and --{port}-server-key"
+                    + (" (or --http-server-cert and --http-server-key)" if metrics else ""))
+        if getattr(options, f"{port}_use_ssl_mutual") and not root:
+            return f"--{port}-use-ssl-mutual needs --{port}-root-cert" + (" (or --http-root-cert)" if metrics else "")
+    try:
+        parse_restrictions(options.http_restricted_api, "--http-restricted-api")
+        parse_restrictions(options.grpc_restricted_protocol, "--grpc-restricted-protocol", grpc=True)
+    except RestrictionError as e:
+        return str(e)
+    return ""
+
+
+def _unused_tls_files(options: ServerOptions) -> list[str]:
+    """Certificate flags given for a port that serves plaintext: a warning each."""
+    warnings = []
+    for port in ("grpc", "http"):
+        if options.uses_tls(port) or (port == "http" and options.uses_tls("metrics")):
+            continue
+        for name in ("server_cert", "server_key", "root_cert"):
+            if getattr(options, f"{port}_{name}"):
+                flag = f"--{port}-{name.replace('_', '-')}"
+                warnings.append(f"{flag} has no effect: {_TLS_PORTS[port]} is served without TLS "
+                                f"(--{port}-use-ssl=true turns it on)")
+    return warnings
 
 
 def _add_implemented(p: argparse.ArgumentParser) -> None:
@@ -311,21 +362,9 @@ def _add_inert_flags(g: argparse._ArgumentGroup) -> None:
         _add_inert(g, spec)
 
 
-def _add_refused_flags(g: argparse._ArgumentGroup) -> None:
-    for flag, why in REFUSED_FLAGS.items():
-        boolean = "ssl" in flag
-        g.add_argument(flag, dest=_dest(flag, "refused"), default=argparse.SUPPRESS,
-                       type=parse_bool if boolean else SETTING, action="store" if boolean else "append",
-                       metavar="BOOL" if boolean else "SETTING",
-                       help=f"{'true is' if boolean else 'always'} refused: {why}")
-
-
 def parse_args(argv: list[str] | None = None) -> ServerOptions:
     parser = build_parser()
     values = vars(parser.parse_args(argv))
-    refused = _refused(values)
-    if refused:
-        parser.error(refused)
     inert = _pop_given(values, "inert", [s.flag for s in INERT_FLAGS])
     deprecated = _pop_given(values, "deprecated", list(DEPRECATED_TRACE))
     reasons = {s.flag: s.reason for s in INERT_FLAGS}
@@ -340,20 +379,18 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         values["strict_model_config"] = False
     else:
         warnings.append("--strict-model-config is deprecated: use --disable-auto-complete-config")
-    return ServerOptions(**values, inert=inert, startup_warnings=warnings)
+    options = ServerOptions(**values, inert=inert, startup_warnings=warnings)
+    error = _security_error(options)
+    if error:  # tritonserver exits 1 for these
+        parser.print_usage(sys.stderr)
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    options.startup_warnings += _unused_tls_files(options)
+    return options
 
 
 def _pop_given(values: dict[str, Any], kind: str, flags: list[str]) -> dict[str, Any]:
     """The flags of one kind that were given (their dests default to SUPPRESS), removed from values."""
     return {flag: values.pop(_dest(flag, kind)) for flag in flags if _dest(flag, kind) in values}
-
-
-def _refused(values: dict[str, Any]) -> str:
-    given = _pop_given(values, "refused", list(REFUSED_FLAGS))
-    for flag, value in given.items():
-        if value is not False:  # --grpc-use-ssl=false is what this server does anyway
-            return f"argument {flag}: {REFUSED_FLAGS[flag]} by triton-shm, and ignoring it would weaken security"
-    return ""
 
 
 def _backend_config_warnings(items: list[str]) -> list[str]:

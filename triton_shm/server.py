@@ -15,6 +15,7 @@ from .core.shm_registry import SharedMemoryRegistry
 from .core.tracing import Tracer
 from .errors import TritonShmError
 from .frontend.metrics import MetricsConfig, start_metrics
+from .frontend.security import Security
 from .worker.devices import parse_gpus
 from .supervisor.pool import WorkerPool
 
@@ -33,10 +34,12 @@ async def serve(options: ServerOptions) -> int:
     service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
                                strict_readiness=options.strict_readiness, server_id=options.server_id)
     service.tracer = Tracer.from_config(options.trace_config)
+    security = Security.from_options(options)  # unusable files or values: exit 1 before anything starts
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, security.reload)
 
     await pool.start()
     runners = []
@@ -53,22 +56,26 @@ async def serve(options: ServerOptions) -> int:
             runners.append(("Metrics", await start_metrics(
                 repository, address, options.metrics_port, cpu=options.allow_cpu_metrics,
                 gpu=options.allow_gpu_metrics, interval_ms=options.metrics_interval_ms, gpus=gpus,
-                config=metrics_config)))
+                config=metrics_config, ssl=security.context("metrics"))))
             log.info("Started Metrics Service at %s:%d", address, options.metrics_port)
+        if options.allow_grpc:  # before HTTP, as tritonserver: HTTP ready means both answer
+            from .frontend.grpc.server import default_transport, start_grpc
+            transport = options.grpc_transport or default_transport()
+            runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
+                                                     keepalive=grpc_keepalive(options), transport=transport,
+                                                     restrictions=security.grpc_restrictions,
+                                                     tls=security.tls.get("grpc"))))
+            log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
+                     transport)
         if options.allow_http:
             from .frontend.http.app import start_http
             runners.append(("HTTP", await start_http(service, options.http_address, options.http_port,
                                                      max_input_size=options.http_max_input_size,
                                                      shutdown_timeout=options.exit_timeout_secs,
-                                                     header_timeout=options.http_header_timeout_secs)))
+                                                     header_timeout=options.http_header_timeout_secs,
+                                                     restrictions=security.http_restrictions,
+                                                     ssl=security.context("http"))))
             log.info("Started HTTPService at %s:%d", options.http_address, options.http_port)
-        if options.allow_grpc:
-            from .frontend.grpc.server import default_transport, start_grpc
-            transport = options.grpc_transport or default_transport()
-            runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
-                                                     keepalive=grpc_keepalive(options), transport=transport)))
-            log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
-                     transport)
         await stop.wait()
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
     finally:

@@ -6,17 +6,33 @@ from typing import Any, AsyncIterator, Callable
 
 import grpc
 
+from ..restricted import Restrictions
 from .rpc import Method, rpc_status
 
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
 
 
+def _refusal(restrictions: Restrictions | None, method: Method, context: grpc.aio.ServicerContext) -> str | None:
+    """The restricted-API check, before the body runs; metadata keys arrive lower case."""
+    if restrictions is None:
+        return None
+
+    def lookup(name: str) -> bytes | None:
+        for key, value in context.invocation_metadata() or ():
+            if key == name:
+                return value if isinstance(value, bytes) else value.encode("utf-8", "surrogateescape")
+        return None
+    return restrictions.refusal(method.group, lookup)
+
+
 # Responses are serialized inside the handler (grpcio's serializer hook is not used): a
 # ModelInfer response holds arena blocks until it is encoded, and the handler is the one
 # place sure to run to the end or be cancelled as a whole.
-def _unary(method: Method) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
+def _unary(method: Method, restrictions: Restrictions | None) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if (refusal := _refusal(restrictions, method, context)) is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         try:
             return method.serialize(await method.handler(request), False)
         except grpc.aio.AbortError:
@@ -27,31 +43,39 @@ def _unary(method: Method) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
     return handler
 
 
-def _stream(method: Method) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+def _stream(method: Method, restrictions: Restrictions | None
+            ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
     async def handler(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if (refusal := _refusal(restrictions, method, context)) is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         serialize = method.serialize
         async for reply in method.handler(requests):
             yield serialize(reply, False)
     return handler
 
 
-def generic_handlers(methods: list[Method]) -> list[grpc.GenericRpcHandler]:
+def generic_handlers(methods: list[Method], restrictions: Restrictions | None = None
+                     ) -> list[grpc.GenericRpcHandler]:
+    restrictions = restrictions or None
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = defaultdict(dict)
     for m in methods:
         service, name = m.path[1:].split("/")
         kwargs = dict(request_deserializer=m.deserialize, response_serializer=None)
         by_service[service][name] = (
-            grpc.stream_stream_rpc_method_handler(_stream(m), **kwargs) if m.streaming
-            else grpc.unary_unary_rpc_method_handler(_unary(m), **kwargs))
+            grpc.stream_stream_rpc_method_handler(_stream(m, restrictions), **kwargs) if m.streaming
+            else grpc.unary_unary_rpc_method_handler(_unary(m, restrictions), **kwargs))
     return [grpc.method_handlers_generic_handler(s, handlers) for s, handlers in by_service.items()]
 
 
-async def start_aio(methods: list[Method], host: str, port: int, options: list[tuple[str, int]]) -> grpc.aio.Server:
+async def start_aio(methods: list[Method], host: str, port: int, options: list[tuple[str, int]], *,
+                    restrictions: Restrictions | None = None, credentials: Any = None) -> grpc.aio.Server:
+    """``credentials``: grpcio server credentials (TLS), else plaintext."""
     server = grpc.aio.server(options=options)
-    server.add_generic_rpc_handlers(generic_handlers(methods))
+    server.add_generic_rpc_handlers(generic_handlers(methods, restrictions))
     address = f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = (server.add_insecure_port(address) if credentials is None
+                 else server.add_secure_port(address, credentials))
     except RuntimeError as e:  # some grpcio versions raise instead of returning 0
         bound = 0
         cause: Exception | None = e

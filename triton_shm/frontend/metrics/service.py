@@ -14,6 +14,8 @@ from .config import MetricsConfig
 from .exposition import CONTENT_TYPE
 
 if TYPE_CHECKING:
+    from ssl import SSLContext
+
     from ...core.repository import ModelRepository
 
 log = logging.getLogger("triton_shm.metrics")
@@ -55,8 +57,8 @@ def create_metrics_app(collector: MetricsCollector, interval_ms: float = 2000) -
 
 async def start_metrics(repository: "ModelRepository", host: str, port: int, *, cpu: bool = True,
                         gpu: bool = True, interval_ms: float = 2000, gpus: list[int] | None = None,
-                        config: MetricsConfig = MetricsConfig()) -> web.AppRunner:
-    """Serve ``GET /metrics`` on ``host:port``; stop it with ``await runner.cleanup()``
-    (which also stops the sampler)."""
+                        config: MetricsConfig = MetricsConfig(), ssl: "SSLContext | None" = None) -> web.AppRunner:
+    """Serve ``GET /metrics`` on ``host:port`` (HTTPS with ``ssl``); stop it with
+    ``await runner.cleanup()`` (which also stops the sampler)."""
     collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus, config=config)
-    return await serve_app(create_metrics_app(collector, interval_ms), host, port, shutdown_timeout=1.0)
+    return await serve_app(create_metrics_app(collector, interval_ms), host, port, ssl=ssl, shutdown_timeout=1.0)
