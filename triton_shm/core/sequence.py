@@ -103,11 +103,6 @@ class SequenceConfig:
                 return c.datatype == "BYTES"
         return None
 
-    @property
-    def corrid_type(self) -> str:
-        return next(("TYPE_STRING" if c.datatype == "BYTES" else f"TYPE_{c.datatype}")
-                    for c in self.controls if c.kind == CORRID)
-
 
 def _control(name: str, model: str, control) -> ControlSpec:
     kind = control.kind
