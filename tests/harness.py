@@ -73,7 +73,7 @@ class ServerProcess:
     def start(self, timeout: float = 90.0, wait_ready: bool = True) -> "ServerProcess":
         args = [*self.program, "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
                 "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-                "--allow-metrics", "false", *self.extra_args]
+                "--allow-metrics", "false", "--drain-secs", "0", *self.extra_args]
         for repo in self.repositories:
             args += ["--model-repository", str(repo)]
         self._log = open(self.log_path, "wb")

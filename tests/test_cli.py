@@ -84,8 +84,12 @@ def test_flag_list_is_the_real_binarys():
     assert listed == set(TRITONSERVER_FLAGS)
 
 
+# As with tritonserver, the deprecated cache flag and its successor are refused together.
+EXCLUSIVE = {"--response-cache-byte-size"}
+
+
 def test_every_tritonserver_flag_is_accepted():
-    flags = TRITONSERVER_FLAGS
+    flags = {k: v for k, v in TRITONSERVER_FLAGS.items() if k not in EXCLUSIVE}
     options = parse_args(_argv(flags))
     assert options.model_repositories == [Path("/models"), Path("/models")]
     given_inert = {s.flag for s in INERT_FLAGS} & set(flags)
@@ -221,7 +225,12 @@ def test_no_warnings_by_default():
                                           "got '12'"),
     (["--backend-config=foo"], "argument --backend-config: expected [<name>,]<setting>=<value>, got 'foo'"),
     (["--host-policy=numa-node=0"], "expected <name>,<setting>=<value>, got 'numa-node=0'"),
-    (["--rate-limit=bogus"], "argument --rate-limit: invalid choice: 'bogus'"),
+    (["--rate-limit=bogus"], "argument --rate-limit: expected execution_count or off, got 'bogus'"),
+    (["--cache-config=local,size=1", "--response-cache-byte-size=1"],
+     "Incompatible flags --response-cache-byte-size and --cache-config both provided. Please provide one or "
+     "the other."),
+    (["--cache-config=size=1"], "--cache-config option format is '<cache name>,<setting>=<value>'. Got size=1"),
+    (["--rate-limit-resource=R:1:2:3"], "argument --rate-limit-resource: expected <string>:<integer>[:<integer>]"),
     (["--grpc-infer-response-compression-level=max"], "invalid choice: 'max'"),
     (["--strict-model-config=maybe"], "expected true or false, got 'maybe'"),
 ])
@@ -316,8 +325,6 @@ EXPECTED_WARNINGS = [
     "--http-thread-count has no effect: HTTP is served by the front-end's event loop, not a thread pool",
     "--grpc-infer-allocation-pool-size has no effect: gRPC request/response objects are not pooled",
     "--backend-directory has no effect: the backends (onnxruntime, python) are built in",
-    "--cache-config has no effect: triton-shm has no response cache",
-    "--rate-limit has no effect: triton-shm has no rate limiter: a request runs as soon as an instance is free",
     "--pinned-memory-pool-byte-size has no effect: triton-shm has no pinned-memory pool",
     "--cuda-memory-pool-byte-size has no effect: triton-shm has no CUDA memory pool",
     "--backend-config=python,shm-default-byte-size=1048576 has no effect: Python models share the worker's "
@@ -398,3 +405,17 @@ def test_config_less_model_exits_with_exit_on_error(tmp_path):
     srv.stop()
     assert "failed to load all models" in srv.log()
     assert os.path.basename(str(repo / "bare" / "config.pbtxt")) in srv.log()
+
+
+# -- response cache and rate limiter ----------------------------------------------------------------
+def test_cache_and_rate_limit_options():
+    o = parse_args(REPO + ["--cache-config=local,size=1048576", "--rate-limit=EXECUTION_COUNT",
+                           "--rate-limit-resource=R1:10:0", "--rate-limit-resource", "R2:3"])
+    assert (o.cache_size, o.rate_limit) == (1048576, "execution_count")
+    assert [(r.name, r.count, r.device) for r in o.rate_limit_resources] == [("R1", 10, 0), ("R2", 3, None)]
+    assert o.startup_warnings == []
+    old = parse_args(REPO + ["--response-cache-byte-size=4096"])
+    assert old.cache_size == 4096
+    assert old.startup_warnings == ["--response-cache-byte-size is deprecated: use --cache-config local,size=<bytes>"]
+    defaults = parse_args(REPO)
+    assert (defaults.cache_size, defaults.rate_limit, defaults.rate_limit_resources) == (None, "off", [])

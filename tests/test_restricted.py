@@ -205,13 +205,14 @@ def test_http_infer_refused_on_the_lean_and_the_aiohttp_route(http_restricted):
 
 
 def test_refused_infer_keeps_the_connection_for_the_next_request(http_restricted):
-    """Pipelined on one keep-alive connection: refused, then served, in order."""
+    """Pipelined on one keep-alive connection: refused (its 4 MiB body read and dropped),
+    then served, in order."""
     body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [2.0]}]})
-    request = (f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-               "{}\r\n").encode()
+    big = b" " * (4 << 20)
+    head = "POST /v2/models/" + MODEL + "/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n{}\r\n"
     with socket.create_connection(("127.0.0.1", http_restricted.http_port), timeout=30) as s:
-        s.sendall(request.replace(b"{}", b"") + body
-                  + request.replace(b"{}", f"{INFER_KEY}: env-secret\r\nConnection: close\r\n".encode()) + body)
+        s.sendall(head.format(len(big), "").encode() + big
+                  + head.format(len(body), f"{INFER_KEY}: env-secret\r\nConnection: close\r\n").encode() + body)
         out = b""
         while chunk := s.recv(65536):
             out += chunk
@@ -308,6 +309,31 @@ def test_grpc_infer_and_stream_with_tritonclient(restricted):
     client.close()
 
 
+# -- beyond tritonserver: the metrics port ----------------------------------------------------------
+def test_metrics_group_guards_the_metrics_port(tmp_path):
+    """--http-restricted-api=metrics:... (Prometheus sends it with ``authorization: credentials``)."""
+    import urllib.error
+    import urllib.request
+    from .harness import free_port
+    python_identity(tmp_path / "models", MODEL, "FP32")
+    port = free_port()
+    server = ServerProcess(tmp_path / "models", tmp_path / "server.log", extra_args=[
+        "--allow-metrics", "true", "--metrics-port", str(port), "--metrics-address", "127.0.0.1",
+        "--http-restricted-api=metrics:Authorization=Bearer scrape-token"]).start()
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url, timeout=30)
+        assert (e.value.code, e.value.read()) == (
+            403, b'{"error":"This API is restricted, expecting header \'Authorization\'"}')
+        request = urllib.request.Request(url, headers={"Authorization": "Bearer scrape-token"})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            assert r.status == 200 and b"nv_inference_count" in r.read()
+        assert _http(server, "GET", "/v2/health/ready")[0] == 200  # the HTTP port's APIs stay open
+    finally:
+        server.stop_cleanly()
+
+
 # -- values from a file, reloaded on SIGHUP -----------------------------------------------------------
 def test_sighup_rereads_a_value_from_its_file(http_restricted):
     server = http_restricted
@@ -356,6 +382,7 @@ def test_every_rpc_has_its_group():
 @pytest.mark.parametrize("flags, message", [
     (["--http-restricted-api=bogus:k=v"], "unknown restricted api 'bogus'"),
     (["--grpc-restricted-protocol=bogus:k=v"], "unknown restricted protocol 'bogus'"),
+    (["--grpc-restricted-protocol=metrics:k=v"], "unknown restricted protocol 'metrics'"),  # HTTP's only
     (["--http-restricted-api=health,:k=v"], "unknown restricted api ''"),
     (["--http-restricted-api=Health:k=v"], "unknown restricted api 'Health'"),
     (["--http-restricted-api=health:k=v", "--http-restricted-api=metadata,health:k2=v2"],

@@ -18,6 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as grpcaio
 import tritonclient.http as httpclient
+import tritonclient.http.aio as httpaio
 from tritonclient.utils import InferenceServerException
 
 from triton_shm.frontend.tls import ServerTls, TlsError, TlsFiles
@@ -131,6 +132,17 @@ def test_http_over_tls(tls_server, pki):
     result = client.infer(MODEL, _inputs(httpclient, DATA))
     np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), DATA)
     client.close()
+
+
+def test_http_aio_over_tls(tls_server, pki):
+    async def main():
+        client = httpaio.InferenceServerClient(tls_server.http_url, ssl=True, ssl_context=_client_context(pki))
+        try:
+            result = await client.infer(MODEL, _inputs(httpaio, DATA))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), DATA)
+        finally:
+            await client.close()
+    asyncio.run(main())
 
 
 def test_grpc_over_tls(tls_server, pki):
@@ -283,6 +295,13 @@ def test_perf_analyzer_with_a_client_certificate(mutual_server, pki, perf_analyz
                             "--ssl-https-client-certificate-type", "PEM",
                             "--ssl-https-private-key-file", str(pki.client_key),
                             "--ssl-https-private-key-type", "PEM")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "Throughput" in out.stdout
+    out = perf_analyzer.run("-u", mutual_server.grpc_url, "-i", "grpc", "-m", MODEL, "--shape", "INPUT0:8",
+                            *PERF_WINDOW, "--ssl-grpc-use-ssl", "true",
+                            "--ssl-grpc-root-certifications-file", str(pki.ca),
+                            "--ssl-grpc-private-key-file", str(pki.client_key),
+                            "--ssl-grpc-certificate-chain-file", str(pki.client_cert))
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Throughput" in out.stdout
 

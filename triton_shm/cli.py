@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from . import TRITON_PROTOCOL_VERSION, __version__
+from .core.rate_limiter import parse_resource
+from .core.response_cache import parse_cache_config
 from .frontend.grpc.keepalive import Keepalive
 from .frontend.restricted import RestrictionError, parse_restrictions
 from .options import ServerOptions
@@ -77,6 +79,23 @@ RESOURCE = _form("<string>:<integer>[:<integer>]",
                  lambda v: _fields(v, ":", (str, int, int), optional=1) and bool(v.split(":")[0]))
 
 
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{value}'") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got '{value}'")
+    return seconds
+
+
+def _rate_limit_mode(value: str) -> str:
+    mode = value.lower()
+    if mode not in ("execution_count", "off"):
+        raise argparse.ArgumentTypeError(f"expected execution_count or off, got '{value}'")
+    return mode
+
+
 def _config_name(value: str) -> str:
     # it names a file inside the model's configs/ folder: nothing that could leave it
     if value and (any(c in value for c in "/\\\x00 ") or value in (".", "..")):
@@ -115,12 +134,7 @@ INERT_FLAGS: tuple[InertFlag, ...] = (
     InertFlag("--vertex-ai-default-model", str, "triton-shm serves no Vertex AI endpoint"),
     InertFlag("--backend-directory", str, "the backends (onnxruntime, python) are built in"),
     InertFlag("--repoagent-directory", str, "triton-shm runs no repository agents"),
-    InertFlag("--cache-config", SETTING, "triton-shm has no response cache", repeat=True),
-    InertFlag("--cache-directory", str, "triton-shm has no response cache"),
-    InertFlag("--response-cache-byte-size", int, "triton-shm has no response cache"),
-    InertFlag("--rate-limit", str, "triton-shm has no rate limiter: a request runs as soon as an instance is free",
-              choices=("execution_count", "off")),
-    InertFlag("--rate-limit-resource", RESOURCE, "triton-shm has no rate limiter", repeat=True),
+    InertFlag("--cache-directory", str, "the local response cache is built in (no cache libraries are loaded)"),
     InertFlag("--pinned-memory-pool-byte-size", int, "triton-shm has no pinned-memory pool"),
     InertFlag("--cuda-memory-pool-byte-size", DEVICE_BYTES, "triton-shm has no CUDA memory pool", repeat=True),
     InertFlag("--cuda-virtual-address-size", DEVICE_BYTES, "triton-shm has no growable implicit state",
@@ -207,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="close an HTTP connection whose request headers take longer than this to arrive (default 30)")
     add("--exit-timeout-secs", type=int, default=30, metavar="SECONDS",
         help="on SIGINT/SIGTERM, how long in-flight requests may take to finish (default 30)")
+    add("--drain-secs", type=_seconds, default=5.0, metavar="SECONDS",
+        help="on SIGTERM, first report not ready while still serving for this long, so load "
+             "balancers stop sending before the server stops accepting; SIGINT or a second signal "
+             "skips it (default 5)")
     add("--log-verbose", type=int, default=0, metavar="LEVEL", help="verbose logging level (default 0)")
     add("--log-info", type=parse_bool, default=True, metavar="BOOL", help="log INFO messages (default true)")
     add("--log-warning", type=parse_bool, default=True, metavar="BOOL", help="log WARNING messages (default true)")
@@ -270,8 +288,8 @@ def _add_security(g: argparse._ArgumentGroup) -> None:
             help=f"CA certificate(s) (PEM) that client certificates must be signed by, for mutual TLS{default}")
     add("--http-restricted-api", action="append", default=[], metavar="<API>[,<API>...]:<HEADER>=<VALUE>",
         help="HTTP APIs of these groups (health, metadata, inference, shared-memory, model-config, "
-             "model-repository, statistics, trace, logging) need HEADER: VALUE; VALUE may be @FILE or "
-             "env:NAME (repeatable; each group in one flag only)")
+             "model-repository, statistics, trace, logging; and metrics: the metrics port) need HEADER: VALUE; "
+             "VALUE may be @FILE or env:NAME (repeatable; each group in one flag only)")
     add("--grpc-restricted-protocol", action="append", default=[], metavar="<PROTOCOL>[,<PROTOCOL>...]:<KEY>=<VALUE>",
         help="gRPC methods of these groups need the metadata triton-grpc-protocol-KEY: VALUE; VALUE may be "
              "@FILE or env:NAME (repeatable)")
@@ -322,6 +340,18 @@ def _add_implemented(p: argparse.ArgumentParser) -> None:
         help="load <model>/configs/NAME.pbtxt where it exists instead of config.pbtxt")
     add("--backend-config", action="append", default=[], type=SETTING, metavar="[BACKEND,]SETTING=VALUE",
         help="accepted for compatibility: no setting has an effect here (each one used logs a warning)")
+    add("--cache-config", action="append", default=[], metavar="local,size=BYTES",
+        help="the response cache for models with response_cache { enable: true }: local,size=BYTES "
+             "(least recently used entries are evicted beyond it)")
+    add("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
+        help="deprecated: --cache-config local,size=BYTES")
+    add("--rate-limit", type=_rate_limit_mode, default="off", metavar="execution_count|off",
+        help="execution_count: an instance runs only when the resources its instance group's rate_limiter "
+             "names are free, by priority; off (the default) ignores them")
+    add("--rate-limit-resource", dest="rate_limit_resources", action="append", default=[], type=RESOURCE,
+        metavar="NAME:COUNT[:DEVICE]",
+        help="how many of a rate-limiter resource exist (repeatable; without DEVICE on every device); once "
+             "given, a resource not listed has none")
 
 
 def _add_grpc_transport(g: argparse._ArgumentGroup) -> None:
@@ -375,6 +405,13 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         warnings += _backend_config_warnings(backend_config)
     warnings += [f"{flag} is deprecated: use --trace-config {DEPRECATED_TRACE[flag]}=<value>" for flag in deprecated]
     values["trace_config"] = _trace_settings(deprecated) + values["trace_config"]
+    try:
+        values["cache_size"] = parse_cache_config(values.pop("cache_config"), values["response_cache_byte_size"])
+        values["rate_limit_resources"] = [parse_resource(r) for r in values["rate_limit_resources"]]
+    except ValueError as e:
+        parser.error(str(e))
+    if values.pop("response_cache_byte_size") is not None:
+        warnings.append("--response-cache-byte-size is deprecated: use --cache-config local,size=<bytes>")
     if values["strict_model_config"] is None:
         values["strict_model_config"] = False
     else:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .core.rate_limiter import ResourceLimit
 from .frontend.grpc.keepalive import Keepalive
 from .frontend.tls import TlsFiles
 
@@ -31,6 +32,7 @@ class ServerOptions:
     http_max_input_size: int = 64 * 1024 * 1024
     http_header_timeout_secs: float = 30.0
     exit_timeout_secs: int = 30
+    drain_secs: float = 5.0
     log_verbose: int = 0
     log_info: bool = True
     log_warning: bool = True
@@ -60,6 +62,9 @@ class ServerOptions:
     grpc_max_connection_age: int | None = _KEEPALIVE.max_connection_age_ms
     grpc_max_connection_age_grace: int | None = _KEEPALIVE.max_connection_age_grace_ms
     grpc_transport: str | None = None  # None: native, or grpcio without C extensions
+    cache_size: int | None = None      # --cache-config local,size=N / --response-cache-byte-size; None: no cache
+    rate_limit: str = "off"            # --rate-limit: execution_count or off
+    rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
     # TLS per port (mutual implies TLS; the metrics port defaults to the HTTP files)
     grpc_use_ssl: bool = False
     grpc_use_ssl_mutual: bool = False

@@ -22,6 +22,8 @@ log = logging.getLogger(__name__)
 
 GROUPS = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
           "statistics", "trace", "logging")
+# Beyond tritonserver, --http-restricted-api also takes "metrics": every request to the metrics port.
+HTTP_GROUPS = (*GROUPS, "metrics")
 GRPC_HEADER_PREFIX = "triton-grpc-protocol-"
 
 FILE_PREFIX = "@"
@@ -126,7 +128,7 @@ class Restrictions:
 def parse_restrictions(items: list[str], flag: str, *, grpc: bool = False) -> Restrictions:
     """The restrictions of every ``flag`` given; raises :class:`RestrictionError` with the
     message tritonserver gives for the same mistake."""
-    noun = "protocol" if grpc else "api"
+    noun, known = ("protocol", GROUPS) if grpc else ("api", HTTP_GROUPS)
     by_group: dict[str, Restriction] = {}
     for item in items:
         groups, colon, setting = item.partition(":")
@@ -135,7 +137,7 @@ def parse_restrictions(items: list[str], flag: str, *, grpc: bool = False) -> Re
             raise RestrictionError(f"{flag} option format is '<config name>:<setting>=<value>'. Got {item}")
         restriction = Restriction(key, source)
         for group in groups.split(","):
-            if group not in GROUPS:
+            if group not in known:
                 raise RestrictionError(f"unknown restricted {noun} '{group}'")
             if group in by_group:
                 raise RestrictionError(f"restricted {noun} '{group}' can not be specified in multiple config groups")

@@ -11,7 +11,7 @@ request (``lean.py``). Both classify with :func:`api_group`; aiohttp's check run
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, Callable
 
 import orjson
 from aiohttp import web
@@ -59,11 +59,12 @@ def _header_lookup(request: web.Request) -> Any:
     return lookup
 
 
-def restriction_middleware(restrictions: Restrictions) -> Any:
-    """aiohttp middleware: 403 ``{"error": ...}`` for a restricted API without its header."""
+def restriction_middleware(restrictions: Restrictions, group_of: Callable[[str], str | None] = api_group) -> Any:
+    """aiohttp middleware: 403 ``{"error": ...}`` for a restricted API without its header.
+    ``group_of`` maps a path to its group (the metrics port: every path is "metrics")."""
     @web.middleware
     async def check(request: web.Request, handler: Any) -> web.StreamResponse:
-        refusal = restrictions.refusal(api_group(request.rel_url.path_safe), _header_lookup(request))
+        refusal = restrictions.refusal(group_of(request.rel_url.path_safe), _header_lookup(request))
         if refusal is not None:
             return web.Response(status=403, body=refusal_body(refusal), content_type="application/json")
         return await handler(request)
