@@ -24,7 +24,10 @@ from . import model_config as mcfg
 from .repository import (LOADING, NOT_REQUESTED, READY, UNAVAILABLE, UNLOADED, UNLOADING, ModelEntry,
                          ModelRepository, ModelVersion, select_versions, version_dirs)
 from .ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
+from .rate_limiter import Claim, RateLimiter, claim_for
+from .response_cache import check_cache_config
 from .scheduler import Scheduler, check_batching_config
+from .sequence import SequenceScheduler, check_sequence_config
 from .statistics import ModelStats
 
 if TYPE_CHECKING:
@@ -74,7 +77,7 @@ def write_override_files(name: str, files: dict[str, bytes]) -> Path:
 class ModelManager:
     def __init__(self, repository: ModelRepository, pool: "WorkerPool", *, mode: str = "none",
                  poll_secs: float = 15.0, load_threads: int = 4, latency_summaries: bool = False,
-                 auto_complete: bool = True, config_name: str = ""):
+                 auto_complete: bool = True, config_name: str = "", limiter: RateLimiter | None = None):
         if mode not in MODES:
             raise ValueError(f"--model-control-mode must be one of {', '.join(MODES)}, got '{mode}'")
         self.repository, self.pool, self.mode = repository, pool, mode
@@ -83,6 +86,7 @@ class ModelManager:
         # complete configs from the model files (off: --disable-auto-complete-config)
         self.auto_complete = auto_complete
         self.config_name = config_name      # --model-config-name: configs/<name>.pbtxt before config.pbtxt
+        self.limiter = limiter              # --rate-limit execution_count (None: off)
         self._load_slots = asyncio.Semaphore(max(load_threads, 1))
         self._generations = itertools.count(1)
         self._poll_task: asyncio.Task | None = None
@@ -301,6 +305,8 @@ class ModelManager:
                 config = await self._complete(mv, base)
                 self._check_io(config)
                 check_batching_config(config)
+                check_sequence_config(config, mv.model_dir)
+            check_cache_config(config)
             mv.set_config(config)
             mv.stats = ModelStats(mv.name, str(mv.version))
             if self.latency_summaries:
@@ -308,13 +314,37 @@ class ModelManager:
             if ensemble:
                 mv.scheduler = EnsembleScheduler(mv, self.repository, mv.stats)
             else:
-                await self.pool.load(mv)
-                mv.scheduler = Scheduler(mv, self.pool, mv.stats)
+                sequences = config.HasField("sequence_batching")
+                claims = [] if sequences else self._claims(mv)
+                if sequences and self.limiter is not None and any(
+                        g.HasField("rate_limiter") for g in config.instance_group):
+                    log.warning("model '%s': the rate limiter does not apply to sequence batching models yet; "
+                                "its instances run unlimited", mv.name)
+                try:
+                    await self.pool.load(mv)
+                except BaseException:
+                    if claims:
+                        self.limiter.unregister(claims)
+                    raise
+                if sequences:
+                    mv.scheduler = SequenceScheduler(mv, self.pool, mv.stats)
+                else:
+                    mv.scheduler = Scheduler(mv, self.pool, mv.stats, limiter=self.limiter if claims else None,
+                                             claims=claims)
             mv.state, mv.reason = READY, ""
             log.info("successfully loaded '%s' version %d", mv.name, mv.version)
         except TritonShmError as e:
             mv.state, mv.reason = UNAVAILABLE, e.message
             log.error("failed to load '%s' version %d: %s", mv.name, mv.version, e.message)
+
+    def _claims(self, mv: ModelVersion) -> list[Claim]:
+        """The rate limiter's claims of ``mv``'s instances, registered (raises when one
+        needs more of a resource than exists); none when the model or server has no limits."""
+        if self.limiter is None or not any(g.HasField("rate_limiter") for g in mv.config.instance_group):
+            return []
+        claims = [claim_for(group, instance, device) for instance, group, device in self.pool.placements(mv)]
+        self.limiter.register(claims)
+        return claims
 
     async def _retire(self, mv: ModelVersion) -> None:
         """Stop taking requests, let queued and running ones finish, free the instances."""
@@ -322,6 +352,9 @@ class ModelManager:
         mv.state, mv.reason = UNLOADING, ""
         if mv.scheduler is not None:
             await mv.scheduler.drain()
+            claims = getattr(mv.scheduler, "claims", None)
+            if claims and self.limiter is not None:
+                self.limiter.unregister(claims.values())
         if was_ready or mv.instances:
             try:
                 await self.pool.unload(mv)

@@ -116,8 +116,14 @@ class WorkerPool:
         reply = await self.cpu.call(self._model_message("auto_complete", mv, config))
         return reply["config"]
 
-    def _instances_by_worker(self, mv: "ModelVersion") -> dict[str, list[dict[str, Any]]]:
-        by_worker: dict[str, list[dict[str, Any]]] = {}
+    def placements(self, mv: "ModelVersion") -> list[tuple[tuple[str, int], Any, int | None]]:
+        """Every instance of ``mv`` as it will be placed: its (worker name, index in that
+        worker), its instance group and its GPU (None for a CPU instance)."""
+        return [((worker, index), group, device) for worker, specs in self._instances_by_worker(mv, True).items()
+                for index, (_, group, device) in enumerate(specs)]
+
+    def _instances_by_worker(self, mv: "ModelVersion", with_groups: bool = False) -> dict[str, list[Any]]:
+        by_worker: dict[str, list[Any]] = {}
         for group in mv.config.instance_group:
             kind = _instance_kind(group)
             devices = list(group.gpus) if kind == "KIND_GPU" else [None]
@@ -126,8 +132,9 @@ class WorkerPool:
                 for i in range(group.count):
                     specs = by_worker.setdefault(worker.name, [])
                     suffix = f"_{device}" if device is not None else ""
-                    specs.append({"name": f"{group.name}_{i}{suffix}", "kind": kind,
-                                  "device_id": device if device is not None else 0})
+                    spec = {"name": f"{group.name}_{i}{suffix}", "kind": kind,
+                            "device_id": device if device is not None else 0}
+                    specs.append((spec, group, device) if with_groups else spec)
         return by_worker
 
     async def load_on(self, worker: str, mv: "ModelVersion") -> None:
@@ -300,13 +307,15 @@ class WorkerPool:
             block.view[:] = data  # the one copy of an in-band tensor
             inputs.append((inp.name, inp.datatype, inp.shape, PLACE_ARENA, block.segment.id, block.offset, block.size))
         outputs = []
-        for name in plan.outputs:
+        for name in (plan.outputs if not plan.state_outputs else [*plan.outputs, *plan.state_outputs]):
             ref = plan.shm_outputs.get(name)
             if ref is None:
                 outputs.append((name, PLACE_NONE, 0, 0, 0))
             else:
                 region = self._client_region(worker, p.regions[ref.region])
                 outputs.append((name, PLACE_REGION, region.id, ref.offset, ref.byte_size))
+        if plan.sequence is not None:
+            return request.id, request.model_parameters(), inputs, outputs, plan.sequence
         return request.id, request.model_parameters(), inputs, outputs
 
     @staticmethod
@@ -322,12 +331,14 @@ class WorkerPool:
         descriptors: list[list[int]] = []
         outputs: list[OutputTensor] = []
         names = [e[0] for e in encoded]
-        if len(set(names)) != len(names) or (complete and sorted(names) != sorted(plan.outputs)):
+        asked = [n for n in names if n not in plan.state_outputs]  # a model may leave its state as it was
+        if len(set(names)) != len(names) or (complete and sorted(asked) != sorted(plan.outputs)):
             raise Internal(f"worker returned outputs {names} for model '{mv.name}' where {plan.outputs} were asked")
         try:
             for name, datatype, shape, desc in encoded:
                 spec = mv.outputs.get(name)
-                if spec is None or spec.datatype != datatype:
+                expected = spec.datatype if spec is not None else plan.state_outputs.get(name)
+                if expected != datatype:
                     raise Internal(f"worker returned an unexpected output '{name}' for model '{mv.name}'")
                 ref = plan.shm_outputs.get(name)
                 if ref is not None:
@@ -335,7 +346,8 @@ class WorkerPool:
                     if not (desc[0] == "r" and desc[1] == region.id and desc[2] == ref.offset
                             and 0 <= desc[3] <= ref.byte_size):
                         raise Internal(f"worker misplaced output '{name}' bound for shared memory")
-                    outputs.append(OutputTensor(name, datatype, list(shape), b"", in_shared_memory=True))
+                    outputs.append(OutputTensor(name, datatype, list(shape), b"", in_shared_memory=True,
+                                                shm_byte_size=desc[3]))
                     continue
                 view = worker.outputs.view(desc)  # checks the descriptor against the worker's segments
                 descriptors.append(desc)

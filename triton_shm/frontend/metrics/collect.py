@@ -9,11 +9,13 @@ from typing import TYPE_CHECKING, Callable
 
 from ...core.statistics import SUMMARY_PHASES
 from ...core.system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
+from .cache import cache_families, model_cache_families
 from .config import MetricsConfig
 from .exposition import Family, Sample, render
 
 if TYPE_CHECKING:
     from ...core.repository import ModelRepository, ModelVersion
+    from ...core.response_cache import ResponseCache
     from ...core.statistics import ModelStats
 
 log = logging.getLogger("triton_shm.metrics")
@@ -127,6 +129,7 @@ def model_families(versions: list[Loaded], config: MetricsConfig = MetricsConfig
         families.append(Family(name, kind, help_text, [Sample(m.labels, value(m.stats)) for m in versions]))
         if name == "nv_inference_request_success":  # Triton's order: failures next
             families.append(_failures(versions))
+    families += model_cache_families(versions)  # models with response_cache on, with or without a cache
     families.append(Family(*_PENDING, [Sample(m.labels, m.queued()) for m in versions]))
     if config.summary_latencies:
         families += summary_families(versions, config.summary_quantiles)
@@ -178,8 +181,9 @@ class MetricsCollector:
     """Holds the latest CPU/GPU readings and renders the whole page."""
 
     def __init__(self, repository: "ModelRepository", *, cpu: bool = True, gpu: bool = True,
-                 gpus: list[int] | None = None, config: MetricsConfig = MetricsConfig()):
-        self.repository, self.config = repository, config
+                 gpus: list[int] | None = None, config: MetricsConfig = MetricsConfig(),
+                 cache: "ResponseCache | None" = None):
+        self.repository, self.config, self.cache = repository, config, cache
         self.cpu: CpuSampler | None = CpuSampler() if cpu else None
         if self.cpu is not None and not self.cpu.available:
             log.info("CPU metrics are not available: no /proc/stat or /proc/meminfo")
@@ -204,7 +208,8 @@ class MetricsCollector:
 
     def families(self) -> list[Family]:
         return (model_families(loaded_versions(self.repository), self.config)
-                + cpu_families(self.cpu_reading) + gpu_families(self.gpu_readings))
+                + cpu_families(self.cpu_reading) + gpu_families(self.gpu_readings)
+                + (cache_families(self.cache) if self.cache is not None else []))
 
     def render(self) -> str:
         return render(self.families())
