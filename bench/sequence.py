@@ -62,7 +62,8 @@ def sequence_config(name: str, strategy: str) -> str:
 
 
 MODELS = {"seq_direct": "direct { }",
-          "seq_oldest": "oldest { max_candidate_sequences: 8 preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 100 }"}
+          "seq_oldest": "oldest { max_candidate_sequences: 8 preferred_batch_size: [ 8 ] "
+                        "max_queue_delay_microseconds: 100 }"}
 LOAD = ["--sequence-length", "20", "--sequence-id-range", "1:1000000", "--concurrency-range", "8"]
 CASES = [ct.Case(f"sequences of 20, {strategy}, {protocol}, concurrency 8", model, LOAD, protocol)
          for protocol in ("grpc", "http") for model, strategy in (("seq_direct", "direct"), ("seq_oldest", "oldest"))]

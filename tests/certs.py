@@ -26,38 +26,38 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def _leaf(dir: Path, name: str, ca: str, ca_key: str, subject: str, ext: str) -> tuple[Path, Path]:
-    (dir / f"{name}.ext").write_text(ext)
+def _leaf(folder: Path, name: str, ca: str, ca_key: str, subject: str, ext: str) -> tuple[Path, Path]:
+    (folder / f"{name}.ext").write_text(ext)
     _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", f"{name}.key",
-             "-out", f"{name}.csr", cwd=dir)
+             "-out", f"{name}.csr", cwd=folder)
     _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
-             "-days", "2", "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=dir)
-    return dir / f"{name}.pem", dir / f"{name}.key"
+             "-days", "2", "-sha256", "-extfile", f"{name}.ext", "-out", f"{name}.pem", cwd=folder)
+    return folder / f"{name}.pem", folder / f"{name}.key"
 
 
-def make_ca(dir: Path, name: str = "ca") -> tuple[Path, Path]:
+def make_ca(folder: Path, name: str = "ca") -> tuple[Path, Path]:
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-sha256",
              "-subj", f"/CN=triton-shm test {name}", "-keyout", f"{name}.key", "-out", f"{name}.pem",
              "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
-             cwd=dir)
-    return dir / f"{name}.pem", dir / f"{name}.key"
+             cwd=folder)
+    return folder / f"{name}.pem", folder / f"{name}.key"
 
 
-def server_cert(dir: Path, name: str, ca: Path, ca_key: Path, cn: str = "localhost") -> tuple[Path, Path]:
+def server_cert(folder: Path, name: str, ca: Path, ca_key: Path, cn: str = "localhost") -> tuple[Path, Path]:
     """A server certificate for 127.0.0.1 and localhost signed by ``ca``."""
-    return _leaf(dir, name, ca.name, ca_key.name, f"/CN={cn}",
+    return _leaf(folder, name, ca.name, ca_key.name, f"/CN={cn}",
                  "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n"
                  "basicConstraints=CA:FALSE\n")
 
 
-def make_pki(dir: Path) -> Pki:
+def make_pki(folder: Path) -> Pki:
     if shutil.which("openssl") is None:
         pytest.skip("the openssl command line is not installed")
-    dir.mkdir(parents=True, exist_ok=True)
-    ca, ca_key = make_ca(dir)
-    cert, key = server_cert(dir, "server", ca, ca_key)
-    client, client_key = _leaf(dir, "client", ca.name, ca_key.name, "/CN=client",
+    folder.mkdir(parents=True, exist_ok=True)
+    ca, ca_key = make_ca(folder)
+    cert, key = server_cert(folder, "server", ca, ca_key)
+    client, client_key = _leaf(folder, "client", ca.name, ca_key.name, "/CN=client",
                                "extendedKeyUsage=clientAuth\nbasicConstraints=CA:FALSE\n")
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=rogue",
-             "-keyout", "rogue.key", "-out", "rogue.pem", cwd=dir)
-    return Pki(dir, ca, cert, key, client, client_key, dir / "rogue.pem", dir / "rogue.key")
+             "-keyout", "rogue.key", "-out", "rogue.pem", cwd=folder)
+    return Pki(folder, ca, cert, key, client, client_key, folder / "rogue.pem", folder / "rogue.key")

@@ -85,7 +85,8 @@ def validate(objects: list[dict]) -> list[str]:
             try:
                 kubernetes_validate.validate(obj, version, strict=True)
             except kubernetes_validate.ValidationError as e:
-                errors.append(f"{obj['kind']}/{obj['metadata']['name']} ({version}): {'.'.join(map(str, e.path))}: {e.message}")
+                where = ".".join(map(str, e.path))
+                errors.append(f"{obj['kind']}/{obj['metadata']['name']} ({version}): {where}: {e.message}")
     return errors
 
 

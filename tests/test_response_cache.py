@@ -62,7 +62,8 @@ TEXT_CONFIG = """
     backend: "python"
     max_batch_size: 0
     input [{ name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] }]
-    output [{ name: "TEXT_OUT" data_type: TYPE_STRING dims: [ -1 ] }, { name: "RUNS" data_type: TYPE_INT64 dims: [ 1 ] }]
+    output [{ name: "TEXT_OUT" data_type: TYPE_STRING dims: [ -1 ] },
+            { name: "RUNS" data_type: TYPE_INT64 dims: [ 1 ] }]
     response_cache { enable: true }
 """
 

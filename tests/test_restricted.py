@@ -46,7 +46,8 @@ HTTP_ROUTES = [
     ("POST", f"/v2/models/{MODEL}/versions/1/generate", "inference"),
     ("POST", f"/v2/models/{MODEL}/versions/1/generate_stream", "inference"),
     ("GET", f"/v2/models/{MODEL}/infer", "inference"),  # the wrong method: still the group's
-    ("GET", f"/v2/models/{MODEL}/config", "model-config"), ("GET", f"/v2/models/{MODEL}/versions/1/config", "model-config"),
+    ("GET", f"/v2/models/{MODEL}/config", "model-config"),
+    ("GET", f"/v2/models/{MODEL}/versions/1/config", "model-config"),
     ("GET", "/v2/models/stats", "statistics"), ("GET", f"/v2/models/{MODEL}/stats", "statistics"),
     ("GET", f"/v2/models/{MODEL}/versions/1/stats", "statistics"),
     ("POST", "/v2/repository/index", "model-repository"), ("GET", "/v2/repository/index", "model-repository"),

@@ -55,8 +55,10 @@ class TritonPythonModel:
         responses = []
         for r in requests:
             p = json.loads(r.parameters())
-            call = pb_utils.InferenceRequest(model_name="seq_nobatch", inputs=[pb_utils.get_input_tensor_by_name(r, "INPUT")],
-                                             requested_output_names=["OUTPUT"], correlation_id=p["sid"], flags=p["flags"])
+            call = pb_utils.InferenceRequest(model_name="seq_nobatch",
+                                             inputs=[pb_utils.get_input_tensor_by_name(r, "INPUT")],
+                                             requested_output_names=["OUTPUT"], correlation_id=p["sid"],
+                                             flags=p["flags"])
             answer = call.exec()
             if answer.has_error():
                 responses.append(pb_utils.InferenceResponse(error=answer.error()))
@@ -84,7 +86,8 @@ sequence_batching {
   ]
 }
 input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "CORRID_OUT" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] },
+         { name: "CORRID_OUT" data_type: TYPE_INT64 dims: [ 1 ] } ]
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
@@ -230,7 +233,8 @@ def test_decoupled_sequence_model_on_the_stream(srv):
         for _ in range(2):
             result, error = replies.get(timeout=30)
             assert error is None, error
-            got.append((int(result.as_numpy("OUTPUT").reshape(-1)[0]), int(result.as_numpy("CORRID_OUT").reshape(-1)[0])))
+            got.append((int(result.as_numpy("OUTPUT").reshape(-1)[0]),
+                        int(result.as_numpy("CORRID_OUT").reshape(-1)[0])))
         return got
 
     try:
@@ -248,7 +252,8 @@ def test_bls_call_into_a_sequence_model(srv):
     client = httpclient.InferenceServerClient(srv.http_url)
 
     def call(value, flags, sid=3300):
-        return client.infer("seq_bls", _inputs(httpclient, value, batched=False), parameters={"sid": sid, "flags": flags})
+        return client.infer("seq_bls", _inputs(httpclient, value, batched=False),
+                            parameters={"sid": sid, "flags": flags})
 
     totals = [int(call(v, f).as_numpy("OUTPUT")[0]) for v, f in ((1, 1), (2, 0), (3, 2))]
     assert totals == [1, 3, 6]
@@ -350,7 +355,8 @@ def test_new_sequence_needs_start(srv):
 
 
 def test_batch_of_two_is_refused(srv):
-    message = "inference request to model 'seq_direct' must specify batch-size 1 due to requirements of sequence batcher"
+    message = ("inference request to model 'seq_direct' must specify batch-size 1 due to requirements of "
+               "sequence batcher")
     assert http_error(srv, "seq_direct", rows=2, sequence_id=8100, sequence_start=True) == (400, message)
     assert grpc_error(srv, "seq_direct", rows=2, sequence_id=8100, sequence_start=True) == (
         "StatusCode.INVALID_ARGUMENT", message)
@@ -366,7 +372,8 @@ def test_control_and_state_inputs_are_not_the_clients(srv):
     with pytest.raises(InferenceServerException) as e:
         client.infer("seq_direct", _inputs(httpclient, 1), sequence_id=8200, sequence_start=True,
                      outputs=[httpclient.InferRequestedOutput("OUTPUT_STATE")])
-    assert e.value.message() == "[request id: <id_unknown>] unexpected inference output 'OUTPUT_STATE' for model 'seq_direct'"
+    assert e.value.message() == ("[request id: <id_unknown>] unexpected inference output 'OUTPUT_STATE' "
+                                 "for model 'seq_direct'")
 
 
 @pytest.mark.parametrize("params, message", [

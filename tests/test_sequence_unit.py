@@ -199,7 +199,8 @@ def test_correlation_id_required(params):
 
 
 def test_correlation_id_checks():
-    flags = lambda params, strings=None: sequence_flags(InferRequest("m", parameters=params), "m", strings)
+    def flags(params, strings=None):
+        return sequence_flags(InferRequest("m", parameters=params), "m", strings)
     assert flags({"sequence_id": 7, "sequence_start": True}) == (7, True, False)
     assert flags({"sequence_id": "abc", "sequence_end": True}, True) == ("abc", False, True)
     assert flags({"sequence_id": "x" * 128}, True) == ("x" * 128, False, False)
@@ -236,7 +237,8 @@ def test_control_tensors_carry_the_configured_values():
      "more than one control input for CONTROL_SEQUENCE_START"),
     ('control_input [ { name: "C2" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 1 ] } ] } ]',
      "must give exactly two values"),
-    ('state [ { input_name: "S" output_name: "" data_type: TYPE_INT32 dims: [ 1 ] } ]', "needs input_name and output_name"),
+    ('state [ { input_name: "S" output_name: "" data_type: TYPE_INT32 dims: [ 1 ] } ]',
+     "needs input_name and output_name"),
     ('state [ { input_name: "S" output_name: "T" data_type: TYPE_INT32 dims: [ -1 ] } ]', "variable dims"),
 ])
 def test_bad_configs_are_refused(extra, words):
@@ -328,7 +330,8 @@ def test_null_rows_reach_the_model_and_count_for_nobody():
         h.pool.answer(0, [None])
         b = await h.submit(2, sequence_id=2, sequence_start=True)  # slot 1: row 0 is a null request
         null, real = h.pool.sent[1][1]
-        assert (_inputs(null)["READY"], _inputs(null)["CORRID"], null.plan.outputs, null.plan.sequence) == (0, 0, [], None)
+        got = (_inputs(null)["READY"], _inputs(null)["CORRID"], null.plan.outputs, null.plan.sequence)
+        assert got == (0, 0, [], None)
         assert (_inputs(real)["READY"], _inputs(real)["START"], _inputs(real)["CORRID"]) == (7, 1.0, 2)
         h.pool.answer(1, [None, None])
         await settle()

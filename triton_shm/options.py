@@ -99,15 +99,19 @@ class ServerOptions:
 
     def tls_paths(self, port: str) -> tuple[str | None, str | None, str | None]:
         """(certificate, key, root certificate) of a port; the metrics port's default to the HTTP port's."""
-        paths = tuple(getattr(self, f"{port}_{name}") for name in ("server_cert", "server_key", "root_cert"))
-        if port == "metrics":
-            paths = tuple(own or getattr(self, f"http_{name}")
-                          for own, name in zip(paths, ("server_cert", "server_key", "root_cert")))
-        return paths  # type: ignore[return-value]
+        def path(name: str) -> str | None:
+            own = getattr(self, f"{port}_{name}")
+            return own or (getattr(self, f"http_{name}") if port == "metrics" else None)
+        return path("server_cert"), path("server_key"), path("root_cert")
 
     def tls_files(self, port: str) -> TlsFiles | None:
         """The TLS files of a port, or None when it serves plaintext (checked complete by parse_args)."""
         if not self.uses_tls(port):
             return None
         cert, key, root = self.tls_paths(port)
-        return TlsFiles(Path(cert), Path(key), Path(root) if getattr(self, f"{port}_use_ssl_mutual") else None)
+        if cert is None or key is None:
+            raise ValueError(f"--{port}-server-cert and --{port}-server-key are both needed for TLS")
+        mutual = getattr(self, f"{port}_use_ssl_mutual")
+        if mutual and root is None:
+            raise ValueError(f"--{port}-use-ssl-mutual needs --{port}-root-cert")
+        return TlsFiles(Path(cert), Path(key), Path(root) if mutual and root is not None else None)

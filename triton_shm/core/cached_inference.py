@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from ..errors import InvalidArgument
+from ..errors import Internal, InvalidArgument, Unavailable
 from .region_io import read_region, write_region
 from .response_cache import ResponseCache, from_cached, request_key, response_size, to_cached
 from .types import InferRequest, InferResponse, OutputTensor
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 async def infer_cached(cache: ResponseCache, model: "ModelVersion", request: InferRequest, plan: "RequestPlan",
                        regions: dict[str, "Region"], arrived_ns: int,
-                       run: Callable[[], Awaitable[InferResponse]]) -> InferResponse:
+                       run: Callable[[], Awaitable[InferResponse | None]]) -> InferResponse:
     """``run()`` executes the request when the cache has no answer for it."""
     lookup_start = time.monotonic_ns()
 
@@ -32,6 +32,8 @@ async def infer_cached(cache: ResponseCache, model: "ModelVersion", request: Inf
     key = request_key(model, request, plan, shm_input)
     tensors = cache.lookup(key)
     stats = model.stats
+    if stats is None:
+        raise Unavailable(f"model '{model.name}' version {model.version} is not loaded")
     if tensors is not None:
         response = from_cached(model, request, tensors, _shm_writer(plan, regions) if plan.shm_outputs else None)
         end = time.monotonic_ns()
@@ -39,7 +41,10 @@ async def infer_cached(cache: ResponseCache, model: "ModelVersion", request: Inf
         return response
     miss_ns = time.monotonic_ns() - lookup_start
     try:
-        response = await run()
+        answer = await run()
+        if answer is None:  # cached requests are never a decoupled model's
+            raise Internal(f"model '{model.name}' answered a cached request on a stream")
+        response = answer
     except BaseException:
         stats.record_cache_miss(miss_ns)
         raise

@@ -323,7 +323,7 @@ class ModelManager:
                 try:
                     await self.pool.load(mv)
                 except BaseException:
-                    if claims:
+                    if claims and self.limiter is not None:
                         self.limiter.unregister(claims)
                     raise
                 if sequences:

@@ -16,6 +16,7 @@ from .statistics import ModelStats
 
 if TYPE_CHECKING:
     from .ensemble import EnsembleScheduler
+    from .sequence import SequenceScheduler
 
 log = logging.getLogger("triton_shm.repository")
 
@@ -46,7 +47,7 @@ class ModelVersion:
     # (worker name, instance index) pairs, filled by the worker pool
     instances: list[tuple[str, int]] = field(default_factory=list)
     stats: ModelStats | None = None
-    scheduler: "Scheduler | EnsembleScheduler | None" = None
+    scheduler: "Scheduler | EnsembleScheduler | SequenceScheduler | None" = None
 
     generation: int = 0   # distinguishes a reload from the version it replaces
 
@@ -55,7 +56,7 @@ class ModelVersion:
         """The name workers know this load by: a reload runs beside the old one until it is ready."""
         return f"{self.name}/{self.version}#{self.generation}"
 
-    def queue(self) -> "Scheduler | EnsembleScheduler":
+    def queue(self) -> "Scheduler | EnsembleScheduler | SequenceScheduler":
         """Where this version's requests go (it has one once loaded)."""
         if self.scheduler is None:
             raise Unavailable(f"model '{self.name}' version {self.version} is not loaded")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..errors import InvalidArgument
-from .types import SHM_PARAMETERS, Buffer, InferRequest, InferResponse, OutputTensor
+from .types import SHM_PARAMETERS, Buffer, InferRequest, InferResponse, InputTensor, OutputTensor
 
 if TYPE_CHECKING:
     from .repository import ModelVersion
@@ -113,6 +113,12 @@ def _answer_parameters(params: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in params.items() if k not in _DELIVERY_PARAMETERS))
 
 
+def _input_data(inp: InputTensor, plan: "RequestPlan", input_bytes: Callable[[str], Buffer]) -> Buffer:
+    if inp.name in plan.shm_inputs or inp.data is None:  # validation found its region
+        return input_bytes(inp.name)
+    return inp.data
+
+
 def request_key(model: "ModelVersion", request: InferRequest, plan: "RequestPlan",
                 input_bytes: Callable[[str], Buffer]) -> bytes:
     """The cache key of a validated request. ``input_bytes(name)`` gives an input's
@@ -122,8 +128,7 @@ def request_key(model: "ModelVersion", request: InferRequest, plan: "RequestPlan
     strings and numbers (unambiguous: strings are quoted, and ``1``, ``1.0``, ``True``
     and ``"1"`` all differ); each input's byte count is in it, so the bytes that follow
     it, back to back, cannot be split another way."""
-    datas = [memoryview(inp.data if inp.name not in plan.shm_inputs else input_bytes(inp.name)).cast("B")
-             for inp in request.inputs]
+    datas = [memoryview(_input_data(inp, plan, input_bytes)).cast("B") for inp in request.inputs]
     requested = {o.name: o.parameters for o in request.outputs}
     header = (model.name, model.version,
               tuple((inp.name, inp.datatype, tuple(inp.shape), d.nbytes) for inp, d in zip(request.inputs, datas)),

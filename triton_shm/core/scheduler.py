@@ -291,9 +291,15 @@ class Scheduler:
         self.idle.append(instance)
         claim = self.claims.get(instance)
         if claim is not None:  # in line again at once if there is more to do, as Triton re-stages
-            self.limiter.release(claim, restage=any(self.queues.values()))
+            self._limiter().release(claim, restage=any(self.queues.values()))
 
     # -- the rate limiter ----------------------------------------------------------------
+    def _limiter(self) -> RateLimiter:
+        """The limiter the claims belong to (a scheduler has claims only with a limiter)."""
+        if self.limiter is None:
+            raise Internal(f"model '{self.model.name}': instances with rate-limiter claims but no limiter")
+        return self.limiter
+
     def _stage_free_instances(self) -> None:
         """Put free instances in the limiter's line, no more than there are requests waiting."""
         for instance in list(self.idle):
@@ -302,7 +308,7 @@ class Scheduler:
                 break
             claim = self.claims[instance]
             if claim.state == IDLE and instance in self.idle:
-                self.limiter.stage(claim)  # may be granted (and start a batch) right here
+                self._limiter().stage(claim)  # may be granted (and start a batch) right here
 
     def _granted(self, claim: Claim) -> None:
         """The limiter lets ``claim``'s instance run: one batch, if one is ready."""
@@ -315,7 +321,7 @@ class Scheduler:
                 self._running[instance] += 1
                 self._start(batch, instance)
                 return
-        self.limiter.give_back(claim)
+        self._limiter().give_back(claim)
 
     def _arm(self, when_ns: int | None) -> None:
         if when_ns == self._timer_ns:

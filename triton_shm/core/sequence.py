@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InvalidArgument, TritonShmError, Unavailable, Unsupported
+from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
 from .datatypes import config_to_wire, element_size, numpy_dtype
 from .model_config import data_type_name, mc
 from .clock import Clock, LoopClock, Timer
@@ -322,22 +322,24 @@ class SequenceBook:
         ready = [i for i, s in enumerate(slots) if s is not None and s.queue and not s.running]
         if not ready:
             return [], None
-        oldest = min(slots[i].queue[0].enqueued_ns for i in ready)
+        live = {i: s for i, s in enumerate(slots) if s is not None}  # ready ones are all live
+        oldest = min(live[i].queue[0].enqueued_ns for i in ready)
         if self.cfg.strategy == "direct":
             active = sum(1 for s in slots if s is not None)
-            if self.cfg.delay_ns and len(ready) < self.cfg.min_utilization * active and now - oldest < self.cfg.delay_ns:
+            underused = len(ready) < self.cfg.min_utilization * active
+            if self.cfg.delay_ns and underused and now - oldest < self.cfg.delay_ns:
                 return [], oldest + self.cfg.delay_ns
             rows: list[tuple[Sequence | None, Entry | None]] = []
             for i in range(max(ready) + 1):
-                rows.append((slots[i], slots[i].queue.popleft()) if i in ready else (None, None))
+                rows.append((live[i], live[i].queue.popleft()) if i in ready else (None, None))
         else:
-            ready.sort(key=lambda i: slots[i].queue[0].enqueued_ns)
+            ready.sort(key=lambda i: live[i].queue[0].enqueued_ns)
             full = self.cfg.preferred[-1] if self.cfg.preferred else self.cfg.max_rows
             if len(ready) < full and now - oldest < self.cfg.delay_ns:
                 return [], oldest + self.cfg.delay_ns
             reachable = [s for s in self.cfg.preferred if s <= len(ready)]
             take = reachable[-1] if reachable else min(len(ready), self.cfg.max_rows)
-            rows = [(slots[i], slots[i].queue.popleft()) for i in ready[:take]]
+            rows = [(live[i], live[i].queue.popleft()) for i in ready[:take]]
         for seq, _ in rows:
             if seq is not None:
                 seq.running = True
@@ -348,7 +350,7 @@ class SequenceBook:
         """A batch answered: its instance is free and each ended sequence gives its slot back."""
         self.busy[instance] = False
         for seq, entry in rows:
-            if seq is None:
+            if seq is None or entry is None:  # a null request's row
                 continue
             seq.running = False
             seq.last_ns = now
@@ -396,7 +398,8 @@ def control_tensors(cfg: SequenceConfig, key: Any, start: bool, end: bool, ready
         elif c.kind == CORRID:
             data = np.array(key if isinstance(key, int) else 0, dtype=numpy_dtype(c.datatype)).tobytes()
         else:
-            flag = {START: start, END: end, READY: ready}[c.kind]
+            flags: dict[int, bool] = {START: start, END: end, READY: ready}
+            flag = flags[c.kind]
             data = _flag(c.datatype, c.values[1] if flag else c.values[0])
         tensors.append(InputTensor(c.name, c.datatype, [1, 1] if cfg.batched else [1], data))
     return tensors
@@ -412,11 +415,10 @@ def _initial(cfg: SequenceConfig) -> dict[str, tuple[list[int], bytes]]:
 
 
 # -- the scheduler ---------------------------------------------------------------------------
-class _Discard:
+class _Discard(asyncio.Queue):
     """Where a decoupled model's responses to a null request go: released, unread."""
 
-    @staticmethod
-    def put_nowait(item: tuple[Any, bool]) -> None:
+    def put_nowait(self, item: tuple[Any, bool]) -> None:
         if isinstance(item[0], InferResponse):
             item[0].release()
 
@@ -484,8 +486,8 @@ class SequenceScheduler:
                     wakes.append(wake)
                     break
                 self._start(instance, rows)
-        wakes = [w for w in wakes if w is not None]
-        self._arm(min(wakes) if wakes else None)
+        due = [w for w in wakes if w is not None]
+        self._arm(min(due) if due else None)
 
     def _arm(self, when_ns: int | None) -> None:
         if when_ns == self._timer_ns:
@@ -508,7 +510,8 @@ class SequenceScheduler:
             dims = [max(d, 1) for d in spec.dims]
             shape = ([1] if self.cfg.batched else []) + dims
             count = int(np.prod(shape)) if shape else 1
-            inputs.append(InputTensor(spec.name, spec.datatype, shape, bytes(count * (element_size(spec.datatype) or 4))))
+            zeros = bytes(count * (element_size(spec.datatype) or 4))
+            inputs.append(InputTensor(spec.name, spec.datatype, shape, zeros))
         request = InferRequest(self.model.name, str(self.model.version), inputs=inputs)
         stream = ResponseStream(_Discard()) if self.model.decoupled else None
         return BatchRequest(request, RequestPlan(outputs=[], batch_size=1), {}, stream)
@@ -520,6 +523,8 @@ class SequenceScheduler:
             extra = control_tensors(self.cfg, None, False, False, False)
             state = _initial(self.cfg)
         else:
+            if seq is None:  # a real request always has its sequence
+                raise Internal("a sequence request without its sequence")
             p: SequencePending = entry.item
             base = p
             if entry.start or not seq.state:
@@ -531,7 +536,7 @@ class SequenceScheduler:
             extra.append(InputTensor(st.input_name, st.datatype, list(shape), data))
         r = base.request
         request = InferRequest(r.model_name, r.model_version, r.id, r.parameters, [*r.inputs, *extra], r.outputs)
-        sequence = None if entry is None else (seq.key, entry.start, entry.end)
+        sequence = None if entry is None or seq is None else (seq.key, entry.start, entry.end)
         plan = dataclasses.replace(base.plan, state_outputs=self.state_outputs, sequence=sequence)
         return BatchRequest(request, plan, base.regions, base.stream)
 
@@ -541,8 +546,8 @@ class SequenceScheduler:
             batch = [self._expand(seq, entry) for seq, entry in rows]
             self.pool.start_batch(self.model, instance, batch,
                                   functools.partial(self._completed, instance, rows, start))
-        except Exception as e:  # never leave a client waiting
-            error = e if isinstance(e, TritonShmError) else TritonShmError(f"internal error: {type(e).__name__}: {e}")
+        except Exception as e:  # noqa: BLE001 - never leave a client waiting; a fault of ours is INTERNAL
+            error = e if isinstance(e, TritonShmError) else Internal(f"internal error: {type(e).__name__}: {e}")
             self._completed(instance, rows, start, [error] * len(rows), None)
 
     def _completed(self, instance: Instance, rows: list[tuple[Sequence | None, Entry | None]], start: int,
@@ -553,7 +558,7 @@ class SequenceScheduler:
                 if isinstance(result, InferResponse):
                     result.release()
                 continue
-            if isinstance(result, InferResponse) and self.state_outputs:
+            if isinstance(result, InferResponse) and self.state_outputs and seq is not None:
                 self._keep_state(seq, result)
         self.book.finished(instance, rows, now)
         self._pump()

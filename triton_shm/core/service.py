@@ -246,14 +246,14 @@ class InferenceService:
         try:
             plan = validate_request(model, request)
             # A request of a sequence depends on the sequence's state: never answered from the cache.
-            cached = (self.cache is not None and model.config.response_cache.enable and stream is None
-                      and "sequence_id" not in request.parameters)
-            if not (plan.shm_inputs or plan.shm_outputs or cached):
+            cache = (self.cache if model.config.response_cache.enable and stream is None
+                     and "sequence_id" not in request.parameters else None)
+            if not (plan.shm_inputs or plan.shm_outputs or cache is not None):
                 return await model.queue().submit(request, plan, {}, trace, stream)
             regions = self.shm.acquire_all(plan)
             try:
-                if cached:
-                    return await infer_cached(self.cache, model, request, plan, regions, arrived,
+                if cache is not None:
+                    return await infer_cached(cache, model, request, plan, regions, arrived,
                                               lambda: model.queue().submit(request, plan, regions, trace))
                 return await model.queue().submit(request, plan, regions, trace, stream)
             finally:  # the worker has finished with the regions once it replied

@@ -16,7 +16,7 @@ import hmac
 import logging
 import os
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +145,7 @@ def parse_restrictions(items: list[str], flag: str, *, grpc: bool = False) -> Re
     return Restrictions(by_group, grpc=grpc)
 
 
-def first_header(headers: list[tuple[bytes, bytes]], name: str) -> bytes | None:
+def first_header(headers: Iterable[tuple[bytes, bytes]], name: str) -> bytes | None:
     """The first value of header ``name`` (lower case) in raw (name, value) pairs."""
     wanted = name.encode("latin-1")
     for n, v in headers:

@@ -293,8 +293,8 @@ class _Reader:
             elif place != PLACE_NONE:
                 raise self.fail("bad output record")
             outputs.append(name)
-        request = {"request_id": request_id, "inputs": inputs, "outputs": outputs, "shm_outputs": shm_outputs,
-                   "parameters": params}
+        request: dict[str, Any] = {"request_id": request_id, "inputs": inputs, "outputs": outputs,
+                                   "shm_outputs": shm_outputs, "parameters": params}
         if seq:
             request["sequence"] = [corrid, bool(seq & SEQ_START), bool(seq & SEQ_END)]
         return request

@@ -30,6 +30,7 @@ from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpL
 
 if TYPE_CHECKING:
     from .bridge import AiohttpBridge
+    from ..restricted import Restrictions
     from .lean_server import LeanContext
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ class LeanConnection(asyncio.Protocol):
         msg.keep_alive = parser.should_keep_alive()
         msg.route = infer_route(msg.method, msg.url)
         if self.ctx.restrictions is not None and msg.error is None:
-            msg.refusal = self._refusal(msg)
+            msg.refusal = self._refusal(self.ctx.restrictions, msg)
         self.state = BODY
         if msg.error is not None:  # refused in turn without waiting for the body, then closed
             self._queue_message(msg)
@@ -215,7 +216,7 @@ class LeanConnection(asyncio.Protocol):
                 self._close()
                 return
             if msg.refusal is not None:
-                self._refuse(msg)
+                self._refuse(msg, msg.refusal)
                 continue
             self._busy = True
             if msg.route is not None:
@@ -237,16 +238,16 @@ class LeanConnection(asyncio.Protocol):
             parsing.expect_continue = False
             self.write(_CONTINUE)
 
-    def _refusal(self, msg: Message) -> str | None:
+    def _refusal(self, restrictions: "Restrictions", msg: Message) -> str | None:
         """The restricted-API check, as soon as the headers are in, so a refused body is never
         held. Authoritative for the infer route; for the others aiohttp's middleware checks
         again on the path its router matches (a percent-escaped path may only match there)."""
         group = "inference" if msg.route is not None else api_group(url_path(msg.url))
-        return self.ctx.restrictions.refusal(group, lambda name: first_header(msg.headers, name))
+        return restrictions.refusal(group, lambda name: first_header(msg.headers, name))
 
-    def _refuse(self, msg: Message) -> None:
+    def _refuse(self, msg: Message, refusal: str) -> None:
         """Answer 403 in turn; the connection stays open for the next request."""
-        self._respond(msg, 403, JSON_TYPE, refusal_body(msg.refusal))
+        self._respond(msg, 403, JSON_TYPE, refusal_body(refusal))
         self.since = self.loop.time()
         if not msg.keep_alive:
             self._close()
