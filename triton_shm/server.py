@@ -29,7 +29,8 @@ async def serve(options: ServerOptions) -> int:
     models = ModelManager(repository, pool, mode=options.model_control_mode, poll_secs=options.repository_poll_secs,
                           load_threads=options.model_load_thread_count,
                           latency_summaries=options.allow_metrics and metrics_config.summary_latencies,
-                          auto_complete=options.auto_complete_config, config_name=options.model_config_name)
+                          auto_complete=options.auto_complete_config, config_name=options.model_config_name,
+                          external_links=options.allow_external_model_links)
     service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
                                strict_readiness=options.strict_readiness, server_id=options.server_id)
     service.tracer = Tracer.from_config(options.trace_config)
@@ -60,7 +61,8 @@ async def serve(options: ServerOptions) -> int:
             runners.append(("HTTP", await start_http(service, options.http_address, options.http_port,
                                                      max_input_size=options.http_max_input_size,
                                                      shutdown_timeout=options.exit_timeout_secs,
-                                                     header_timeout=options.http_header_timeout_secs)))
+                                                     header_timeout=options.http_header_timeout_secs,
+                                                     idle_timeout=options.http_idle_timeout_secs)))
             log.info("Started HTTPService at %s:%d", options.http_address, options.http_port)
         if options.allow_grpc:
             from .frontend.grpc.server import default_transport, start_grpc
@@ -96,7 +98,8 @@ def grpc_keepalive(options: ServerOptions):
         min_recv_ping_interval_without_data_ms=options.grpc_http2_min_recv_ping_interval_without_data,
         max_ping_strikes=options.grpc_http2_max_ping_strikes,
         max_connection_age_ms=options.grpc_max_connection_age,
-        max_connection_age_grace_ms=options.grpc_max_connection_age_grace)
+        max_connection_age_grace_ms=options.grpc_max_connection_age_grace,
+        max_connection_idle_ms=options.grpc_max_connection_idle)
 
 
 async def _stop_frontends(runners, timeout: float) -> None:

@@ -17,8 +17,8 @@ _CODES = {c.value[0]: c for c in grpc.StatusCode}
 # place sure to run to the end or be cancelled as a whole.
 def _unary(method: Method) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        try:
-            return method.serialize(await method.handler(request), False)
+        try:  # decoded here, not by grpcio, so a malformed message is answered like any bad input
+            return method.serialize(await method.handler(method.deserialize(request)), False)
         except grpc.aio.AbortError:
             raise
         except Exception as e:  # noqa: BLE001 - the client must get an answer
@@ -29,8 +29,9 @@ def _unary(method: Method) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
 
 def _stream(method: Method) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
     async def handler(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        serialize = method.serialize
-        async for reply in method.handler(requests):
+        serialize, deserialize = method.serialize, method.deserialize
+        decoded = (deserialize(r) async for r in requests)
+        async for reply in method.handler(decoded):
             yield serialize(reply, False)
     return handler
 
@@ -39,7 +40,7 @@ def generic_handlers(methods: list[Method]) -> list[grpc.GenericRpcHandler]:
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = defaultdict(dict)
     for m in methods:
         service, name = m.path[1:].split("/")
-        kwargs = dict(request_deserializer=m.deserialize, response_serializer=None)
+        kwargs = dict(request_deserializer=None, response_serializer=None)
         by_service[service][name] = (
             grpc.stream_stream_rpc_method_handler(_stream(m), **kwargs) if m.streaming
             else grpc.unary_unary_rpc_method_handler(_unary(m), **kwargs))

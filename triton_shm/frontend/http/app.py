@@ -15,6 +15,8 @@ from ...core.codec import NO_EXTENSIONS
 from ...errors import TritonShmError
 from .handlers import HttpHandlers, build_routes
 
+KEEPALIVE_TIMEOUT = 75.0  # seconds: an idle connection, a stalled body, a client that stopped reading
+
 if TYPE_CHECKING:
     from ...core.service import InferenceService
 
@@ -89,6 +91,7 @@ async def start_http(
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     shutdown_timeout: float = 30.0,
     header_timeout: float | None = None,
+    idle_timeout: float | None = None,
     lean: bool | None = None,
 ) -> Any:
     """Serve on ``host:port``; the caller stops it with ``await server.cleanup()``, which
@@ -96,19 +99,22 @@ async def start_http(
 
     With ``lean`` (default: when available) the infer route runs on the lean path
     (:mod:`.lean_server`) and aiohttp serves the rest on the same port; else all of it is
-    aiohttp's. ``header_timeout`` bounds the wait for a request's headers (lean path only).
+    aiohttp's. ``header_timeout`` bounds the wait for a request's headers (lean path only);
+    ``idle_timeout`` an idle connection (both).
     """
     if lean is None:
         lean = lean_available()
     if not lean:
         app = create_app(service, max_input_size=max_input_size)
-        return await serve_app(app, host, port, auto_decompress=False, shutdown_timeout=shutdown_timeout)
+        return await serve_app(app, host, port, auto_decompress=False, shutdown_timeout=shutdown_timeout,
+                               keepalive_timeout=KEEPALIVE_TIMEOUT if idle_timeout is None else idle_timeout)
     from .bridge import completion_middleware
     from .lean_server import HEADER_TIMEOUT, start_lean_http
     app = create_app(service, max_input_size=max_input_size, middlewares=[completion_middleware])
     return await start_lean_http(service, app, host, port, max_input_size=max_input_size,
                                  shutdown_timeout=shutdown_timeout,
-                                 header_timeout=HEADER_TIMEOUT if header_timeout is None else header_timeout)
+                                 header_timeout=HEADER_TIMEOUT if header_timeout is None else header_timeout,
+                                 keepalive_timeout=KEEPALIVE_TIMEOUT if idle_timeout is None else idle_timeout)
 
 
 async def serve_app(app: web.Application, host: str, port: int, **runner_options: Any) -> web.AppRunner:
