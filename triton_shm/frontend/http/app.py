@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ...core.codec import NO_EXTENSIONS
 from ...errors import TritonShmError
@@ -23,6 +24,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_INPUT_SIZE = 64 * 2**20  # Triton's --http-max-input-size default
+
+
+class _ClientErrorsOnOneLine(logging.Filter):
+    """aiohttp logs a request it cannot parse at ERROR with a traceback; that is the
+    client's mistake, so it becomes one WARNING line (no log flood from bad clients)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+            record.args, record.exc_info, record.exc_text = (), None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_ClientErrorsOnOneLine())
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
