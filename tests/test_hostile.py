@@ -553,3 +553,37 @@ def test_garbage_inside_model_stream_infer_keeps_the_stream(srv):
     assert len(answers) == 1 and answers[0].id == "good"
     assert np.frombuffer(answers[0].raw_output_contents[0], np.float32).tolist() == [5.0, 6.0]
     assert "Traceback" not in srv.log()[log_before:]
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_external_links_flag_at_start(tmp_path, allow):
+    """Off (the default): the linked model fails to load at start and says why; on: it serves."""
+    repo = tmp_path / "models"
+    python_identity(repo, MODEL, "FP32")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "model.py").write_text((repo / MODEL / "1" / "model.py").read_text())
+    (repo / "linked" / "1").mkdir(parents=True)
+    (repo / "linked" / "config.pbtxt").write_text((repo / MODEL / "config.pbtxt").read_text().replace(MODEL, "linked"))
+    (repo / "linked" / "1" / "model.py").symlink_to(outside / "model.py")
+    server = ServerProcess(repo, tmp_path / "server.log", extra_args=[
+        "--exit-on-error=false", "--strict-readiness=false",
+        f"--allow-external-model-links={str(allow).lower()}"]).start()
+    try:
+        client = httpclient.InferenceServerClient(server.http_url)
+        try:
+            index = {m["name"]: m for m in client.get_model_repository_index()}
+            if allow:
+                assert index["linked"]["state"] == "READY"
+                inp = httpclient.InferInput("INPUT0", [2], "FP32")
+                inp.set_data_from_numpy(np.array([1.0, 2.0], dtype=np.float32))
+                assert client.infer("linked", [inp]).as_numpy("OUTPUT0").tolist() == [1.0, 2.0]
+            else:
+                assert (index["linked"]["state"], index["linked"]["reason"]) == ("UNAVAILABLE", (
+                    "'1/model.py' in model 'linked' is a symbolic link that leads outside the model repository "
+                    "(--allow-external-model-links=true allows it)"))
+                assert index[MODEL]["state"] == "READY"
+        finally:
+            client.close()
+    finally:
+        server.stop_cleanly()
