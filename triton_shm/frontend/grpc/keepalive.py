@@ -33,8 +33,8 @@ class Keepalive:
         ]
         if self.max_connection_age_ms is not None:
             options.append(("grpc.max_connection_age_ms", self.max_connection_age_ms))
-        if self.max_connection_idle_ms is not None:
-            options.append(("grpc.max_connection_idle_ms", self.max_connection_idle_ms))
         if self.max_connection_age_grace_ms is not None:
             options.append(("grpc.max_connection_age_grace_ms", self.max_connection_age_grace_ms))
+        if self.max_connection_idle_ms is not None:
+            options.append(("grpc.max_connection_idle_ms", self.max_connection_idle_ms))
         return options
