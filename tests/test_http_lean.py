@@ -25,6 +25,7 @@ import pytest
 
 from .harness import ServerProcess
 from .models import add_sub_onnx_model, python_identity
+from .helpers import assert_serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -143,15 +144,6 @@ def assert_json_error(status: int, headers: dict[str, str], body: bytes, expecte
     doc = json.loads(body)
     assert set(doc) == {"error"} and doc["error"], doc
     return doc["error"]
-
-
-def assert_serving(server: ServerProcess) -> None:
-    c = Conn(server)
-    try:
-        c.send(infer_request("alive"))
-        check_add_sub(*c.read_response(), "alive")
-    finally:
-        c.close()
 
 
 # --------------------------------------------------------------------------- keep-alive and routing

@@ -6,7 +6,7 @@ import logging
 import signal
 import sys
 
-from .cli import ServerOptions
+from .options import ServerOptions
 from .core.model_manager import ModelManager
 from .core.repository import ModelRepository
 from .core.service import InferenceService

@@ -25,6 +25,14 @@ Buffer = Union[bytes, bytearray, memoryview]
 RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
                                  "headers", "binary_data_output"})
 
+# Parameters that place a tensor in a client shared-memory region.
+SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def request_id_prefix(request_id: str) -> str:
+    """What starts a request's error message, as Triton writes it."""
+    return f"[request id: {request_id or '<id_unknown>'}] "
+
 
 @dataclass(slots=True)
 class InputTensor:

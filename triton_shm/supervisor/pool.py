@@ -196,6 +196,10 @@ class WorkerPool:
                 results, timing = self._batch_results(worker, mv, batch, reply, on_stream)
             except TritonShmError as e:
                 results, timing = [e] * len(batch), None
+            except Exception as e:  # a fault of ours reading the reply: the batch fails, nothing waits
+                log.exception("reading worker '%s's reply failed", worker.name)
+                error = Internal(f"reading worker '{worker.name}'s reply failed: {type(e).__name__}: {e}")
+                results, timing = [error] * len(batch), None
             done(results, timing)
 
         msg_id = worker.next_id()
