@@ -31,6 +31,7 @@ from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 from .harness import ServerProcess, children
+from .helpers import assert_serving
 from .models import python_identity, write_model
 
 pytestmark = pytest.mark.timeout(180)
@@ -61,6 +62,7 @@ def srv(request, tmp_path_factory) -> ServerProcess:
         "--grpc-max-connection-idle", str(IDLE_TIMEOUT * 1000)]).start()
     server.repo, server.transport = repo, request.param
     server.start_rss = rss(server.proc.pid)
+    server.workers = children(server.proc.pid)
     yield server
     assert rss(server.proc.pid) - server.start_rss < RSS_BUDGET, "the front-end's memory grew unbounded"
     server.stop_cleanly()
@@ -92,22 +94,11 @@ def post(srv: ServerProcess, path: str, body: bytes | str, headers: dict | None 
 
 
 def assert_serves(srv: ServerProcess) -> None:
-    """An ordinary client still gets correct answers on every protocol."""
-    x = np.arange(16, dtype=np.float32)
-    h = httpclient.InferenceServerClient(srv.http_url)
-    g = grpcclient.InferenceServerClient(srv.grpc_url)
-    try:
-        hi = httpclient.InferInput("INPUT0", [16], "FP32")
-        hi.set_data_from_numpy(x, binary_data=True)
-        np.testing.assert_array_equal(h.infer(MODEL, [hi]).as_numpy("OUTPUT0"), x)
-        gi = grpcclient.InferInput("INPUT0", [16], "FP32")
-        gi.set_data_from_numpy(x)
-        np.testing.assert_array_equal(g.infer(MODEL, [gi]).as_numpy("OUTPUT0"), x)
-        status, body = post(srv, INFER_PATHS["aiohttp"], json.dumps(infer_body()))
-        assert (status, body["outputs"][0]["data"]) == (200, [1.0, 2.0, 3.0, 4.0])
-    finally:
-        h.close()
-        g.close()
+    """An ordinary client still gets correct answers on every protocol and HTTP path, from
+    the same worker processes."""
+    assert_serving(srv, MODEL, workers=srv.workers)
+    status, body = post(srv, INFER_PATHS["aiohttp"], json.dumps(infer_body()))
+    assert (status, body["outputs"][0]["data"]) == (200, [1.0, 2.0, 3.0, 4.0])
 
 
 def read_response(sock: socket.socket) -> tuple[int, bytes]:
