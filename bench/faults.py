@@ -172,8 +172,9 @@ def _soak_client(kind: str, url: str, threads: int, seconds: float, counts) -> N
             except Exception as e:  # noqa: BLE001 - counted, and the soak fails
                 failed += 1
                 errors.append(f"{type(e).__name__}: {e}"[:300])
-        if place == "shm":
-            client.unregister_system_shared_memory()
+        if place == "shm":  # by name: a bare unregister would take the other clients' regions too
+            for name in ("in0", "in1", "out0", "out1"):
+                client.unregister_system_shared_memory(f"{tag}_{name}")
             for h in regions:
                 shm.destroy_shared_memory_region(h)
         client.close()
@@ -266,6 +267,9 @@ def soak(args) -> int:
         good &= not leaked
         print(f"  fds {name:<16} before {sum(fds_before[name].values())}  warm {sum(during.values())}  "
               f"after {sum(after.values())}" + (f"  LEAKED {leaked}" if leaked else "  none leaked"))
+        grew = {k: n - fds_before[name].get(k, 0) for k, n in after.items() if n > fds_before[name].get(k, 0)}
+        if grew:  # kept from the warm-up on: arena segments, connections still open
+            print(f"      more than before the load: {grew}")
     leaked_shm = sorted(shm_after - shm_before)
     good &= not leaked_shm
     print(f"  /dev/shm objects before {len(shm_before)}  after {len(shm_after)}"
