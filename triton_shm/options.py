@@ -6,7 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .core.rate_limiter import ResourceLimit
 from .frontend.grpc.keepalive import Keepalive
+from .frontend.tls import TlsFiles
 
 _KEEPALIVE = Keepalive()  # tritonserver's gRPC connection defaults, defined once there
 
@@ -31,6 +33,7 @@ class ServerOptions:
     http_header_timeout_secs: float = 30.0
     http_idle_timeout_secs: float = 75.0
     exit_timeout_secs: int = 30
+    drain_secs: float = 5.0
     log_verbose: int = 0
     log_info: bool = True
     log_warning: bool = True
@@ -62,6 +65,28 @@ class ServerOptions:
     grpc_max_connection_age_grace: int | None = _KEEPALIVE.max_connection_age_grace_ms
     grpc_max_connection_idle: int | None = _KEEPALIVE.max_connection_idle_ms
     grpc_transport: str | None = None  # None: native, or grpcio without C extensions
+    cache_size: int | None = None      # --cache-config local,size=N / --response-cache-byte-size; None: no cache
+    rate_limit: str = "off"            # --rate-limit: execution_count or off
+    rate_limit_resources: list[ResourceLimit] = field(default_factory=list)
+    # TLS per port (mutual implies TLS; the metrics port defaults to the HTTP files)
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: str | None = None
+    grpc_server_key: str | None = None
+    grpc_root_cert: str | None = None
+    http_use_ssl: bool = False
+    http_use_ssl_mutual: bool = False
+    http_server_cert: str | None = None
+    http_server_key: str | None = None
+    http_root_cert: str | None = None
+    metrics_use_ssl: bool = False
+    metrics_use_ssl_mutual: bool = False
+    metrics_server_cert: str | None = None
+    metrics_server_key: str | None = None
+    metrics_root_cert: str | None = None
+    # restricted APIs: "<group>[,<group>...]:<header>=<value>" each (frontend/restricted.py)
+    http_restricted_api: list[str] = field(default_factory=list)
+    grpc_restricted_protocol: list[str] = field(default_factory=list)
     # compatibility flags that were given: flag -> value, and the warnings to log at start
     inert: dict[str, Any] = field(default_factory=dict)
     startup_warnings: list[str] = field(default_factory=list)
@@ -70,3 +95,22 @@ class ServerOptions:
     def auto_complete_config(self) -> bool:
         """Whether configs are completed from the model files (tritonserver's default)."""
         return not (self.disable_auto_complete_config or self.strict_model_config)
+
+    def uses_tls(self, port: str) -> bool:
+        """Whether port "grpc", "http" or "metrics" serves TLS (mutual TLS implies it)."""
+        return getattr(self, f"{port}_use_ssl") or getattr(self, f"{port}_use_ssl_mutual")
+
+    def tls_paths(self, port: str) -> tuple[str | None, str | None, str | None]:
+        """(certificate, key, root certificate) of a port; the metrics port's default to the HTTP port's."""
+        paths = tuple(getattr(self, f"{port}_{name}") for name in ("server_cert", "server_key", "root_cert"))
+        if port == "metrics":
+            paths = tuple(own or getattr(self, f"http_{name}")
+                          for own, name in zip(paths, ("server_cert", "server_key", "root_cert")))
+        return paths  # type: ignore[return-value]
+
+    def tls_files(self, port: str) -> TlsFiles | None:
+        """The TLS files of a port, or None when it serves plaintext (checked complete by parse_args)."""
+        if not self.uses_tls(port):
+            return None
+        cert, key, root = self.tls_paths(port)
+        return TlsFiles(Path(cert), Path(key), Path(root) if getattr(self, f"{port}_use_ssl_mutual") else None)

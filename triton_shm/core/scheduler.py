@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from .clock import Clock, LoopClock, Timer
 from .model_config import mc
+from .rate_limiter import IDLE, STAGED, Claim, RateLimiter
 from .statistics import ModelStats
 from .types import BatchRequest, InferRequest, InferResponse, ResponseStream
 
@@ -87,9 +88,14 @@ def check_batching_config(config) -> None:
 class Scheduler:
     """The queue and dispatcher of one model version."""
 
-    def __init__(self, model: "ModelVersion", pool: "WorkerPool", stats: ModelStats, clock: Clock | None = None):
+    def __init__(self, model: "ModelVersion", pool: "WorkerPool", stats: ModelStats, clock: Clock | None = None,
+                 limiter: RateLimiter | None = None, claims: list[Claim] | None = None):
         self.model, self.pool, self.stats = model, pool, stats
         self.clock: Clock = clock or LoopClock()
+        # --rate-limit: an instance with a claim runs only when the limiter grants it
+        self.limiter, self.claims = limiter, {c.instance: c for c in claims or ()}
+        for claim in self.claims.values():
+            claim.on_grant = self._granted
         config = model.config
         self.dynamic = config.HasField("dynamic_batching") and config.max_batch_size > 0
         db = config.dynamic_batching
@@ -106,7 +112,7 @@ class Scheduler:
         # Free slots: without dynamic batching an instance holds a second batch in its
         # worker, which it starts the moment it answers the first, instead of idling for
         # a round trip to us. A dynamic batch waits here instead: it grows meanwhile.
-        self.depth = 1 if self.dynamic else HELD_BATCHES + 1
+        self.depth = 1 if self.dynamic or self.claims else HELD_BATCHES + 1
         self.idle: collections.deque[tuple[str, int]] = collections.deque(model.instances * self.depth)
         self._running: dict[tuple[str, int], int] = dict.fromkeys(model.instances, 0)  # batches sent, per instance
         self._seq = 0
@@ -255,6 +261,9 @@ class Scheduler:
             if self.dynamic and not self._ready_to_go(now):
                 wake_ns = self._oldest_ns() + self.delay_ns
                 break
+            if self.claims:
+                self._stage_free_instances()
+                break
             batch = self._take_batch()
             if not batch:
                 break
@@ -279,6 +288,33 @@ class Scheduler:
     def _free_slot(self, instance: tuple[str, int]) -> None:
         self._running[instance] -= 1
         self.idle.append(instance)
+        claim = self.claims.get(instance)
+        if claim is not None:  # in line again at once if there is more to do, as Triton re-stages
+            self.limiter.release(claim, restage=any(self.queues.values()))
+
+    # -- the rate limiter ----------------------------------------------------------------
+    def _stage_free_instances(self) -> None:
+        """Put free instances in the limiter's line, no more than there are requests waiting."""
+        for instance in list(self.idle):
+            waiting = sum(len(q) for q in self.queues.values())
+            if sum(c.state == STAGED for c in self.claims.values()) >= waiting:
+                break
+            claim = self.claims[instance]
+            if claim.state == IDLE and instance in self.idle:
+                self.limiter.stage(claim)  # may be granted (and start a batch) right here
+
+    def _granted(self, claim: Claim) -> None:
+        """The limiter lets ``claim``'s instance run: one batch, if one is ready."""
+        instance, now = claim.instance, self.clock.now()
+        self._expire(now)
+        if instance in self.idle and any(self.queues.values()) and not (self.dynamic and not self._ready_to_go(now)):
+            batch = self._take_batch()
+            if batch:
+                self.idle.remove(instance)
+                self._running[instance] += 1
+                self._start(batch, instance)
+                return
+        self.limiter.give_back(claim)
 
     def _arm(self, when_ns: int | None) -> None:
         if when_ns == self._timer_ns:

@@ -122,8 +122,14 @@ class WorkerPool:
         reply = await self.cpu.call(self._model_message("auto_complete", mv, config))
         return reply["config"]
 
-    def _instances_by_worker(self, mv: "ModelVersion") -> dict[str, list[dict[str, Any]]]:
-        by_worker: dict[str, list[dict[str, Any]]] = {}
+    def placements(self, mv: "ModelVersion") -> list[tuple[tuple[str, int], Any, int | None]]:
+        """Every instance of ``mv`` as it will be placed: its (worker name, index in that
+        worker), its instance group and its GPU (None for a CPU instance)."""
+        return [((worker, index), group, device) for worker, specs in self._instances_by_worker(mv, True).items()
+                for index, (_, group, device) in enumerate(specs)]
+
+    def _instances_by_worker(self, mv: "ModelVersion", with_groups: bool = False) -> dict[str, list[Any]]:
+        by_worker: dict[str, list[Any]] = {}
         for group in mv.config.instance_group:
             kind = _instance_kind(group)
             devices = list(group.gpus) if kind == "KIND_GPU" else [None]
@@ -132,8 +138,9 @@ class WorkerPool:
                 for i in range(group.count):
                     specs = by_worker.setdefault(worker.name, [])
                     suffix = f"_{device}" if device is not None else ""
-                    specs.append({"name": f"{group.name}_{i}{suffix}", "kind": kind,
-                                  "device_id": device if device is not None else 0})
+                    spec = {"name": f"{group.name}_{i}{suffix}", "kind": kind,
+                            "device_id": device if device is not None else 0}
+                    specs.append((spec, group, device) if with_groups else spec)
         return by_worker
 
     async def load_on(self, worker: str, mv: "ModelVersion") -> None:

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 import httptools
 
 from ...errors import TritonShmError
+from ..restricted import first_header
+from .api_groups import refusal_body
 from .infer import JSON_TYPE, serve_infer
 from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpLimit, Message, error_body,
                            held_bytes, infer_route, response_head, timeout_message)
@@ -205,6 +207,8 @@ class LeanConnection(asyncio.Protocol):
                 self._respond(msg, msg.error[0], JSON_TYPE, error_body(msg.error[1]))
                 self._close()
                 return
+            if msg.route is not None and self._refused(msg):
+                continue
             self._busy = True
             if msg.route is not None:
                 self._task = self.loop.create_task(self._infer(msg))
@@ -224,6 +228,20 @@ class LeanConnection(asyncio.Protocol):
         if msg is not None and msg.expect_continue and not self._queue and not self._discard:
             msg.expect_continue = False
             self.write(_CONTINUE)
+
+    def _refused(self, msg: Message) -> bool:
+        """The restricted-API check of the infer route (aiohttp's middleware checks the rest)."""
+        restrictions = self.ctx.restrictions
+        if restrictions is None:
+            return False
+        refusal = restrictions.refusal("inference", lambda name: first_header(msg.headers, name))
+        if refusal is None:
+            return False
+        self._respond(msg, 403, JSON_TYPE, refusal_body(refusal))
+        self.since = self.loop.time()
+        if not msg.keep_alive:
+            self._close()
+        return True
 
     async def _infer(self, msg: Message) -> None:
         model, version = msg.route

@@ -8,11 +8,13 @@ from typing import TYPE_CHECKING, Callable
 
 from ...core.statistics import SUMMARY_PHASES
 from ...core.system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
+from .cache import cache_families, model_cache_families
 from .config import MetricsConfig
 from .exposition import Family, Sample, render
 
 if TYPE_CHECKING:
     from ...core.repository import ModelRepository, ModelVersion
+    from ...core.response_cache import ResponseCache
     from ...core.statistics import ModelStats
 
 log = logging.getLogger("triton_shm.metrics")
@@ -109,7 +111,8 @@ def loaded_versions(repository: "ModelRepository") -> list["ModelVersion"]:
     return sorted(versions, key=lambda m: (m.name, m.version))
 
 
-def model_families(versions: list["ModelVersion"], config: MetricsConfig = MetricsConfig()) -> list[Family]:
+def model_families(versions: list["ModelVersion"], config: MetricsConfig = MetricsConfig(),
+                   cache: "ResponseCache | None" = None) -> list[Family]:
     if not versions:
         return []
     families = []
@@ -120,6 +123,8 @@ def model_families(versions: list["ModelVersion"], config: MetricsConfig = Metri
                                [Sample(_version_labels(mv), value(mv.stats)) for mv in versions]))
         if name == "nv_inference_request_success":  # Triton's order: failures next
             families.append(_failures(versions))
+    if cache is not None:
+        families += model_cache_families(versions)
     families.append(Family(*_PENDING, [Sample(_version_labels(mv), _queued(mv)) for mv in versions]))
     summarized = [mv for mv in versions if mv.stats.summaries is not None]
     if config.summary_latencies and summarized:
@@ -169,8 +174,9 @@ class MetricsCollector:
     """Holds the latest CPU/GPU readings and renders the whole page."""
 
     def __init__(self, repository: "ModelRepository", *, cpu: bool = True, gpu: bool = True,
-                 gpus: list[int] | None = None, config: MetricsConfig = MetricsConfig()):
-        self.repository, self.config = repository, config
+                 gpus: list[int] | None = None, config: MetricsConfig = MetricsConfig(),
+                 cache: "ResponseCache | None" = None):
+        self.repository, self.config, self.cache = repository, config, cache
         self.cpu: CpuSampler | None = CpuSampler() if cpu else None
         if self.cpu is not None and not self.cpu.available:
             log.info("CPU metrics are not available: no /proc/stat or /proc/meminfo")
@@ -194,8 +200,9 @@ class MetricsCollector:
             self.gpu_readings = self.gpu.sample()
 
     def families(self) -> list[Family]:
-        return (model_families(loaded_versions(self.repository), self.config)
-                + cpu_families(self.cpu_reading) + gpu_families(self.gpu_readings))
+        return (model_families(loaded_versions(self.repository), self.config, self.cache)
+                + cpu_families(self.cpu_reading) + gpu_families(self.gpu_readings)
+                + (cache_families(self.cache) if self.cache is not None else []))
 
     def render(self) -> str:
         return render(self.families())
