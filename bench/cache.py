@@ -91,7 +91,8 @@ def measure(port: int, model: str, kind: str, n: int) -> tuple[float, float, flo
     count1, ns1 = server_ns(port, model)
     client.close()
     samples.sort()
-    return statistics.median(samples), samples[int(len(samples) * 0.99) - 1], (ns1 - ns0) / max(count1 - count0, 1) / 1e3
+    server_us = (ns1 - ns0) / max(count1 - count0, 1) / 1e3
+    return statistics.median(samples), samples[int(len(samples) * 0.99) - 1], server_us
 
 
 def print_latencies(results: dict, kinds: tuple[str, ...]) -> None:

@@ -306,7 +306,7 @@ def test_explicit_start_loads_only_load_model(explicit):
 def test_load_infer_unload_reload(explicit, proto):
     name = f"lc_{proto}"
     model_dir = make_const(explicit.repo, name, 1.0)
-    assert rows_of(explicit, name) == [{"name": name}] or rows_of(explicit, name) == []
+    assert rows_of(explicit, name) == [{"name": name}]  # in the repository, never loaded: no state
     load(explicit, proto, name)
     assert states(explicit, name) == {"1": "READY"}
     assert infer(explicit, proto, name) == 1.0
@@ -557,8 +557,9 @@ def test_traversal_names_in_load_unload(explicit, name):
     quoted = urllib.parse.quote(name, safe="")
     for action in ("load", "unload"):
         status, body = http_call(explicit, "POST", f"/v2/repository/models/{quoted}/{action}", {})
-        assert 400 <= status < 500, (action, status, body)
-        expect_error("grpc", lambda: (load if action == "load" else unload)(explicit, "grpc", name), "INVALID_ARGUMENT")
+        assert (status, body) == (400, {"error": f"invalid model name '{name}'"}), action
+        expect_error("grpc", lambda: (load if action == "load" else unload)(explicit, "grpc", name),
+                     "INVALID_ARGUMENT", f"invalid model name '{name}'")
     assert index(explicit) == before
     assert states(explicit, "const_a") == {"1": "READY"}
     assert infer(explicit, "http", "const_a") == 1.0
@@ -582,10 +583,8 @@ def test_slow_load_does_not_block_other_models(explicit):
                 "index": lambda: bool(index(explicit)),
             }
             for what, check in checks.items():
-                t0 = time.monotonic()
                 assert check(), what
-                took = time.monotonic() - t0
-                assert took < 1.0, f"{what} took {took:.2f}s while another model was loading"
+            # every call above was answered while the load still ran: none waited for it
             assert not bg.done(), "the slow load finished too early for this test to mean anything"
             time.sleep(0.2)
     finally:
@@ -609,10 +608,9 @@ def test_unload_waits_for_in_flight_request(explicit, proto):
     unloading = Background(unload, explicit, proto, name)
     # requests arriving while it drains are refused at once, not queued
     time.sleep(0.3)
-    t1 = time.monotonic()
     expect_error(proto, lambda: infer(explicit, proto, name), "NOT_FOUND",  # as Triton 2.51 answers
                  f"Request for unknown model: '{name}' has no available versions")
-    assert time.monotonic() - t1 < 1.0
+    assert not req.done(), "refused while the in-flight request still runs: not queued behind it"
     assert req.result(timeout=30) == 5.0, "the in-flight request failed because of the unload"
     unloading.result(timeout=30)
     assert unloading.finished_at >= req.finished_at - 0.05, "unload returned before the in-flight request"
@@ -1021,3 +1019,13 @@ def test_sigterm_readiness_false_first_in_flight_completes(tmp_path):
     assert not late_ready, f"still ready after SIGTERM: {late_ready[:5]}"
     assert any(s != 200 and t < t_done for t, s in polls), \
         f"readiness did not turn false before the in-flight request finished: {polls[:10]}"
+
+
+def test_index_reads_the_repository_each_time(explicit):
+    """As Triton 2.51: a model directory added after start is listed by name; removed
+    before it was ever loaded, it is no longer listed."""
+    name = "added_later"
+    model_dir = make_const(explicit.repo, name, 1.0)
+    assert rows_of(explicit, name) == [{"name": name}]
+    shutil.rmtree(model_dir)
+    assert rows_of(explicit, name) == []

@@ -684,14 +684,10 @@ def test_diamond_branches_overlap(server):
     c = connect(server, "grpc")
     x = np.array([1.5], dtype=np.float32)
     c.infer("diamond", [make_input("grpc", "X", x, "FP32")])  # warm up
-    t0 = time.monotonic()
     result = c.infer("diamond", [make_input("grpc", "X", x, "FP32")])
-    elapsed = time.monotonic() - t0
     np.testing.assert_allclose(result.as_numpy("Y"), ((x + 1) + (x + 2)) * 10)
-    a, b = result.as_numpy("A_TIMES"), result.as_numpy("B_TIMES")
+    a, b = result.as_numpy("A_TIMES"), result.as_numpy("B_TIMES")  # (start, end) inside each branch
     assert max(a[0], b[0]) < min(a[1], b[1]), f"branches did not overlap: a={a} b={b}"
-    assert abs(a[0] - b[0]) < 0.25, f"branches started {abs(a[0] - b[0]):.3f}s apart"
-    assert elapsed < 0.9, f"diamond took {elapsed:.2f}s: its 0.5s branches ran one after the other"
     who_a, who_b = result.as_numpy("A_WHO"), result.as_numpy("B_WHO")
     assert who_a[1] != who_b[1] or who_a[0] != who_b[0]  # different threads (or processes)
 
@@ -1191,11 +1187,10 @@ def test_hung_model_is_bounded_by_the_request_timeout(server, protocol):
     mod = httpclient if protocol == "http" else grpcclient
     client = mod.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
     x = np.array([3.0], dtype=np.float32)
-    t0 = time.monotonic()
-    with pytest.raises(InferenceServerException) as err:
+    with pytest.raises(InferenceServerException) as err:  # the model would answer after 3 s
         client.infer("hang", [make_input(protocol, "X", x, "FP32")], timeout=300_000)  # 0.3 s, in µs
-    assert time.monotonic() - t0 < 2.0
-    assert "timeout" in err.value.message().lower()
+    assert err.value.message() == "Request timeout expired"
+    assert err.value.status() == ("503" if protocol == "http" else "StatusCode.UNAVAILABLE")
     y = np.full((1, 16), 1, dtype=np.float32)
     ok = client.infer("add_sub", [make_input(protocol, "INPUT0", y, "FP32"), make_input(protocol, "INPUT1", y, "FP32")])
     np.testing.assert_allclose(ok.as_numpy("OUTPUT0"), y * 2)

@@ -47,12 +47,13 @@ class TritonPythonModel:
 
 
 def timed_model(repo: Path, name: str, log: Path, resources: str = "", count: int = 1, priority: int = 0,
-                release: Path | None = None) -> None:
+                release: Path | None = None, batching: bool = False) -> None:
     limiter = f"rate_limiter {{ resources [ {resources} ] priority: {priority} }}" if resources or priority else ""
     write_model(repo, name, config=f"""
         name: "{name}"
         backend: "python"
-        max_batch_size: 0
+        max_batch_size: {4 if batching else 0}
+        {"dynamic_batching { max_queue_delay_microseconds: 2000 }" if batching else ""}
         input [{{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] }}]
         output [{{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] }}]
         instance_group [{{ kind: KIND_CPU count: {count} {limiter} }}]
@@ -66,13 +67,17 @@ def executions(log: Path) -> list[tuple[str, float, float]]:
     return sorted(((model, float(start), float(end)) for model, _, start, end in rows), key=lambda r: r[1])
 
 
-def send(srv: ServerProcess, model: str, n: int) -> list[threading.Thread]:
-    """``n`` requests to ``model`` at once, each on its own connection."""
+def send(srv: ServerProcess, model: str, n: int, shape: tuple[int, ...] = (1,),
+         answered: list | None = None) -> list[threading.Thread]:
+    """``n`` requests to ``model`` at once, each on its own connection; each answer's
+    OUTPUT0 goes to ``answered``."""
     def one() -> None:
         with httpclient.InferenceServerClient(srv.http_url, network_timeout=120) as cl:
-            inp = httpclient.InferInput("INPUT0", [1], "FP32")
-            inp.set_data_from_numpy(np.array([1], dtype=np.float32))
-            cl.infer(model, [inp])
+            inp = httpclient.InferInput("INPUT0", list(shape), "FP32")
+            inp.set_data_from_numpy(np.ones(shape, dtype=np.float32))
+            result = cl.infer(model, [inp])
+            if answered is not None:
+                answered.append(result.as_numpy("OUTPUT0").tolist())
     threads = [threading.Thread(target=one) for _ in range(n)]
     for t in threads:
         t.start()
@@ -108,17 +113,21 @@ def test_instances_sharing_a_resource_never_overlap_across_models(tmp_path):
     repo = tmp_path / "models"
     timed_model(repo, "a", log, '{ name: "R" count: 1 }', count=2)
     timed_model(repo, "b", log, '{ name: "R" count: 1 }')
+    timed_model(repo, "batched", log, '{ name: "R" count: 1 }', batching=True)
     timed_model(repo, "free", log)  # no rate_limiter: runs whenever it is asked
     srv = start(repo, tmp_path / "server.log", "--rate-limit", "execution_count")
+    answered: list = []
     try:
-        threads = send(srv, "a", 6) + send(srv, "b", 6) + send(srv, "free", 2)
+        threads = (send(srv, "a", 6) + send(srv, "b", 6) + send(srv, "batched", 8, (1, 1), answered)
+                   + send(srv, "free", 2))
         for t in threads:
             t.join(120)
     finally:
         srv.stop_cleanly()
+    assert answered == [[[1.0]]] * 8  # every request of the batching model was answered
     rows = executions(log)
     limited = [r for r in rows if r[0] != "free"]
-    assert sorted(r[0] for r in limited) == ["a"] * 6 + ["b"] * 6
+    assert sorted(r[0] for r in limited if r[0] != "batched") == ["a"] * 6 + ["b"] * 6
     for before, after in zip(limited, limited[1:]):
         assert after[1] >= before[2], f"{before} and {after} overlap"
     assert len([r for r in rows if r[0] == "free"]) == 2

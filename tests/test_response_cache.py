@@ -43,6 +43,43 @@ class TritonPythonModel:
 """
 
 
+TEXT_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.runs = 0
+
+    def execute(self, requests):
+        self.runs += len(requests)
+        return [pb_utils.InferenceResponse([
+            pb_utils.Tensor("TEXT_OUT", pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy()),
+            pb_utils.Tensor("RUNS", np.array([self.runs], dtype=np.int64))]) for r in requests]
+"""
+TEXT_CONFIG = """
+    name: "text"
+    backend: "python"
+    max_batch_size: 0
+    input [{ name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] }]
+    output [{ name: "TEXT_OUT" data_type: TYPE_STRING dims: [ -1 ] }, { name: "RUNS" data_type: TYPE_INT64 dims: [ 1 ] }]
+    response_cache { enable: true }
+"""
+
+
+# An ensemble with the cache on over "plain", which has it off.
+ENSEMBLE_CONFIG = """
+    name: "ens"
+    platform: "ensemble"
+    max_batch_size: 0
+    input [{ name: "X" data_type: TYPE_FP32 dims: [ -1, -1 ] }]
+    output [{ name: "Y" data_type: TYPE_FP32 dims: [ -1, -1 ] }, { name: "N" data_type: TYPE_INT64 dims: [ 1 ] }]
+    ensemble_scheduling { step [{ model_name: "plain" model_version: -1 input_map { key: "INPUT0" value: "X" }
+                                  output_map [{ key: "OUTPUT0" value: "Y" }, { key: "RUNS" value: "N" }] }] }
+    response_cache { enable: true }
+"""
+
+
 def counter_config(name: str, cache: bool = True, decoupled: bool = False) -> str:
     return f"""
         name: "{name}"
@@ -61,10 +98,13 @@ def counter_model(repo: Path, name: str, **kw) -> None:
     write_model(repo, name, config=counter_config(name, **kw), model_py=COUNTER_PY)
 
 
-def start(root: Path, models: dict[str, dict], *flags: str) -> ServerProcess:
+def start(root: Path, models: dict[str, dict], *flags: str, text: bool = False) -> ServerProcess:
     repo = root / "models"
     for name, kw in models.items():
         counter_model(repo, name, **kw)
+    if text:
+        write_model(repo, "text", config=TEXT_CONFIG, model_py=TEXT_PY)
+        write_model(repo, "ens", config=ENSEMBLE_CONFIG)
     port = free_port()
     srv = ServerProcess(repo, root / "server.log", extra_args=[
         "--allow-metrics=true", "--metrics-port", str(port), "--allow-cpu-metrics=false",
@@ -78,7 +118,7 @@ def server(tmp_path_factory):
     srv = start(tmp_path_factory.mktemp("cache"),
                 {"counter": {}, "counter_stats": {}, "plain": {"cache": False}, "dec": {"decoupled": True}},
                 "--cache-config", "local,size=1048576", "--allow-client-shm=true",
-                "--exit-on-error=false", "--strict-readiness=false")
+                "--exit-on-error=false", "--strict-readiness=false", text=True)
     yield srv
     srv.stop_cleanly()
 
@@ -205,14 +245,29 @@ def test_statistics_as_triton_counts_them(server):
 
 def test_a_model_without_the_cache_reports_zeros(server):
     x = fresh()
+    before = stats(server, "plain")["execution_count"]
     infer("http", server, "plain", x)
     infer("http", server, "plain", x)
     s = stats(server, "plain")
-    assert s["execution_count"] == 2
+    assert s["execution_count"] == before + 2
     assert s["inference_stats"]["cache_hit"] == {"count": 0, "ns": 0}
     assert s["inference_stats"]["cache_miss"] == {"count": 0, "ns": 0}
     g = grpc_stats(server, "plain")["inference_stats"]
     assert g["cache_hit"] == {} and g["cache_miss"] == {}  # proto3 JSON: present, all zero
+
+
+def test_an_ensemble_is_cached_as_a_whole(server):
+    x = fresh()
+    with grpcclient.InferenceServerClient(server.grpc_url) as cl:
+        runs = []
+        for _ in range(2):
+            inp = grpcclient.InferInput("X", [1, 4], "FP32")
+            inp.set_data_from_numpy(x)
+            result = cl.infer("ens", [inp])
+            np.testing.assert_array_equal(result.as_numpy("Y"), x + 1)
+            runs.append(result.as_numpy("N")[0])
+    assert runs[1] == runs[0]  # the step did not run again
+    assert stats(server, "ens")["inference_stats"]["cache_hit"]["count"] == 1
 
 
 def test_decoupled_model_with_the_cache_is_refused_at_load(server):
@@ -227,7 +282,7 @@ def test_per_model_metrics_follow_the_statistics(server):
     text = scrape(server)
     per_model = [line for line in cache_lines(text) if "_per_model" in line and not line.startswith("#")]
     models = {re.search(r'model="([^"]+)"', line).group(1) for line in per_model}
-    assert models == {"counter", "counter_stats"}  # only models with the cache on
+    assert models == {"counter", "counter_stats", "text", "ens"}  # only models with the cache on
     s = stats(server, "counter_stats")["inference_stats"]
     labels = '{model="counter_stats",version="1"}'
     for line in (f"nv_cache_num_hits_per_model{labels} {s['cache_hit']['count']}",
@@ -263,6 +318,29 @@ def test_a_hit_is_written_into_the_shared_memory_output(proto, server):
     finally:
         for r in regions:
             shm.destroy_shared_memory_region(r)
+
+
+def test_a_bytes_output_in_shared_memory_is_cached(server):
+    words = np.array([f"word {next(_values)}".encode(), b"", b"third"], dtype=np.object_)
+    tag = f"cache_text_{next(_values)}"
+    region = shm.create_shared_memory_region(tag, f"/{tag}", 64)
+    try:
+        with grpcclient.InferenceServerClient(server.grpc_url) as cl:
+            cl.register_system_shared_memory(tag, f"/{tag}", 64)
+            runs = []
+            for _ in range(2):
+                shm.set_shared_memory_region(region, [np.zeros(64, dtype=np.uint8)])
+                inp = grpcclient.InferInput("TEXT", [3], "BYTES")
+                inp.set_data_from_numpy(words)
+                out = grpcclient.InferRequestedOutput("TEXT_OUT")
+                out.set_shared_memory(tag, 64)
+                result = cl.infer("text", [inp], outputs=[out, grpcclient.InferRequestedOutput("RUNS")])
+                runs.append(result.as_numpy("RUNS")[0])
+                assert list(shm.get_contents_as_numpy(region, np.object_, [3])) == list(words)
+            assert runs[1] == runs[0]
+            cl.unregister_system_shared_memory()
+    finally:
+        shm.destroy_shared_memory_region(region)
 
 
 def test_a_hit_into_a_too_small_region_is_refused(server):
@@ -366,7 +444,22 @@ def test_without_a_cache_a_cache_model_loads_and_never_hits(proto, nocache_serve
     assert runs[1] == runs[0] + 1
     s = stats(nocache_server, "counter")["inference_stats"]
     assert s["cache_hit"] == {"count": 0, "ns": 0} and s["cache_miss"] == {"count": 0, "ns": 0}
-    assert cache_lines(scrape(nocache_server)) == []
+    labels = '{model="counter",version="1"}'
+    assert cache_lines(scrape(nocache_server)) == [  # as Triton: the model's series at zero, no server gauges
+        "# HELP nv_cache_num_hits_per_model Number of cache hits per model",
+        "# TYPE nv_cache_num_hits_per_model counter",
+        f"nv_cache_num_hits_per_model{labels} 0",
+        "# HELP nv_cache_hit_duration_per_model Total cache hit duration per model, in microseconds",
+        "# TYPE nv_cache_hit_duration_per_model counter",
+        f"nv_cache_hit_duration_per_model{labels} 0",
+        "# HELP nv_cache_num_misses_per_model Number of cache misses per model",
+        "# TYPE nv_cache_num_misses_per_model counter",
+        f"nv_cache_num_misses_per_model{labels} 0",
+        "# HELP nv_cache_miss_duration_per_model Total cache miss (insert+lookup) duration per model, in "
+        "microseconds",
+        "# TYPE nv_cache_miss_duration_per_model counter",
+        f"nv_cache_miss_duration_per_model{labels} 0",
+    ]
 
 
 def test_cache_flags_are_checked(tmp_path):

@@ -160,6 +160,14 @@ def test_every_http_route_needs_its_groups_header(http_restricted, method, path,
     assert status != 403, body  # the route's own answer (200, 400, 404 for a missing region, ...)
 
 
+@pytest.mark.parametrize("path, group", [
+    ("/%76%32/health/live", "health"), ("/v2/health/l%69ve", "health"), ("http://x/v2/health/live", "health"),
+    (f"/v2/models/{MODEL}%2Fready", "metadata"),  # the model named "identity_fp32/ready"
+    ("/v2/models/identity%5Ffp32/versions/1/config", "model-config"), ("/v2/health/live?x=1", "health")])
+def test_escaped_and_absolute_paths_are_checked_as_the_router_reads_them(http_restricted, path, group):
+    assert _http(http_restricted, "GET", path) == (403, _refusal(group))
+
+
 @pytest.mark.parametrize("path", NOT_APIS)
 def test_paths_of_no_api_are_not_found(http_restricted, path):
     assert _http(http_restricted, "GET", path)[0] == 404
@@ -205,13 +213,14 @@ def test_http_infer_refused_on_the_lean_and_the_aiohttp_route(http_restricted):
 
 
 def test_refused_infer_keeps_the_connection_for_the_next_request(http_restricted):
-    """Pipelined on one keep-alive connection: refused, then served, in order."""
+    """Pipelined on one keep-alive connection: refused (its 4 MiB body read and dropped),
+    then served, in order."""
     body = orjson.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1], "data": [2.0]}]})
-    request = (f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
-               "{}\r\n").encode()
+    big = b" " * (4 << 20)
+    head = "POST /v2/models/" + MODEL + "/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n{}\r\n"
     with socket.create_connection(("127.0.0.1", http_restricted.http_port), timeout=30) as s:
-        s.sendall(request.replace(b"{}", b"") + body
-                  + request.replace(b"{}", f"{INFER_KEY}: env-secret\r\nConnection: close\r\n".encode()) + body)
+        s.sendall(head.format(len(big), "").encode() + big
+                  + head.format(len(body), f"{INFER_KEY}: env-secret\r\nConnection: close\r\n").encode() + body)
         out = b""
         while chunk := s.recv(65536):
             out += chunk

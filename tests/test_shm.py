@@ -311,9 +311,8 @@ def test_client_shm_disabled_by_default(proto, server_noshm, tmp_path):
         assert "cuda_shared_memory" not in extensions(proto, cl)
         # a request naming a region fails cleanly (nothing can be registered)
         inp = shm_input(proto, "INPUT0", [16], "FP32", "off", 64)
-        with pytest.raises(InferenceServerException) as info:
-            cl.infer("identity_fp32", [inp])
-        assert info.value.status() in ("404", "501", "StatusCode.NOT_FOUND", "StatusCode.UNIMPLEMENTED")
+        expect_error(proto, lambda: cl.infer("identity_fp32", [inp]), "NOT_FOUND",
+                     "Unable to find shared memory region: 'off'")
         assert cl.is_server_ready()
     finally:
         cl.close()
@@ -416,7 +415,7 @@ def test_bytes_malformed(proto, client, server, regions, payload, shape):
     client.register_system_shared_memory("bad", key, 64)
     with pytest.raises(InferenceServerException) as info:
         client.infer("identity_bytes", [shm_input(proto, "INPUT0", shape, "BYTES", "bad", len(payload))])
-    assert info.value.status() in ("400", "StatusCode.INVALID_ARGUMENT"), info.value
+    assert info.value.status() == ("400" if proto == "http" else "StatusCode.INVALID_ARGUMENT"), info.value
     assert "BYTES" in info.value.message()
     assert_serving(server, workers=workers)
 
@@ -634,38 +633,43 @@ def test_infer_unknown_region(proto, client, in_region):
                  "NOT_FOUND", "Unable to find shared memory region: 'zzz'")
 
 
-# Each case lists acceptable message fragments: the HTTP decoder may answer first, with
-# Triton's "Input must set only one of the following fields" wording.
-_NO_DATA = "only one of the following fields"
+# (id, parameters, the core's message, HTTP's message where its decoder answers first: an
+# input whose parameters name no region has no data field, in Triton's wording)
+_RID = "[request id: <id_unknown>] input 'INPUT0': "
+_NO_DATA = ("Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+            "'shared_memory_region' in 'parameters'. But no field is set")
+_TOGETHER = _RID + "'shared_memory_region' and 'shared_memory_byte_size' must be given together"
+_SIZE = _RID + "'shared_memory_byte_size' must be a non-negative integer"
 RAW_PARAM_CASES = [
-    ("region_only", {"shared_memory_region": "in"}, ("must be given together",)),
-    ("byte_size_only", {"shared_memory_byte_size": 64}, ("must be given together", _NO_DATA)),
-    ("offset_only", {"shared_memory_offset": 0}, ("must be given together", _NO_DATA)),
+    ("region_only", {"shared_memory_region": "in"}, _TOGETHER, None),
+    ("byte_size_only", {"shared_memory_byte_size": 64}, _TOGETHER, _NO_DATA),
+    ("offset_only", {"shared_memory_offset": 0}, _TOGETHER, _NO_DATA),
     ("negative_offset", {"shared_memory_region": "in", "shared_memory_byte_size": 64, "shared_memory_offset": -1},
-     ("non-negative",)),
-    ("negative_size", {"shared_memory_region": "in", "shared_memory_byte_size": -64}, ("non-negative",)),
+     _RID + "'shared_memory_offset' must be a non-negative integer", None),
+    ("negative_size", {"shared_memory_region": "in", "shared_memory_byte_size": -64}, _SIZE, None),
     ("region_not_string", {"shared_memory_region": 5, "shared_memory_byte_size": 64},
-     ("must be a string", _NO_DATA)),
-    ("size_not_int", {"shared_memory_region": "in", "shared_memory_byte_size": "64"}, ("non-negative",)),
-    ("size_bool", {"shared_memory_region": "in", "shared_memory_byte_size": True}, ("non-negative",)),
+     _RID + "'shared_memory_region' must be a string", None),
+    ("size_not_int", {"shared_memory_region": "in", "shared_memory_byte_size": "64"}, _SIZE, None),
+    ("size_bool", {"shared_memory_region": "in", "shared_memory_byte_size": True}, _SIZE, None),
 ]
 
 
 @pytest.mark.parametrize("case", RAW_PARAM_CASES, ids=[c[0] for c in RAW_PARAM_CASES])
 def test_infer_malformed_shm_params(proto, client, server, in_region, case):
-    _, params, fragment = case
+    _, params, message, http_message = case
     if proto == "http":
         body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [16], "parameters": params}]}
         code, text = raw_http(server, "/v2/models/identity_fp32/infer", body)
-        assert code == 400 and any(f in text for f in fragment), (code, text)
+        assert (code, json.loads(text)) == (400, {"error": http_message or message})
     else:
         code, details = raw_grpc_infer(server, "identity_fp32",
                                        [{"name": "INPUT0", "datatype": "FP32", "shape": [16], "parameters": params}])
-        assert code == "INVALID_ARGUMENT" and any(f in details for f in fragment), (code, details)
+        assert (code, details) == ("INVALID_ARGUMENT", message)
     assert_serving(server)
 
 
-DATA_AND_SHM = ("both data and a shared-memory region", _NO_DATA, "raw_input_contents entries")
+_ONE_OF = ("Input must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', "
+           "'shared_memory_region' in 'parameters'. But set ")
 
 
 def test_infer_data_and_shm(proto, client, server, in_region):
@@ -674,7 +678,7 @@ def test_infer_data_and_shm(proto, client, server, in_region):
         body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [16], "parameters": params,
                             "data": list(range(16))}]}
         code, text = raw_http(server, "/v2/models/identity_fp32/infer", body)
-        assert code == 400 and any(f in text for f in DATA_AND_SHM), (code, text)
+        assert (code, json.loads(text)) == (400, {"error": _ONE_OF + "'data' 'shared_memory_region'"})
         # binary form: binary_data_size plus shm parameters
         header = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [16],
                                          "parameters": {**params, "binary_data_size": 64}}]}).encode()
@@ -684,12 +688,14 @@ def test_infer_data_and_shm(proto, client, server, in_region):
                                               "Content-Type": "application/octet-stream"})
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(req, timeout=30)
-        assert info.value.code == 400, info.value.read()
+        assert (info.value.code, json.loads(info.value.read())) == (
+            400, {"error": _ONE_OF + "'binary_data_size' 'shared_memory_region'"})
     else:
         code, details = raw_grpc_infer(server, "identity_fp32",
                                        [{"name": "INPUT0", "datatype": "FP32", "shape": [16], "parameters": params}],
                                        raw=[F32_16.tobytes()])
-        assert code == "INVALID_ARGUMENT" and any(f in details for f in DATA_AND_SHM), (code, details)
+        assert (code, details) == ("INVALID_ARGUMENT", "expected 0 raw_input_contents entries (one per input not in "
+                                                       "shared memory) but got 1 for model 'identity_fp32'")
     assert_serving(server)
 
 
@@ -768,7 +774,8 @@ def test_client_truncates_input_during_inference(proto, client, server, regions,
         assert not t.is_alive()
         # acceptable: a clean 4xx (or success from a copy taken before the truncation); the worker survives
         if "error" in result:
-            assert result["error"].status() in ("400", "StatusCode.INVALID_ARGUMENT"), result["error"]
+            assert result["error"].status() == ("400" if proto == "http" else "StatusCode.INVALID_ARGUMENT"), \
+                result["error"]
         assert children(server.proc.pid) == workers, "the worker died (SIGBUS) and was replaced"
         assert_serving(server, workers=workers)
     finally:  # whatever happened, leave a serving server to the next test
@@ -891,7 +898,7 @@ def test_unregister_shm_during_inference_multiple_req(proto, client, server, reg
         np.testing.assert_array_equal(shm.get_contents_as_numpy(handles[1], np.float32, [16]),
                                       np.arange(16, dtype=np.float32) * 3)
     else:  # or arrived after it: a clean NOT_FOUND
-        assert r1["error"].status() in ("404", "StatusCode.NOT_FOUND"), r1["error"]
+        assert r1["error"].status() == ("404" if proto == "http" else "StatusCode.NOT_FOUND"), r1["error"]
     assert status(proto, client) == {}
     assert_serving(server, workers=workers)
 

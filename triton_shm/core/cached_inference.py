@@ -6,12 +6,11 @@ its lookup and insertion time to ``cache_miss``."""
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from ..errors import InvalidArgument
-from .datatypes import element_size
 from .region_io import read_region, write_region
-from .response_cache import ResponseCache, from_cached, request_key, to_cached
+from .response_cache import ResponseCache, from_cached, request_key, response_size, to_cached
 from .types import InferRequest, InferResponse, OutputTensor
 
 if TYPE_CHECKING:
@@ -34,7 +33,7 @@ async def infer_cached(cache: ResponseCache, model: "ModelVersion", request: Inf
     tensors = cache.lookup(key)
     stats = model.stats
     if tensors is not None:
-        response = from_cached(model, request, tensors, _shm_writer(plan, regions))
+        response = from_cached(model, request, tensors, _shm_writer(plan, regions) if plan.shm_outputs else None)
         end = time.monotonic_ns()
         stats.record_cache_hit(end - arrived_ns, lookup_start - arrived_ns, end - lookup_start)
         return response
@@ -46,9 +45,8 @@ async def infer_cached(cache: ResponseCache, model: "ModelVersion", request: Inf
         raise
     insert_start = time.monotonic_ns()
     try:
-        stored = to_cached(response, _shm_reader(plan, regions))
-        if stored is not None:
-            cache.insert(key, stored)
+        if response_size(response) <= cache.capacity:  # never copy what cannot be kept
+            cache.insert(key, to_cached(response, _shm_reader(plan, regions)))
     except InvalidArgument:
         pass  # the client's region shrank under us: answered, not cached
     stats.record_cache_miss(miss_ns + time.monotonic_ns() - insert_start)
@@ -68,14 +66,8 @@ def _shm_writer(plan: "RequestPlan", regions: dict[str, "Region"]) -> Callable[[
     return write
 
 
-def _shm_reader(plan: "RequestPlan", regions: dict[str, "Region"]) -> Callable[[OutputTensor], Any]:
-    def read(output: OutputTensor) -> bytes | None:
-        size = element_size(output.datatype)
-        if not size:  # a BYTES output's length is not in its shape: left uncached
-            return None
-        count = 1
-        for d in output.shape:
-            count *= d
+def _shm_reader(plan: "RequestPlan", regions: dict[str, "Region"]) -> Callable[[OutputTensor], bytes]:
+    def read(output: OutputTensor) -> bytes:
         ref = plan.shm_outputs[output.name]
-        return read_region(regions[ref.region], ref.offset, count * size)
+        return read_region(regions[ref.region], ref.offset, output.shm_byte_size)
     return read

@@ -46,6 +46,13 @@ def entry_size(tensors: Iterable[CachedTensor]) -> int:
                            for t in tensors)
 
 
+def response_size(response: InferResponse) -> int:
+    """What ``response`` would count against the cache, before anything is copied."""
+    return KEY_BYTES + sum(len(o.name.encode()) + len(o.datatype) + 8 * len(o.shape)
+                           + (o.shm_byte_size if o.in_shared_memory else memoryview(o.data).nbytes)
+                           for o in response.outputs)
+
+
 class ResponseCache:
     """A bounded LRU map from request keys to responses, with Triton's cache counters."""
 
@@ -129,30 +136,26 @@ def request_key(model: "ModelVersion", request: InferRequest, plan: "RequestPlan
 
 
 # -- responses -------------------------------------------------------------------------------
-def to_cached(response: InferResponse,
-              shm_output: Callable[[OutputTensor], bytes | None]) -> tuple[CachedTensor, ...] | None:
+def to_cached(response: InferResponse, shm_output: Callable[[OutputTensor], bytes]) -> tuple[CachedTensor, ...]:
     """A response's tensors as the cache keeps them (a copy: the response's own buffers
     go back to the worker). ``shm_output(tensor)`` reads one that the worker wrote into
-    the client's region, or gives None when it cannot (then nothing is cached)."""
-    tensors = []
-    for o in response.outputs:
-        data = shm_output(o) if o.in_shared_memory else bytes(o.data)
-        if data is None:
-            return None
-        tensors.append(CachedTensor(o.name, o.datatype, tuple(o.shape), data))
-    return tuple(tensors)
+    the client's region."""
+    return tuple(CachedTensor(o.name, o.datatype, tuple(o.shape),
+                              shm_output(o) if o.in_shared_memory else bytes(o.data)) for o in response.outputs)
 
 
 def from_cached(model: "ModelVersion", request: InferRequest, tensors: tuple[CachedTensor, ...],
-                write_shm: Callable[[str, bytes], bool]) -> InferResponse:
+                write_shm: Callable[[str, bytes], bool] | None = None) -> InferResponse:
     """The answer to ``request`` from a cache entry, with the new request's id.
-    ``write_shm(name, data)`` writes an output into the client's region where the
-    request asks for that, and says whether it did."""
+    ``write_shm(name, data)``, given when the request names shared-memory outputs,
+    writes an output into the client's region where it asks for that, and says whether
+    it did. Other outputs are served from the entry itself (its bytes are immutable)."""
     outputs = []
     for t in tensors:
-        if write_shm(t.name, t.data):
-            outputs.append(OutputTensor(t.name, t.datatype, list(t.shape), b"", in_shared_memory=True))
-        else:  # served from the entry itself: its bytes are immutable
+        if write_shm is not None and write_shm(t.name, t.data):
+            outputs.append(OutputTensor(t.name, t.datatype, list(t.shape), b"", in_shared_memory=True,
+                                        shm_byte_size=len(t.data)))
+        else:
             outputs.append(OutputTensor(t.name, t.datatype, list(t.shape), memoryview(t.data)))
     return InferResponse(model_name=model.name, model_version=str(model.version), id=request.id, outputs=outputs)
 

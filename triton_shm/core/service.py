@@ -118,6 +118,7 @@ class InferenceService:
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """``[{"name", "version", "state", "reason"?}]`` sorted by name and version."""
+        self.repository.refresh()
         return self.repository.index(ready_only)
 
     # -- trace and logging extensions ----------------------------------------------------
@@ -236,7 +237,9 @@ class InferenceService:
         trace = self.tracer.sample(model.name, model.version, request.id, arrived) if self.tracer.active else None
         try:
             plan = validate_request(model, request)
-            cached = self.cache is not None and model.config.response_cache.enable and stream is None
+            # A request of a sequence depends on the sequence's state: never answered from the cache.
+            cached = (self.cache is not None and model.config.response_cache.enable and stream is None
+                      and "sequence_id" not in request.parameters)
             if not (plan.shm_inputs or plan.shm_outputs or cached):
                 return await model.scheduler.submit(request, plan, {}, trace, stream)
             regions = self.shm.acquire_all(plan)

@@ -72,6 +72,7 @@ class OutputTensor:
     data: Buffer  # wire-encoded bytes; may be a view into shared memory, see release()
     parameters: dict[str, ParamValue] = field(default_factory=dict)
     in_shared_memory: bool = False  # written into the client's region; ``data`` is empty
+    shm_byte_size: int = 0          # then: how many bytes were written there
 
 
 @dataclass(slots=True)

@@ -58,6 +58,10 @@ def build_context(files: TlsFiles, port: str, alpn: list[str] | None = None) -> 
         raise TlsError(f"{port} TLS: the certificate '{files.cert}' and key '{files.key}' cannot be used: "
                        f"{e.reason or e}") from None
     if files.client_ca is not None:
+        # No session resumption: every connection presents its certificate, so a reloaded
+        # root certificate applies to every new connection, resumed or not.
+        ctx.options |= ssl.OP_NO_TICKET
+        ctx.num_tickets = 0
         ctx.verify_mode = ssl.CERT_REQUIRED
         try:
             ctx.load_verify_locations(cafile=files.client_ca)
