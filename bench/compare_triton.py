@@ -240,16 +240,17 @@ VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
 
 
 class Server:
-    def __init__(self, kind: str, repo: Path, ref, log):
+    def __init__(self, kind: str, repo: Path, ref, log, extra_args: list[str] = ()):
         self.kind, self.port = kind, free_port()
         if kind == "triton":
             cmd, env = ref.triton_cmd(repo, self.port)
+            cmd += extra_args
         else:
             cmd = [sys.executable, "-m", "triton_shm", "--model-repository", str(repo), "--http-port", str(self.port),
                    "--grpc-port", str(self.port + 1), "--allow-metrics", "false", "--allow-client-shm", "true",
                    "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]
             variant_env, variant_args = VARIANTS[kind]
-            cmd += variant_args
+            cmd += [*variant_args, *extra_args]
             env = {**os.environ, **variant_env}
         # On this 2-vCPU machine, shared with the load generator, numpy's OpenBLAS worker thread
         # spin-waits between the batching model's matmuls and takes ~65% of a core in either

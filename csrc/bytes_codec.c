@@ -38,6 +38,30 @@ tsm_bytes_status tsm_bytes_index(const uint8_t *buf, size_t len, size_t count,
     return TSM_BYTES_OK;
 }
 
+tsm_bytes_status tsm_bytes_count(const uint8_t *buf, size_t len, size_t *count, size_t *remaining)
+{
+    size_t pos = 0, n_elements = 0;
+    while (pos < len) {
+        if (len - pos < 4) {
+            *count = n_elements;
+            *remaining = len - pos;
+            return TSM_BYTES_SHORT_HEADER;
+        }
+        uint32_t n = load_le32(buf + pos);
+        pos += 4;
+        if ((size_t)n > len - pos) {
+            *count = n_elements;
+            *remaining = len - pos;
+            return TSM_BYTES_OVERRUN;
+        }
+        pos += n;
+        n_elements++;
+    }
+    *count = n_elements;
+    *remaining = 0;
+    return TSM_BYTES_OK;
+}
+
 size_t tsm_bytes_put(uint8_t *dst, const uint8_t *src, uint32_t n)
 {
     dst[0] = (uint8_t)(n & 0xff);

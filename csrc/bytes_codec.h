@@ -21,6 +21,10 @@ tsm_bytes_status tsm_bytes_index(const uint8_t *buf, size_t len, size_t count,
                                  size_t *starts, uint32_t *lengths,
                                  size_t *bad_index, size_t *remaining);
 
+/* Counts the elements that fill `buf` exactly. On failure `*count` is the number of
+ * whole elements before the one that failed and `*remaining` the bytes left there. */
+tsm_bytes_status tsm_bytes_count(const uint8_t *buf, size_t len, size_t *count, size_t *remaining);
+
 /* Writes one element (prefix + payload) at `dst`; returns bytes written. */
 size_t tsm_bytes_put(uint8_t *dst, const uint8_t *src, uint32_t n);
 

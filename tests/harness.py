@@ -5,6 +5,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -48,7 +49,8 @@ class ServerProcess:
 
     def __init__(self, repository: Path | list[Path], log_path: Path, *, extra_args: list[str] = (),
                  env: dict[str, str] | None = None, program: list[str] | None = None,
-                 cwd: Path | None = None):
+                 cwd: Path | None = None, https: ssl.SSLContext | None = None,
+                 health_headers: dict[str, str] | None = None):
         self.program = program or [sys.executable, "-m", "triton_shm"]
         self.cwd = cwd
         self.repositories = repository if isinstance(repository, list) else [repository]
@@ -57,6 +59,8 @@ class ServerProcess:
         self.extra_args = list(extra_args)
         self.env = {**os.environ, **(env or {})}
         self.proc: subprocess.Popen | None = None
+        self.https = https  # the client context for a server that serves HTTPS
+        self.health_headers = health_headers or {}  # for a server whose health API is restricted
 
     @property
     def http_url(self) -> str:
@@ -69,7 +73,7 @@ class ServerProcess:
     def start(self, timeout: float = 90.0, wait_ready: bool = True) -> "ServerProcess":
         args = [*self.program, "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
                 "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
-                "--allow-metrics", "false", *self.extra_args]
+                "--allow-metrics", "false", "--drain-secs", "0", *self.extra_args]
         for repo in self.repositories:
             args += ["--model-repository", str(repo)]
         self._log = open(self.log_path, "wb")
@@ -87,8 +91,10 @@ class ServerProcess:
 
     def _answers(self, ready: bool) -> bool:
         path = "/v2/health/ready" if ready else "/v2/health/live"
+        scheme = "http" if self.https is None else "https"
+        request = urllib.request.Request(f"{scheme}://{self.http_url}{path}", headers=self.health_headers)
         try:
-            with urllib.request.urlopen(f"http://{self.http_url}{path}", timeout=1) as r:
+            with urllib.request.urlopen(request, timeout=1, context=self.https) as r:
                 return r.status == 200
         except OSError:
             return False

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -156,7 +157,8 @@ def build_repository(repo: Path) -> Path:
              batching="default_queue_policy { timeout_action: REJECT default_timeout_microseconds: 100000 "
                       "allow_timeout_override: true }")
     recorder(repo, "qdelay", max_batch_size=1, sleep_s=0.3,
-             batching="default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 50000 }")
+             batching="default_queue_policy { timeout_action: DELAY default_timeout_microseconds: 50000 "
+                      "allow_timeout_override: true }")
     recorder(repo, "stats", batching="max_queue_delay_microseconds: 150000")
     recorder(repo, "pa_batch", batching="max_queue_delay_microseconds: 5000", sleep_s=0.005)
     onnx_model(repo, "onnx_add", lambda p: onnx_add_sub(p, dims=("batch", 4)),
@@ -333,22 +335,6 @@ def test_max_batch_size_never_exceeded(server):
     assert max(sizes_seen) <= 4
 
 
-def test_preferred_batch_size_when_queue_fills_before_dispatch(server):
-    """Four single-row requests reach preferred_batch_size [4] and go at once; six more
-    queue while the only instance is busy: 4 of them go together when it frees, the last
-    2 after max_queue_delay."""
-    async def go(client):
-        busy = [asyncio.ensure_future(ginfer(client, "preferred", rows_of(i, 1))) for i in range(4)]
-        await asyncio.sleep(0.1)
-        later = [asyncio.ensure_future(ginfer(client, "preferred", rows_of(10 + i, 1))) for i in range(6)]
-        return await asyncio.gather(*busy), await asyncio.gather(*later)
-    busy, later = run(go, server)
-    check_own_rows(busy + later, [rows_of(i, 1) for i in range(4)] + [rows_of(10 + i, 1) for i in range(6)])
-    assert [int(r["ROWS"][0, 0]) for r in busy] == [4] * 4
-    rows = sorted(int(r["ROWS"][0, 0]) for r in later)
-    assert rows == [2, 2, 4, 4, 4, 4], rows
-
-
 def test_preferred_batch_size_with_a_full_queue(server):
     """Eight single-row requests queue while the only instance is busy; preferred_batch_size
     [4] should shape the next batches (4 + 4), not one max_batch_size batch of 8.
@@ -474,24 +460,21 @@ def test_preserve_ordering_with_two_instances(server):
 
 
 def test_instance_group_count_runs_in_parallel(server):
-    async def timed(client, model):
-        t0 = time.monotonic()
-        res = await asyncio.gather(*(ginfer(client, model, rows_of(i, 1)) for i in range(4)))
-        return time.monotonic() - t0, res
+    async def four(client, model):
+        return await asyncio.gather(*(ginfer(client, model, rows_of(i, 1)) for i in range(4)))
 
     async def go(client):
-        return await timed(client, "par1"), await timed(client, "par2")
-    (t1, r1), (t2, r2) = run(go, server)
+        return await four(client, "par1"), await four(client, "par2")
+    r1, r2 = run(go, server)
     spans = sorted((float(r["START"][0, 0]), float(r["END"][0, 0])) for r in r2)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), f"no overlap: {spans}"
     assert len({int(r["TID"][0, 0]) for r in r2}) == 2
     assert len({int(r["TID"][0, 0]) for r in r1}) == 1
-    assert t1 >= 0.95 and t2 < t1 / 1.5, (t1, t2)
 
 
-@pytest.mark.parametrize("kind", ["grpc", "http"])
-def test_priority_level_one_served_first(server, kind):
-    infer = ginfer if kind == "grpc" else hinfer
+def test_priority_level_one_served_first(server):
+    """The wiring end to end (tests/test_scheduler.py decides priorities in every detail)."""
+    infer, kind = ginfer, "grpc"
 
     async def go(client):
         busy = asyncio.ensure_future(infer(client, "prio", rows_of(0, 1)))
@@ -527,12 +510,11 @@ def test_full_queue_rejects_at_once(server, kind):
     infer = ginfer if kind == "grpc" else hinfer
 
     async def rejected(client, i):
-        t0 = time.monotonic()
         try:
             await infer(client, "qfull", rows_of(i, 1))
         except InferenceServerException as e:
-            return e, time.monotonic() - t0
-        return None, time.monotonic() - t0
+            return e
+        return None
 
     async def go(client):
         busy = asyncio.ensure_future(infer(client, "qfull", rows_of(0, 1)))
@@ -543,27 +525,23 @@ def test_full_queue_rejects_at_once(server, kind):
         return await busy, await queued, extra
     busy, queued, extra = run(go, server, kind)
     check_own_rows([busy, queued], [rows_of(0, 1), rows_of(1, 1)])
-    for err, elapsed in extra:
-        assert err is not None, "a request beyond max_queue_size was accepted"
-        assert elapsed < 0.3, f"rejection took {elapsed:.3f}s"
-        assert "Exceeds maximum queue size" in err.message()
-        assert ("UNAVAILABLE" in str(err.status())) if kind == "grpc" else (str(err.status()) == "503")
+    for err in extra:
+        assert isinstance(err, InferenceServerException), "a request beyond max_queue_size was accepted"
+        assert err.message() == "Exceeds maximum queue size for model 'qfull'"
+        assert str(err.status()) == ("StatusCode.UNAVAILABLE" if kind == "grpc" else "503")
 
 
 def test_queue_timeout_reject(server):
     async def go(client):
         busy = asyncio.ensure_future(ginfer(client, "qtimeout", rows_of(0, 1)))
         await asyncio.sleep(0.1)
-        t0 = time.monotonic()
         with pytest.raises(InferenceServerException) as e:
             await ginfer(client, "qtimeout", rows_of(1, 1))
-        elapsed = time.monotonic() - t0
         await busy
-        return e.value, elapsed
-    err, elapsed = run(go, server)
-    assert "timeout" in err.message().lower()
-    assert "UNAVAILABLE" in str(err.status())
-    assert 0.08 <= elapsed < 0.45, elapsed  # fired in the queue, before the busy one ended
+        return e.value
+    err = run(go, server)
+    assert err.message() == "Request timeout expired"
+    assert str(err.status()) == "StatusCode.UNAVAILABLE"
 
 
 def test_queue_timeout_override(server):
@@ -589,17 +567,24 @@ def test_queue_timeout_override_over_http(server):
         return await ok, e.value
     ok, err = run(go, server, "http")
     np.testing.assert_array_equal(ok["OUTPUT0"], rows_of(1, 1))
-    assert "timeout" in err.message().lower() and str(err.status()) == "503"
+    assert err.message() == "Request timeout expired" and str(err.status()) == "503"
 
 
-def test_queue_timeout_delay_completes(server):
+def test_queue_timeout_delay_runs_an_expired_request_after_the_others(server):
+    """DELAY: a request whose 50 ms expire in the queue is not failed but goes behind one
+    that arrived after it without a deadline (timeout 0). Were the timeout ignored, it would
+    run first; were it REJECT, it would fail."""
     async def go(client):
         busy = asyncio.ensure_future(ginfer(client, "qdelay", rows_of(0, 1)))
         await asyncio.sleep(0.05)
-        waited = await ginfer(client, "qdelay", rows_of(1, 1))  # its 50 ms expire in the queue
-        return await busy, waited
-    busy, waited = run(go, server)
-    check_own_rows([busy, waited], [rows_of(0, 1), rows_of(1, 1)])
+        expires = asyncio.ensure_future(ginfer(client, "qdelay", rows_of(1, 1)))
+        await asyncio.sleep(0.02)
+        patient = asyncio.ensure_future(ginfer(client, "qdelay", rows_of(2, 1), timeout=0))
+        return await busy, await expires, await patient
+    busy, expires, patient = run(go, server)
+    check_own_rows([busy, expires, patient], [rows_of(0, 1), rows_of(1, 1), rows_of(2, 1)])
+    start = lambda r: float(r["START"][0, 0])  # noqa: E731
+    assert start(busy) < start(patient) < start(expires)
 
 
 # -- statistics ---------------------------------------------------------------------------
@@ -854,3 +839,31 @@ def test_assembler_twins_agree():
         o_c = [bytearray(int(n)) for n in sizes]
         assert assembler_py.scatter(d_py, o_py) == _assembler.scatter(d_c, o_c)
         assert o_py == o_c == [bytearray(p.tobytes()) for p in parts]
+
+
+def test_assembler_twin_reads_and_writes_client_regions_through_the_file(tmp_path):
+    """What the C guard does for a client region truncated under a copy, the twin does by
+    never mapping it: preadv reads short, pwrite is refused after a size check. A 400 for the
+    request, never a SIGBUS for the worker."""
+    from triton_shm.errors import InvalidArgument
+    from triton_shm.worker.assembler_py import RegionSpan, copy, gather, scatter
+    path = tmp_path / "region"
+    path.write_bytes(bytes(range(64)))
+    fd = os.open(path, os.O_RDWR)
+    try:
+        span = RegionSpan(fd, 16, 8, 64)
+        out = bytearray(8)
+        assert copy(out, span) == 8 and out == bytes(range(16, 24))
+        assert copy(span, b"ABCDEFGH") == 8 and path.read_bytes()[16:24] == b"ABCDEFGH"
+        gathered = bytearray(12)
+        assert gather(gathered, [b"xyzw", span]) == 12 and gathered == b"xyzwABCDEFGH"
+        assert scatter(b"12345678", [span]) == 8 and path.read_bytes()[16:24] == b"12345678"
+        os.ftruncate(fd, 20)  # the client shrinks its region after the worker checked its size
+        for call in (lambda: copy(bytearray(8), span), lambda: gather(bytearray(8), [span]),
+                     lambda: copy(span, b"ABCDEFGH"), lambda: scatter(b"12345678", [span])):
+            with pytest.raises(InvalidArgument, match="^a client's shared-memory region shrank while it was "
+                                                      "being read or written$"):
+                call()
+        assert os.fstat(fd).st_size == 20  # a refused write does not grow it back
+    finally:
+        os.close(fd)

@@ -1,6 +1,5 @@
 """The command line accepts every flag tritonserver 2.51 lists: the ones with a meaning act,
-the others log one start-up warning each, the security ones are refused when on, and
-unknown flags stay errors."""
+the others log one start-up warning each, and unknown flags stay errors."""
 from __future__ import annotations
 
 import os
@@ -14,8 +13,9 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from triton_shm import cli
-from triton_shm.cli import INERT_FLAGS, REFUSED_FLAGS, parse_args
+from triton_shm.cli import INERT_FLAGS, parse_args
 from triton_shm.core import model_config as mcfg
+from triton_shm.frontend.tls import TlsFiles
 from triton_shm.frontend.grpc.server import Keepalive, server_options
 from triton_shm.server import grpc_keepalive
 
@@ -34,7 +34,7 @@ TRITONSERVER_FLAGS: dict[str, str | None] = {
     "--model-load-thread-count": "2", "--model-load-retry-count": "1", "--model-namespacing": "false",
     "--enable-peer-access": "true", "--allow-http": "true", "--http-address": "127.0.0.1",
     "--http-port": "8000", "--reuse-http-port": "false", "--http-header-forward-pattern": "x-.*",
-    "--http-thread-count": "8", "--http-restricted-api": None, "--allow-grpc": "true",
+    "--http-thread-count": "8", "--http-restricted-api": "health:k=v", "--allow-grpc": "true",
     "--grpc-address": "127.0.0.1", "--grpc-port": "8001", "--reuse-grpc-port": "false",
     "--grpc-header-forward-pattern": "x-.*", "--grpc-infer-allocation-pool-size": "8",
     "--grpc-use-ssl": "false", "--grpc-use-ssl-mutual": "false", "--grpc-server-cert": "s.pem",
@@ -43,7 +43,7 @@ TRITONSERVER_FLAGS: dict[str, str | None] = {
     "--grpc-keepalive-permit-without-calls": "true", "--grpc-http2-max-pings-without-data": "0",
     "--grpc-http2-min-recv-ping-interval-without-data": "1000", "--grpc-http2-max-ping-strikes": "0",
     "--grpc-max-connection-age": "60000", "--grpc-max-connection-age-grace": "1000",
-    "--grpc-restricted-protocol": None, "--allow-sagemaker": "false", "--sagemaker-port": "8080",
+    "--grpc-restricted-protocol": "inference:k=v", "--allow-sagemaker": "false", "--sagemaker-port": "8080",
     "--sagemaker-safe-port-range": "8000-8010", "--sagemaker-thread-count": "8", "--allow-vertex-ai": "false",
     "--vertex-ai-port": "8080", "--vertex-ai-thread-count": "8", "--vertex-ai-default-model": "m",
     "--allow-metrics": "true", "--allow-gpu-metrics": "false", "--allow-cpu-metrics": "true",
@@ -59,8 +59,6 @@ TRITONSERVER_FLAGS: dict[str, str | None] = {
     "--strict-model-config": "false", "--response-cache-byte-size": "0", "--trace-file": "/tmp/trace.json",
     "--trace-level": "TIMESTAMPS", "--trace-rate": "1000", "--trace-count": "-1", "--trace-log-frequency": "0",
 }
-# Refused whatever their value (not tested in the bulk parse).
-ALWAYS_REFUSED = {"--http-restricted-api", "--grpc-restricted-protocol"}
 
 
 def _argv(flags: dict[str, str | None]) -> list[str]:
@@ -86,8 +84,12 @@ def test_flag_list_is_the_real_binarys():
     assert listed == set(TRITONSERVER_FLAGS)
 
 
+# As with tritonserver, the deprecated cache flag and its successor are refused together.
+EXCLUSIVE = {"--response-cache-byte-size"}
+
+
 def test_every_tritonserver_flag_is_accepted():
-    flags = {k: v for k, v in TRITONSERVER_FLAGS.items() if k not in ALWAYS_REFUSED}
+    flags = {k: v for k, v in TRITONSERVER_FLAGS.items() if k not in EXCLUSIVE}
     options = parse_args(_argv(flags))
     assert options.model_repositories == [Path("/models"), Path("/models")]
     given_inert = {s.flag for s in INERT_FLAGS} & set(flags)
@@ -212,7 +214,7 @@ def test_no_warnings_by_default():
     assert parse_args(REPO).inert == {}
 
 
-# -- refused ----------------------------------------------------------------------------------------
+# -- errors -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("argv, message", [
     (["--bogus-flag=1"], "unrecognized arguments: --bogus-flag=1"),
     (["--log-verbx=1"], "unrecognized arguments: --log-verbx=1"),
@@ -223,16 +225,14 @@ def test_no_warnings_by_default():
                                           "got '12'"),
     (["--backend-config=foo"], "argument --backend-config: expected [<name>,]<setting>=<value>, got 'foo'"),
     (["--host-policy=numa-node=0"], "expected <name>,<setting>=<value>, got 'numa-node=0'"),
-    (["--rate-limit=bogus"], "argument --rate-limit: invalid choice: 'bogus'"),
+    (["--rate-limit=bogus"], "argument --rate-limit: expected execution_count or off, got 'bogus'"),
+    (["--cache-config=local,size=1", "--response-cache-byte-size=1"],
+     "Incompatible flags --response-cache-byte-size and --cache-config both provided. Please provide one or "
+     "the other."),
+    (["--cache-config=size=1"], "--cache-config option format is '<cache name>,<setting>=<value>'. Got size=1"),
+    (["--rate-limit-resource=R:1:2:3"], "argument --rate-limit-resource: expected <string>:<integer>[:<integer>]"),
     (["--grpc-infer-response-compression-level=max"], "invalid choice: 'max'"),
     (["--strict-model-config=maybe"], "expected true or false, got 'maybe'"),
-    (["--grpc-use-ssl=true"], "argument --grpc-use-ssl: gRPC TLS is not supported by triton-shm, and ignoring it "
-                              "would weaken security"),
-    (["--grpc-use-ssl-mutual=1"], "argument --grpc-use-ssl-mutual: gRPC TLS is not supported"),
-    (["--http-restricted-api=model-repository,admin-key=secret"],
-     "argument --http-restricted-api: restricting HTTP APIs by header is not supported"),
-    (["--grpc-restricted-protocol=inference,key=v"],
-     "argument --grpc-restricted-protocol: restricting gRPC protocols by header is not supported"),
 ])
 def test_refused(argv, message, capsys):
     assert message in _error(REPO + argv, capsys)
@@ -241,8 +241,44 @@ def test_refused(argv, message, capsys):
 def test_ssl_off_is_accepted_silently():
     options = parse_args(REPO + ["--grpc-use-ssl=false", "--grpc-use-ssl-mutual=false"])
     assert (options.startup_warnings, options.inert) == ([], {})
-    assert set(REFUSED_FLAGS) == {"--grpc-use-ssl", "--grpc-use-ssl-mutual", "--http-restricted-api",
-                                  "--grpc-restricted-protocol"}
+    assert options.tls_files("grpc") is None
+
+
+def test_certificates_of_a_plaintext_port_are_warned_about():
+    options = parse_args(REPO + ["--grpc-server-cert=s.pem", "--http-root-cert=r.pem"])
+    assert options.startup_warnings == [
+        "--grpc-server-cert has no effect: gRPC is served without TLS (--grpc-use-ssl=true turns it on)",
+        "--http-root-cert has no effect: HTTP is served without TLS (--http-use-ssl=true turns it on)"]
+
+
+def test_tls_files_per_port():
+    options = parse_args(REPO + ["--grpc-use-ssl-mutual=true", "--grpc-server-cert=g.pem", "--grpc-server-key=g.key",
+                                 "--grpc-root-cert=ca.pem", "--http-use-ssl=true", "--http-server-cert=h.pem",
+                                 "--http-server-key=h.key", "--http-root-cert=hca.pem", "--metrics-use-ssl=true"])
+    assert options.tls_files("grpc") == TlsFiles(Path("g.pem"), Path("g.key"), Path("ca.pem"))
+    assert options.tls_files("http") == TlsFiles(Path("h.pem"), Path("h.key"))  # not mutual: no client CA
+    assert options.tls_files("metrics") == TlsFiles(Path("h.pem"), Path("h.key"))  # the HTTP port's files
+    own = parse_args(REPO + ["--metrics-use-ssl-mutual=true", "--metrics-server-cert=m.pem",
+                             "--metrics-server-key=m.key", "--http-root-cert=hca.pem"])
+    assert own.tls_files("metrics") == TlsFiles(Path("m.pem"), Path("m.key"), Path("hca.pem"))
+    assert own.startup_warnings == []  # the HTTP root certificate is the metrics port's
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--grpc-use-ssl=true"], "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"),
+    (["--grpc-use-ssl-mutual=true", "--grpc-server-cert=c", "--grpc-server-key=k"],
+     "--grpc-use-ssl-mutual needs --grpc-root-cert"),
+    (["--http-use-ssl=true", "--http-server-cert=c"], "--http-use-ssl needs --http-server-cert and --http-server-key"),
+    (["--metrics-use-ssl=true"], "--metrics-use-ssl needs --metrics-server-cert and --metrics-server-key "
+                                 "(or --http-server-cert and --http-server-key)"),
+    (["--metrics-use-ssl-mutual=true", "--http-server-cert=c", "--http-server-key=k"],
+     "--metrics-use-ssl-mutual needs --metrics-root-cert (or --http-root-cert)"),
+])
+def test_incomplete_tls_flags_exit_1(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse_args(REPO + argv)
+    assert exc.value.code == 1
+    assert capsys.readouterr().err.splitlines()[-1] == f"triton-shm: error: {message}"
 
 
 def test_unambiguous_prefix_is_accepted_as_tritonserver_does():
@@ -257,9 +293,9 @@ def test_help_groups_the_compatibility_flags(capsys):
     out = capsys.readouterr().out
     assert out.startswith("usage: triton-shm --model-repository PATH [options]\n")
     for title in ("gRPC transport", "deprecated tritonserver flags", "tritonserver compatibility",
-                  "tritonserver security flags"):
+                  "TLS and restricted APIs"):
         assert f"\n{title}" in out
-    compat = out[out.index("\ntritonserver compatibility"):out.index("\ntritonserver security flags")]
+    compat = out[out.index("\ntritonserver compatibility"):out.index("\nTLS and restricted APIs")]
     assert "--pinned-memory-pool-byte-size INTEGER" in compat
     assert "no effect: triton-shm has no pinned-memory pool" in compat
 
@@ -289,8 +325,6 @@ EXPECTED_WARNINGS = [
     "--http-thread-count has no effect: HTTP is served by the front-end's event loop, not a thread pool",
     "--grpc-infer-allocation-pool-size has no effect: gRPC request/response objects are not pooled",
     "--backend-directory has no effect: the backends (onnxruntime, python) are built in",
-    "--cache-config has no effect: triton-shm has no response cache",
-    "--rate-limit has no effect: triton-shm has no rate limiter: a request runs as soon as an instance is free",
     "--pinned-memory-pool-byte-size has no effect: triton-shm has no pinned-memory pool",
     "--cuda-memory-pool-byte-size has no effect: triton-shm has no CUDA memory pool",
     "--backend-config=python,shm-default-byte-size=1048576 has no effect: Python models share the worker's "
@@ -371,3 +405,17 @@ def test_config_less_model_exits_with_exit_on_error(tmp_path):
     srv.stop()
     assert "failed to load all models" in srv.log()
     assert os.path.basename(str(repo / "bare" / "config.pbtxt")) in srv.log()
+
+
+# -- response cache and rate limiter ----------------------------------------------------------------
+def test_cache_and_rate_limit_options():
+    o = parse_args(REPO + ["--cache-config=local,size=1048576", "--rate-limit=EXECUTION_COUNT",
+                           "--rate-limit-resource=R1:10:0", "--rate-limit-resource", "R2:3"])
+    assert (o.cache_size, o.rate_limit) == (1048576, "execution_count")
+    assert [(r.name, r.count, r.device) for r in o.rate_limit_resources] == [("R1", 10, 0), ("R2", 3, None)]
+    assert o.startup_warnings == []
+    old = parse_args(REPO + ["--response-cache-byte-size=4096"])
+    assert old.cache_size == 4096
+    assert old.startup_warnings == ["--response-cache-byte-size is deprecated: use --cache-config local,size=<bytes>"]
+    defaults = parse_args(REPO)
+    assert (defaults.cache_size, defaults.rate_limit, defaults.rate_limit_resources) == (None, "off", [])

@@ -6,7 +6,6 @@ import asyncio
 import json
 import queue
 import struct
-import time
 
 import grpc
 import numpy as np
@@ -19,6 +18,7 @@ from tritonclient.utils import InferenceServerException
 from .conftest import build_core_repository
 from .harness import ServerProcess
 from .models import ECHO_CONFIG, ECHO_PY, write_model
+from .helpers import assert_serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,12 +59,6 @@ def add_sub_inputs(a=A, b=B, mod=grpcclient):
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
     return inputs
-
-
-def assert_serving(client):
-    result = client.infer("add_sub", add_sub_inputs())
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), A + B)
-    np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), A - B)
 
 
 def tensor(name, datatype, shape):
@@ -199,7 +193,7 @@ def test_parameters_reach_the_model(client):
     result = client.infer("echo", [inp], outputs=[grpcclient.InferRequestedOutput("PARAMS"),
                                                   grpcclient.InferRequestedOutput("REQUEST_ID")])
     assert [o.name for o in result.get_response().outputs] == ["PARAMS", "REQUEST_ID"]
-    assert json.loads(result.as_numpy("PARAMS")[0]) is not None
+    assert json.loads(result.as_numpy("PARAMS")[0]) == {}  # this request had no parameters
 
 
 @pytest.mark.parametrize("datatype", ["BOOL", "UINT16", "UINT32", "INT8", "INT64", "FP16", "FP64", "BF16", "BYTES"])
@@ -348,7 +342,7 @@ def test_typed_contents_bytes(stub):
     assert raw == expected
 
 
-def test_typed_contents_errors(stub, client):
+def test_typed_contents_errors(server, stub, client):
     # field that does not match the datatype
     req = service_pb2.ModelInferRequest(model_name="identity_int32")
     req.inputs.add(name="INPUT0", datatype="INT32", shape=[2]).contents.fp32_contents.extend([1.0, 2.0])
@@ -377,7 +371,7 @@ def test_typed_contents_errors(stub, client):
     req.inputs.add(name="INPUT1", datatype="FP32", shape=[1, 16])
     req.raw_input_contents.extend([A.tobytes(), B.tobytes()])
     expect_status(lambda: stub.ModelInfer(req), grpc.StatusCode.INVALID_ARGUMENT)
-    assert_serving(client)
+    assert_serving(server)
 
 
 # --------------------------------------------------------------------------- bad input
@@ -435,25 +429,23 @@ BAD_REQUESTS = [
     ("bytes-past-buffer", _raw_request(model="identity_bytes", inputs=[("INPUT0", "BYTES", [1])],
                                        raws=[struct.pack("<I", 100) + b"abc"]),
      grpc.StatusCode.INVALID_ARGUMENT, "INPUT0"),
-    ("bad-model-name", _raw_request(model="../add_sub"), None, None),
+    # Triton answers NOT_FOUND ("Request for unknown model"); this server refuses a name that
+    # could leave the repository before looking it up
+    ("bad-model-name", _raw_request(model="../add_sub"), grpc.StatusCode.INVALID_ARGUMENT,
+     "invalid model name '../add_sub'"),
 ]
 
 
 @pytest.mark.parametrize("req,code,fragment", [pytest.param(*c[1:], id=c[0]) for c in BAD_REQUESTS])
-def test_bad_request(stub, client, req, code, fragment):
-    start = time.monotonic()
+def test_bad_request(server, stub, client, req, code, fragment):
     with pytest.raises(grpc.RpcError) as e:
         stub.ModelInfer(req, timeout=30)
-    assert time.monotonic() - start < 5
-    if code is None:  # any client error, never INTERNAL/UNKNOWN
-        assert e.value.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND), e.value.code()
-    else:
-        assert e.value.code() == code, (e.value.code(), e.value.details())
+    assert e.value.code() == code, (e.value.code(), e.value.details())
     details = e.value.details()
     assert details and details.strip()
     if fragment:
         assert fragment in details, (fragment, details)
-    assert_serving(client)
+    assert_serving(server)
 
 
 def _input(name, arr):
@@ -462,7 +454,7 @@ def _input(name, arr):
     return inp
 
 
-def test_client_errors(client):
+def test_client_errors(server, client):
     """The same failures through tritonclient, which surfaces them as InferenceServerException."""
     nine = np.ones((9, 16), np.float32)
     cases = [
@@ -482,7 +474,7 @@ def test_client_errors(client):
             fn()
         assert e.value.status() == status, (e.value.status(), e.value.message())
         assert e.value.message()
-    assert_serving(client)
+    assert_serving(server)
 
 
 # --------------------------------------------------------------------------- known server bugs

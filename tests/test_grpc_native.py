@@ -37,6 +37,7 @@ from tritonclient.utils import InferenceServerException
 from .conftest import build_core_repository
 from .harness import ServerProcess
 from .models import write_model
+from .helpers import assert_serving
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -81,13 +82,6 @@ def identity_inputs(values: np.ndarray) -> list:
     inp = grpcclient.InferInput("INPUT0", list(values.shape), "FP32")
     inp.set_data_from_numpy(values)
     return [inp]
-
-
-def assert_serving(server) -> None:
-    """A normal call from a fresh connection still works."""
-    with grpcclient.InferenceServerClient(server.grpc_url) as c:
-        x = np.arange(16, dtype=np.float32)
-        np.testing.assert_array_equal(c.infer("identity_fp32", identity_inputs(x)).as_numpy("OUTPUT0"), x)
 
 
 def infer_message() -> bytes:

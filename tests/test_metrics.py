@@ -24,7 +24,7 @@ from triton_shm.core.statistics import ModelStats
 from triton_shm.frontend.metrics import MetricsCollector
 
 from .harness import ServerProcess, free_port
-from .models import onnx_add_sub, write_model
+from .models import onnx_add_sub, python_identity, write_model
 
 ADD_SUB_CONFIG = """
 name: "add_sub"
@@ -487,3 +487,51 @@ def test_bad_metrics_config_stops_the_server_clearly(tmp_path):
         srv.start()
     assert "summary_latencies=perhaps: expected true or false" in srv.log()
     assert "Traceback" not in srv.log()
+
+
+# --------------------------------------------------------------------------- golden: Triton 2.51's page
+GOLDEN = Path(__file__).resolve().parent / "golden" / "triton-2.51-metrics.txt"
+# Families Triton prints that have no counterpart here (no pinned host memory pool).
+NOT_EXPORTED = {"nv_pinned_memory_pool_total_bytes", "nv_pinned_memory_pool_used_bytes"}
+
+
+def families_of(text: str) -> dict[str, dict]:
+    """name -> {help, type, series: the set of (sample name, labels)}, values dropped."""
+    families: dict[str, dict] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name, _, help_text = line[len("# HELP "):].partition(" ")
+            current = families.setdefault(name, {"series": set()})
+            current["help"] = help_text
+        elif line.startswith("# TYPE "):
+            name, _, kind = line[len("# TYPE "):].partition(" ")
+            families[name]["type"] = kind
+        elif line:
+            m = _SAMPLE.match(line)
+            assert m and current is not None, f"not a Prometheus sample line: {line!r}"
+            current["series"].add((m.group(1), frozenset(_LABEL.findall(m.group(2) or ""))))
+    return families
+
+
+def test_exposition_matches_triton_2_51(tmp_path):
+    """tests/golden/triton-2.51-metrics.txt is what Triton 2.51 (CPU) printed for this model
+    after one successful request, started with `--metrics-config summary_latencies=true
+    --allow-gpu-metrics=false`. The same model and request here must give the same
+    families, HELP and TYPE lines and series (names and labels; values differ)."""
+    python_identity(tmp_path / "models", "identity_fp32", "FP32")
+    port = free_port()
+    srv = ServerProcess(tmp_path / "models", tmp_path / "server.log", extra_args=[
+        "--allow-metrics=true", "--metrics-port", str(port), "--allow-gpu-metrics=false",
+        "--metrics-config", "summary_latencies=true"]).start()
+    try:
+        inp = httpclient.InferInput("INPUT0", [2], "FP32")
+        inp.set_data_from_numpy(np.array([1, 2], dtype=np.float32))
+        httpclient.InferenceServerClient(srv.http_url).infer("identity_fp32", [inp])
+        ours = families_of(scrape_text(port))
+    finally:
+        srv.stop_cleanly()
+    triton = families_of(GOLDEN.read_text())
+    assert set(ours) == set(triton) - NOT_EXPORTED
+    for name, family in ours.items():
+        assert family == triton[name], name

@@ -28,6 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from .harness import ServerProcess
 from .models import onnx_add_sub, write_model
+from .helpers import connect, expect_error
 
 PROTOS = ["http", "grpc"]
 NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
@@ -158,12 +159,6 @@ def grpc_index(srv: ServerProcess) -> list[dict]:
         return c.get_model_repository_index(as_json=True).get("models", [])
 
 
-def client(srv: ServerProcess, proto: str, timeout: float = 60.0):
-    if proto == "http":
-        return httpclient.InferenceServerClient(srv.http_url, network_timeout=timeout, connection_timeout=timeout)
-    return grpcclient.InferenceServerClient(srv.grpc_url)
-
-
 def infer_with(c, proto: str, name: str, seconds: float = 0.0, version: str = "", request_id: str = "",
                timeout: float = 60.0) -> float:
     mod = httpclient if proto == "http" else grpcclient
@@ -175,7 +170,7 @@ def infer_with(c, proto: str, name: str, seconds: float = 0.0, version: str = ""
 
 
 def infer(srv: ServerProcess, proto: str, name: str, **kw) -> float:
-    c = client(srv, proto)
+    c = connect(srv, proto)
     try:
         return infer_with(c, proto, name, **kw)
     finally:
@@ -185,7 +180,7 @@ def infer(srv: ServerProcess, proto: str, name: str, **kw) -> float:
 def load(srv: ServerProcess, proto: str, name: str, config=None, files=None) -> None:
     if isinstance(config, dict):
         config = json.dumps(config)
-    c = client(srv, proto, timeout=120)
+    c = connect(srv, proto, timeout=120)
     try:
         if proto == "http":
             c.load_model(name, config=config, files=files)
@@ -196,7 +191,7 @@ def load(srv: ServerProcess, proto: str, name: str, config=None, files=None) -> 
 
 
 def unload(srv: ServerProcess, proto: str, name: str) -> None:
-    c = client(srv, proto, timeout=120)
+    c = connect(srv, proto, timeout=120)
     try:
         if proto == "http":
             c.unload_model(name)
@@ -204,28 +199,6 @@ def unload(srv: ServerProcess, proto: str, name: str) -> None:
             c.unload_model(name, client_timeout=120)
     finally:
         c.close()
-
-
-HTTP_FOR = {"INVALID_ARGUMENT": "400", "UNAVAILABLE": "503", "NOT_FOUND": "404"}
-
-
-def status_of(e: InferenceServerException) -> str:
-    """'INVALID_ARGUMENT'-style code for gRPC errors, '400'-style for HTTP ones."""
-    s = str(e.status())
-    return s.replace("StatusCode.", "")
-
-
-def expect_error(proto: str, fn, *args, code: str | tuple = "INVALID_ARGUMENT", contains: str | None = None,
-                 **kw) -> InferenceServerException:
-    codes = (code,) if isinstance(code, str) else code
-    with pytest.raises(InferenceServerException) as info:
-        fn(*args, **kw)
-    got = status_of(info.value)
-    wanted = [HTTP_FOR[c] for c in codes] if proto == "http" else list(codes)
-    assert got in wanted, f"expected {wanted}, got {got}: {info.value.message()}"
-    if contains is not None:
-        assert contains in (info.value.message() or ""), info.value.message()
-    return info.value
 
 
 def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
@@ -341,7 +314,7 @@ def test_load_infer_unload_reload(explicit, proto):
     unload(explicit, proto, name)
     assert rows_of(explicit, name) == [{"name": name, "version": "1", "state": "UNAVAILABLE",
                                         "reason": "unloaded"}]
-    err = expect_error(proto, infer, explicit, proto, name, code=("NOT_FOUND", "UNAVAILABLE"))
+    err = expect_error(proto, lambda: infer(explicit, proto, name), "NOT_FOUND")
     assert name in err.message()
     # unloading again (and unloading an unknown model) succeeds, as in Triton
     unload(explicit, proto, name)
@@ -371,7 +344,7 @@ FAILURES = {
 @pytest.mark.parametrize("model", sorted(FAILURES))
 def test_failed_load_is_reported(explicit, proto, model):
     in_error, in_reason = FAILURES[model]
-    err = expect_error(proto, load, explicit, proto, model, code="INVALID_ARGUMENT")
+    err = expect_error(proto, lambda: load(explicit, proto, model), "INVALID_ARGUMENT")
     assert in_error in err.message() and model in err.message(), err.message()
     rows = rows_of(explicit, model)
     assert rows and all(r["state"] == "UNAVAILABLE" for r in rows), rows
@@ -385,7 +358,7 @@ def test_failed_load_is_reported(explicit, proto, model):
 @pytest.mark.parametrize("proto", PROTOS)
 def test_load_of_nonexistent_model(explicit, proto):
     name = f"no_such_model_{proto}"
-    err = expect_error(proto, load, explicit, proto, name, code="INVALID_ARGUMENT")
+    err = expect_error(proto, lambda: load(explicit, proto, name), "INVALID_ARGUMENT")
     assert name in err.message()
     assert all("state" not in r or r["state"] != "READY" for r in rows_of(explicit, name))
     assert infer(explicit, proto, "const_a") == 1.0
@@ -428,7 +401,7 @@ def test_config_override_rejected(explicit, proto, case):
     load(explicit, proto, name, config=good)
     before = states(explicit, name)
     assert before == {"1": "READY"}
-    err = expect_error(proto, load, explicit, proto, name, config=bad, code="INVALID_ARGUMENT")
+    err = expect_error(proto, lambda: load(explicit, proto, name, config=bad), "INVALID_ARGUMENT")
     assert name in err.message() or "config" in err.message(), err.message()
     # a rejected reload leaves the loaded model serving
     assert states(explicit, name) == before
@@ -443,8 +416,8 @@ def test_config_override_rejected(explicit, proto, case):
 def test_backend_change_rejected_on_first_load(explicit, proto):
     name = f"pyback_{proto}"
     make_const(explicit.repo, name, 1.0)
-    err = expect_error(proto, load, explicit, proto, name, config=const_config_dict(backend="onnxruntime"),
-                       code="INVALID_ARGUMENT")
+    err = expect_error(proto, lambda: load(explicit, proto, name, config=const_config_dict(backend="onnxruntime")),
+                       "INVALID_ARGUMENT")
     assert "backend" in err.message(), err.message()
     assert "READY" not in states(explicit, name).values()
 
@@ -467,7 +440,7 @@ def test_file_override_loads_onnx_from_bytes(explicit, proto, tmp_path):
     inputs = [mod.InferInput("INPUT0", [1, 16], "FP32"), mod.InferInput("INPUT1", [1, 16], "FP32")]
     inputs[0].set_data_from_numpy(a)
     inputs[1].set_data_from_numpy(b)
-    c = client(explicit, proto)
+    c = connect(explicit, proto)
     try:
         result = c.infer(name, inputs)
     finally:
@@ -496,8 +469,9 @@ def test_file_override_temp_dir_removed_on_unload(explicit, tmp_path):
 def test_failed_file_override_load_leaves_no_temp_dir(explicit):
     name = "bytes_corrupt"
     before = tree(explicit.tmpdir)
-    err = expect_error("http", load, explicit, "http", name, config=ADD_SUB_CONFIG,
-                       files={"file:1/model.onnx": b"\x08\x07not an onnx model" * 8})
+    err = expect_error("http", lambda: load(explicit, "http", name, config=ADD_SUB_CONFIG,
+                                                     files={"file:1/model.onnx": b"\x08\x07not an onnx model" * 8}),
+                       "INVALID_ARGUMENT")
     assert name in err.message()
     assert rows_of(explicit, name)[0]["state"] == "UNAVAILABLE"
     assert tree(explicit.tmpdir) == before, override_dirs(explicit.tmpdir)
@@ -515,7 +489,7 @@ def test_file_override_bad_paths_rejected(explicit, proto, pattern):
     repo_before, tmp_before = tree(explicit.repo), tree(explicit.tmpdir)
     onnx_bytes = b"payload"
     files = {pattern.format(canary=canary): onnx_bytes, "file:1/model.onnx": onnx_bytes}
-    expect_error(proto, load, explicit, proto, name, config=ADD_SUB_CONFIG, files=files, code="INVALID_ARGUMENT")
+    expect_error(proto, lambda: load(explicit, proto, name, config=ADD_SUB_CONFIG, files=files), "INVALID_ARGUMENT")
     assert "READY" not in states(explicit, name).values()
     assert tree(explicit.repo) == repo_before
     assert tree(explicit.tmpdir) == tmp_before, "a rejected override left files in the temp dir"
@@ -527,8 +501,8 @@ def test_file_override_bad_paths_rejected(explicit, proto, pattern):
 def test_file_override_without_config_rejected(explicit, proto):
     name = f"noconf_{proto}"
     tmp_before = tree(explicit.tmpdir)
-    err = expect_error(proto, load, explicit, proto, name, files={"file:1/model.py": const_py(1.0).encode()},
-                       code="INVALID_ARGUMENT")
+    err = expect_error(proto, lambda: load(explicit, proto, name, files={"file:1/model.py": const_py(1.0).encode()}),
+                       "INVALID_ARGUMENT")
     assert "config" in err.message()
     assert tree(explicit.tmpdir) == tmp_before
     assert rows_of(explicit, name) == []
@@ -540,7 +514,7 @@ def test_versions_policies(explicit):
     load(explicit, "http", name)  # default: latest 1
     assert states(explicit, name) == {"3": "READY"}
     assert infer(explicit, "grpc", name) == 3.0
-    expect_error("grpc", infer, explicit, "grpc", name, version="1", code=("NOT_FOUND", "UNAVAILABLE"))
+    expect_error("grpc", lambda: infer(explicit, "grpc", name, version="1"), "NOT_FOUND")
     assert re.search(r"ignoring 'abc' in model 'versions_m'", explicit.log()), "no warning for folder 'abc'"
 
     load(explicit, "grpc", name, config={**base, "version_policy": {"all": {}}})
@@ -554,19 +528,20 @@ def test_versions_policies(explicit):
     st = states(explicit, name)
     assert st.get("1") == "READY" and st.get("3") == "READY" and st.get("2") != "READY", st
     assert infer(explicit, "grpc", name, version="1") == 1.0
-    expect_error("http", infer, explicit, "http", name, version="2", code=("NOT_FOUND", "UNAVAILABLE"))
+    expect_error("http", lambda: infer(explicit, "http", name, version="2"), "NOT_FOUND")
     _, meta = http_call(explicit, "GET", f"/v2/models/{name}")
     assert meta["versions"] == ["1", "3"], meta
 
     load(explicit, "grpc", name, config={**base, "version_policy": {"latest": {"num_versions": 2}}})
     st = states(explicit, name)
     assert st.get("2") == "READY" and st.get("3") == "READY" and st.get("1") != "READY", st
-    expect_error("grpc", infer, explicit, "grpc", name, version="1", code=("NOT_FOUND", "UNAVAILABLE"))
+    expect_error("grpc", lambda: infer(explicit, "grpc", name, version="1"), "NOT_FOUND")
     assert infer(explicit, "http", name, version="2") == 2.0
 
     # a policy that selects nothing is a clear error; the loaded versions keep serving
-    err = expect_error("http", load, explicit, "http", name,
-                       config={**base, "version_policy": {"specific": {"versions": [9]}}})
+    err = expect_error("http", lambda: load(explicit, "http", name,
+                                                     config={**base, "version_policy": {"specific": {"versions": [9]}}}),
+                       "INVALID_ARGUMENT")
     assert "version" in err.message()
     assert infer(explicit, "http", name, version="3") == 3.0
     unload(explicit, "http", name)
@@ -582,9 +557,9 @@ def test_traversal_names_in_load_unload(explicit, name):
     quoted = urllib.parse.quote(name, safe="")
     for action in ("load", "unload"):
         status, body = http_call(explicit, "POST", f"/v2/repository/models/{quoted}/{action}", {})
-        assert 400 <= status < 500, (action, status, body)
-        expect_error("grpc", load if action == "load" else unload, explicit, "grpc", name,
-                     code=("INVALID_ARGUMENT", "NOT_FOUND"))
+        assert (status, body) == (400, {"error": f"invalid model name '{name}'"}), action
+        expect_error("grpc", lambda: (load if action == "load" else unload)(explicit, "grpc", name),
+                     "INVALID_ARGUMENT", f"invalid model name '{name}'")
     assert index(explicit) == before
     assert states(explicit, "const_a") == {"1": "READY"}
     assert infer(explicit, "http", "const_a") == 1.0
@@ -608,10 +583,8 @@ def test_slow_load_does_not_block_other_models(explicit):
                 "index": lambda: bool(index(explicit)),
             }
             for what, check in checks.items():
-                t0 = time.monotonic()
                 assert check(), what
-                took = time.monotonic() - t0
-                assert took < 1.0, f"{what} took {took:.2f}s while another model was loading"
+            # every call above was answered while the load still ran: none waited for it
             assert not bg.done(), "the slow load finished too early for this test to mean anything"
             time.sleep(0.2)
     finally:
@@ -635,9 +608,9 @@ def test_unload_waits_for_in_flight_request(explicit, proto):
     unloading = Background(unload, explicit, proto, name)
     # requests arriving while it drains are refused at once, not queued
     time.sleep(0.3)
-    t1 = time.monotonic()
-    expect_error(proto, infer, explicit, proto, name, code=("UNAVAILABLE", "NOT_FOUND"))
-    assert time.monotonic() - t1 < 1.0
+    expect_error(proto, lambda: infer(explicit, proto, name), "NOT_FOUND",  # as Triton 2.51 answers
+                 f"Request for unknown model: '{name}' has no available versions")
+    assert not req.done(), "refused while the in-flight request still runs: not queued behind it"
     assert req.result(timeout=30) == 5.0, "the in-flight request failed because of the unload"
     unloading.result(timeout=30)
     assert unloading.finished_at >= req.finished_at - 0.05, "unload returned before the in-flight request"
@@ -654,7 +627,7 @@ def test_reload_under_load_loses_no_request(explicit, proto):
     results: list[list] = [[], []]
 
     def hammer(out: list):
-        c = client(explicit, proto)
+        c = connect(explicit, proto)
         try:
             while not stop.is_set():
                 try:
@@ -720,7 +693,7 @@ def test_concurrent_load_unload_infer(explicit):
             time.sleep(0.1)
 
     def inferer(proto):
-        c = client(explicit, proto, timeout=30)
+        c = connect(explicit, proto, timeout=30)
         try:
             while not stop.is_set():
                 try:
@@ -750,7 +723,8 @@ def test_concurrent_load_unload_infer(explicit):
     answers = [r for r in calls["infer"] if not isinstance(r, Exception)]
     assert answers and set(answers) == {5.0}, "a request was answered with a wrong result"
     for e in (r for r in calls["infer"] if isinstance(r, Exception)):
-        assert status_of(e) in ("UNAVAILABLE", "NOT_FOUND", "503", "404"), f"unexpected error: {e}"
+        # which of the two depends on where the unload was when the request arrived
+        assert str(e.status()).replace("StatusCode.", "") in ("UNAVAILABLE", "NOT_FOUND", "503", "404"), e
 
     # the final state is consistent and the model still works
     load(explicit, "grpc", name)
@@ -813,7 +787,7 @@ def test_load_model_star_and_several_repositories(tmp_path):
         # one name in both repositories: the load is refused, naming both
         make_const(repo_a, "dup2", 1.0)
         make_const(repo_b, "dup2", 2.0)
-        err = expect_error("http", load, srv, "http", "dup2", code=("INVALID_ARGUMENT",))
+        err = expect_error("http", lambda: load(srv, "http", "dup2"), "INVALID_ARGUMENT")
         assert str(repo_a) in err.message() and str(repo_b) in err.message(), err.message()
     finally:
         stop_ok(srv)
@@ -835,7 +809,7 @@ def test_mode_none_refuses_load_unload(none_mode, proto):
     assert states(none_mode, "m") == {"1": "READY"}
     for call, kwargs in ((load, {}), (load, {"config": const_config_dict()}), (unload, {}), (load, {"name": "zz"})):
         name = kwargs.pop("name", "m")
-        expect_error(proto, call, none_mode, proto, name, code="UNAVAILABLE", contains=NOT_ALLOWED, **kwargs)
+        expect_error(proto, lambda: call(none_mode, proto, name, **kwargs), "UNAVAILABLE", NOT_ALLOWED)
     status, body = http_call(none_mode, "POST", "/v2/repository/models/m/unload",
                              {"parameters": {"unload_dependents": True}})
     assert status == 503 and body == {"error": NOT_ALLOWED}, (status, body)
@@ -867,8 +841,8 @@ def _infer_or_none(srv, name):
 
 def test_poll_add_modify_remove(poll_mode):
     srv = poll_mode
-    expect_error("grpc", load, srv, "grpc", "p_base", code="UNAVAILABLE", contains=NOT_ALLOWED)
-    expect_error("http", unload, srv, "http", "p_base", code="UNAVAILABLE", contains=NOT_ALLOWED)
+    expect_error("grpc", lambda: load(srv, "grpc", "p_base"), "UNAVAILABLE", NOT_ALLOWED)
+    expect_error("http", lambda: unload(srv, "http", "p_base"), "UNAVAILABLE", NOT_ALLOWED)
 
     staged = make_const(srv.staging, "p_new", 1.0)
     os.rename(staged, srv.repo / "p_new")  # appears at once, complete
@@ -880,7 +854,7 @@ def test_poll_add_modify_remove(poll_mode):
 
     shutil.rmtree(srv.repo / "p_new")
     wait_for(lambda: "READY" not in states(srv, "p_new").values(), 10, "p_new to unload")
-    expect_error("http", infer, srv, "http", "p_new", code=("NOT_FOUND", "UNAVAILABLE"))
+    expect_error("http", lambda: infer(srv, "http", "p_new"), "NOT_FOUND")
     assert infer(srv, "grpc", "p_base") == 1.0
 
 

@@ -21,6 +21,7 @@ from tritonclient.utils import InferenceServerException
 
 from .harness import ServerProcess
 from .models import onnx_add_sub, write_model
+from .helpers import assert_serving, connect
 
 # --------------------------------------------------------------------------- model sources
 
@@ -244,14 +245,6 @@ def models_server(tmp_path_factory):
 
 
 
-def _http(srv) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(srv.http_url)
-
-
-def _grpc(srv) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(srv.grpc_url)
-
-
 def _get(srv, path: str) -> tuple[int, dict]:
     try:
         with urllib.request.urlopen(f"http://{srv.http_url}{path}", timeout=30) as r:
@@ -301,7 +294,7 @@ def test_onnx_config_completed(models_server, model):
             assert t["data_type"] == "TYPE_FP32"
             assert t["dims"] == [16]  # batch dimension stripped
 
-    with _grpc(models_server) as client:
+    with connect(models_server, "grpc") as client:
         gcfg = client.get_model_config(model, as_json=True)["config"]
         assert gcfg["max_batch_size"] == 4
         assert sorted(t["name"] for t in gcfg["input"]) == ["INPUT0", "INPUT1"]
@@ -309,7 +302,7 @@ def test_onnx_config_completed(models_server, model):
         md = client.get_model_metadata(model, as_json=True)
         assert [int(d) for d in md["inputs"][0]["shape"]] == [-1, 16]
         _run_add_sub(client, grpcclient, model, batch=4)
-    client = _http(models_server)
+    client = connect(models_server, "http")
     try:
         _run_add_sub(client, httpclient, model, batch=1)
         with pytest.raises(InferenceServerException, match="batch-size must be <= 4"):
@@ -325,7 +318,7 @@ def test_python_auto_complete_config(models_server):
     assert cfg["max_batch_size"] == 8
     assert [(t["name"], t["data_type"], t["dims"]) for t in cfg["input"]] == [("INPUT0", "TYPE_INT32", [3])]
     assert [(t["name"], t["data_type"], t["dims"]) for t in cfg["output"]] == [("OUTPUT0", "TYPE_INT32", [3])]
-    with _grpc(models_server) as client:
+    with connect(models_server, "grpc") as client:
         gcfg = client.get_model_config("py_autocomplete", as_json=True)["config"]
         assert gcfg["max_batch_size"] == 8 and gcfg["output"][0]["name"] == "OUTPUT0"
         result = client.infer("py_autocomplete", [_int_input(grpcclient, "INPUT0", [[1, 2, 3], [4, 5, 6]])])
@@ -335,7 +328,7 @@ def test_python_auto_complete_config(models_server):
 # --------------------------------------------------------------------------- pb_utils API
 
 def test_initialize_args(models_server):
-    with _grpc(models_server) as client:
+    with connect(models_server, "grpc") as client:
         result = client.infer("py_args", [_int_input(grpcclient, "DUMMY", [0])])
     args = json.loads(result.as_numpy("ARGS")[0])
     assert args["model_instance_kind"] == "CPU"
@@ -354,7 +347,7 @@ def test_initialize_args(models_server):
 
 
 def test_request_parameters_and_requested_outputs_http(models_server):
-    client = _http(models_server)
+    client = connect(models_server, "http")
     try:
         result = client.infer(
             "py_params", [_int_input(httpclient, "DUMMY", [0])],
@@ -370,7 +363,7 @@ def test_request_parameters_and_requested_outputs_http(models_server):
 
 
 def test_request_parameters_and_requested_outputs_grpc(models_server):
-    with _grpc(models_server) as client:
+    with connect(models_server, "grpc") as client:
         result = client.infer("py_params", [_int_input(grpcclient, "DUMMY", [0])],
                               parameters={"custom": "y", "count": 7})
     params = json.loads(result.as_numpy("PARAMS")[0])
@@ -382,7 +375,7 @@ def test_request_parameters_and_requested_outputs_grpc(models_server):
 
 def test_dlpack_and_config_helpers(models_server):
     data = np.array([0.5, -1.0, 3.0, 1e6], dtype=np.float32)
-    with _grpc(models_server) as client:
+    with connect(models_server, "grpc") as client:
         inp = grpcclient.InferInput("INPUT0", [4], "FP32")
         inp.set_data_from_numpy(data)
         result = client.infer("py_utils", [inp])
@@ -395,19 +388,11 @@ def test_dlpack_and_config_helpers(models_server):
 # --------------------------------------------------------------------------- model errors
 
 def _errors_http(srv, mode: int):
-    client = _http(srv)
+    client = connect(srv, "http")
     try:
         return client.infer("py_errors", [_int_input(httpclient, "MODE", [mode])]).as_numpy("OUTPUT0")
     finally:
         client.close()
-
-
-def _assert_still_serving(srv) -> None:
-    np.testing.assert_array_equal(_errors_http(srv, 0), [0])
-    with _grpc(srv) as client:
-        r = client.infer("py_errors", [_int_input(grpcclient, "MODE", [9])])
-        np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), [9])
-        assert client.is_server_live()
 
 
 @pytest.mark.parametrize("mode,status,needles", [
@@ -429,7 +414,8 @@ def test_model_errors_http(models_server, mode, status, needles):
     assert e.value.status() == str(status), (e.value.status(), e.value.message())
     for needle in needles:
         assert re.search(needle, e.value.message()), (needle, e.value.message())
-    _assert_still_serving(models_server)
+    assert_serving(models_server, "py_errors", datatype="INT32", input_name="MODE",
+                   values=np.array([9], dtype=np.int32))
 
 
 @pytest.mark.parametrize("mode,code,needle", [
@@ -438,12 +424,13 @@ def test_model_errors_http(models_server, mode, status, needles):
     (2, "StatusCode.INTERNAL", "bad value 42"),
 ])
 def test_model_errors_grpc(models_server, mode, code, needle):
-    with _grpc(models_server) as client:
+    with connect(models_server, "grpc") as client:
         with pytest.raises(InferenceServerException) as e:
             client.infer("py_errors", [_int_input(grpcclient, "MODE", [mode])])
     assert e.value.status() == code
     assert needle in e.value.message()
-    _assert_still_serving(models_server)
+    assert_serving(models_server, "py_errors", datatype="INT32", input_name="MODE",
+                   values=np.array([9], dtype=np.int32))
 
 
 def test_finalize_called_on_shutdown(tmp_path):
@@ -454,7 +441,7 @@ def test_finalize_called_on_shutdown(tmp_path):
         f'parameters {{ key: "finalize_path" value {{ string_value: "{marker}" }} }}'))
     srv = ServerProcess(repo, tmp_path / "server.log").start()
     try:
-        with _grpc(srv) as client:
+        with connect(srv, "grpc") as client:
             r = client.infer("py_finalize", [_int_input(grpcclient, "INPUT0", [0])])
             np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), [1])
         assert not marker.exists()
@@ -470,7 +457,7 @@ BROKEN = {"bad_pbtxt": "parse", "bad_onnx": "onnx", "bad_init": "init exploded"}
 
 
 def test_broken_models_do_not_stop_the_server(models_server):
-    with _http(models_server) as client:
+    with connect(models_server, "http") as client:
         assert client.is_server_live()
         # Strict readiness: a model failed to load, so the server is not ready.
         assert not client.is_server_ready()
@@ -485,7 +472,7 @@ def test_broken_models_do_not_stop_the_server(models_server):
         # Everything else loaded.
         for model in ("onnx_noconfig", "py_errors", "py_args", "odd_versions", "vers_all"):
             assert client.is_model_ready(model), model
-    with _grpc(models_server) as client:
+    with connect(models_server, "grpc") as client:
         gindex = client.get_model_repository_index(as_json=True)["models"]
         bad = [m for m in gindex if m["name"] == "bad_init"]
         assert bad and bad[0]["state"] == "UNAVAILABLE" and "init exploded" in bad[0]["reason"]
@@ -493,19 +480,22 @@ def test_broken_models_do_not_stop_the_server(models_server):
 
 @pytest.mark.parametrize("model", sorted(BROKEN))
 def test_infer_on_broken_model_gives_clear_error(models_server, model):
-    with _http(models_server) as client:
+    with connect(models_server, "http") as client:
         with pytest.raises(InferenceServerException) as e:
             client.infer(model, [_int_input(httpclient, "INPUT0", [1])])
-        assert e.value.status() in ("400", "404", "503"), (e.value.status(), e.value.message())
-        assert model in e.value.message()
+        # 404, as Triton 2.51 answers for a model that failed to load
+        assert e.value.status() == "404", (e.value.status(), e.value.message())
+        assert e.value.message() == f"Request for unknown model: '{model}' has no available versions"
         status, body = _get(models_server, f"/v2/models/{model}/config")
-        assert 400 <= status < 500 or status == 503, (status, body)
-    _assert_still_serving(models_server)
+        assert status == 404, (status, body)
+        assert body == {"error": f"Request for unknown model: '{model}' has no available versions"}
+    assert_serving(models_server, "py_errors", datatype="INT32", input_name="MODE",
+                   values=np.array([9], dtype=np.int32))
 
 
 def test_non_numeric_version_folder_is_ignored(models_server):
     assert "ignoring 'abc'" in models_server.log() and "odd_versions" in models_server.log()
-    with _grpc(models_server) as client:
+    with connect(models_server, "grpc") as client:
         md = client.get_model_metadata("odd_versions", as_json=True)
         assert md["versions"] == ["1"]
         r = client.infer("odd_versions", [_int_input(grpcclient, "INPUT0", [1])])
@@ -527,7 +517,7 @@ def _infer_version(client, model: str, version: str = "") -> int:
 
 
 def test_version_policy_latest_default(models_server):
-    with _grpc(models_server) as client:
+    with connect(models_server, "grpc") as client:
         assert client.is_model_ready("vers_latest", "2")
         assert not client.is_model_ready("vers_latest", "1")
         assert client.get_model_metadata("vers_latest", as_json=True)["versions"] == ["2"]
@@ -540,13 +530,13 @@ def test_version_policy_latest_default(models_server):
 
 
 def test_version_policy_all(models_server):
-    with _grpc(models_server) as client:
+    with connect(models_server, "grpc") as client:
         assert client.is_model_ready("vers_all", "1") and client.is_model_ready("vers_all", "2")
         assert client.get_model_metadata("vers_all", as_json=True)["versions"] == ["1", "2"]
         assert _infer_version(client, "vers_all", "1") == 101
         assert _infer_version(client, "vers_all", "2") == 201
         assert _infer_version(client, "vers_all") == 201  # no version: the highest
-    client = _http(models_server)
+    client = connect(models_server, "http")
     try:
         r = client.infer("vers_all", [_int_input(httpclient, "INPUT0", [5])], model_version="1")
         assert int(r.as_numpy("OUTPUT0")[0]) == 105
@@ -556,7 +546,7 @@ def test_version_policy_all(models_server):
 
 
 def test_version_policy_specific(models_server):
-    with _grpc(models_server) as client:
+    with connect(models_server, "grpc") as client:
         assert client.is_model_ready("vers_specific", "1")
         assert not client.is_model_ready("vers_specific", "2")
         assert _infer_version(client, "vers_specific") == 101

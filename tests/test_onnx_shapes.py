@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from .harness import ServerProcess
 from .models import save_onnx, write_model
+from .helpers import connect, expect_error
 
 FLOAT, INT32 = TensorProto.FLOAT, TensorProto.INT32
 DIM_MESSAGE = "dimension must be integer >= 1, or -1 to indicate a variable-size dimension"
@@ -127,6 +128,15 @@ REFUSED = {
 }
 
 
+def onnx_reshape_to_four(path: Path) -> None:
+    """X[n] -> Y[2, 2]: valid for the config ([-1]); the runtime fails unless n == 4."""
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [2, 2])
+    save_onnx(helper.make_graph(
+        [helper.make_node("Reshape", ["X", "shape"], ["Y"])], "reshape_to_four",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n"])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 2])], initializer=[shape]), path)
+
+
 def _build(repo: Path) -> None:
     onnx_scalar_scalar(repo / "scalar_scalar" / "1" / "model.onnx")
     onnx_sum_to_scalar(repo / "sum_to_scalar" / "1" / "model.onnx")
@@ -135,6 +145,7 @@ def _build(repo: Path) -> None:
     (repo / "batch_rows_delayed" / "config.pbtxt").write_text(
         "dynamic_batching { max_queue_delay_microseconds: 2000000 }\n")
     onnx_no_inputs(repo / "no_inputs" / "1" / "model.onnx")
+    onnx_reshape_to_four(repo / "reshape_to_four" / "1" / "model.onnx")
     write_model(repo, "py_scalar_out", model_py=SCALAR_OUT_PY, config=_py_config(
         _one("input", "IN", "TYPE_FP32", "[ -1 ]"), _one("output", "OUT", "TYPE_FP32", "[ 1 ]")))
     write_model(repo, "py_reshape", model_py=RESHAPE_PY, config=_py_config(
@@ -186,11 +197,6 @@ def _config(srv: ServerProcess, model: str) -> dict:
         return json.loads(r.read())
 
 
-def _client(srv: ServerProcess, protocol: str):
-    return httpclient.InferenceServerClient(srv.http_url) if protocol == "http" \
-        else grpcclient.InferenceServerClient(srv.grpc_url)
-
-
 def _infer(srv: ServerProcess, protocol: str, model: str, arrays: dict[str, np.ndarray], datatype: str = "FP32"):
     mod = httpclient if protocol == "http" else grpcclient
     inputs = []
@@ -198,7 +204,7 @@ def _infer(srv: ServerProcess, protocol: str, model: str, arrays: dict[str, np.n
         inp = mod.InferInput(name, list(array.shape), datatype)
         inp.set_data_from_numpy(array)
         inputs.append(inp)
-    with _client(srv, protocol) as client:
+    with connect(srv, protocol) as client:
         return client.infer(model, inputs)
 
 
@@ -331,3 +337,16 @@ def test_invalid_shapes_refused_at_load(server, model):
         assert rows and all(m["state"] == "UNAVAILABLE" for m in rows), rows
         assert any(REFUSED[model] in m.get("reason", "") for m in rows), rows
         assert not client.is_model_ready(model)
+
+
+# --------------------------------------------------------------------------- runtime failures
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_a_failure_inside_onnx_runtime_is_internal(server, protocol):
+    """The request matches the config; ONNX Runtime fails to run it: INTERNAL (500), as
+    Triton's onnxruntime backend answers, naming the model and the runtime's reason."""
+    np.testing.assert_array_equal(
+        _infer(server, protocol, "reshape_to_four", {"X": np.arange(4, dtype=np.float32)}).as_numpy("Y"),
+        np.arange(4, dtype=np.float32).reshape(2, 2))
+    e = expect_error(protocol, lambda: _infer(server, protocol, "reshape_to_four", {"X": np.ones(3, np.float32)}),
+                     "INTERNAL", "onnxruntime failed to run model 'reshape_to_four'")
+    assert "Reshape" in e.message(), e.message()

@@ -23,6 +23,7 @@ from tritonclient.utils import InferenceServerException
 
 from .harness import ServerProcess
 from .models import onnx_add_sub, write_model
+from .helpers import client_module, connect
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -528,18 +529,8 @@ def server(tmp_path_factory) -> ServerProcess:
 
 
 # -- helpers --------------------------------------------------------------------------------
-def client(srv: ServerProcess, proto: str):
-    if proto == "http":
-        return httpclient.InferenceServerClient(srv.http_url, network_timeout=30, connection_timeout=30)
-    return grpcclient.InferenceServerClient(srv.grpc_url)
-
-
-def _mod(proto: str):
-    return httpclient if proto == "http" else grpcclient
-
-
 def make_input(proto: str, name: str, array: np.ndarray, datatype: str):
-    inp = _mod(proto).InferInput(name, list(array.shape), datatype)
+    inp = client_module(proto).InferInput(name, list(array.shape), datatype)
     inp.set_data_from_numpy(array)
     return inp
 
@@ -577,8 +568,8 @@ def wait_ready(srv: ServerProcess, names: list[str], timeout: float = 30.0) -> N
 
 def infer_pipeline(srv: ServerProcess, proto: str, x: np.ndarray, outputs: list[str] | None = None,
                    model: str = "pipeline"):
-    c = client(srv, proto)
-    requested = None if outputs is None else [_mod(proto).InferRequestedOutput(n) for n in outputs]
+    c = connect(srv, proto)
+    requested = None if outputs is None else [client_module(proto).InferRequestedOutput(n) for n in outputs]
     return c.infer(model, [make_input(proto, "RAW", x, "FP32")], outputs=requested)
 
 
@@ -660,7 +651,7 @@ def test_pipeline_requested_output_subset(server, proto):
 
 
 def test_ensemble_metadata_and_config(server):
-    h, g = client(server, "http"), client(server, "grpc")
+    h, g = connect(server, "http"), connect(server, "grpc")
     md = h.get_model_metadata("pipeline")
     assert md["platform"] == "ensemble"
     assert md["inputs"] == [{"name": "RAW", "datatype": "FP32", "shape": [-1, 16]}]
@@ -690,17 +681,13 @@ def test_ensemble_statistics(server):
 
 
 def test_diamond_branches_overlap(server):
-    c = client(server, "grpc")
+    c = connect(server, "grpc")
     x = np.array([1.5], dtype=np.float32)
     c.infer("diamond", [make_input("grpc", "X", x, "FP32")])  # warm up
-    t0 = time.monotonic()
     result = c.infer("diamond", [make_input("grpc", "X", x, "FP32")])
-    elapsed = time.monotonic() - t0
     np.testing.assert_allclose(result.as_numpy("Y"), ((x + 1) + (x + 2)) * 10)
-    a, b = result.as_numpy("A_TIMES"), result.as_numpy("B_TIMES")
+    a, b = result.as_numpy("A_TIMES"), result.as_numpy("B_TIMES")  # (start, end) inside each branch
     assert max(a[0], b[0]) < min(a[1], b[1]), f"branches did not overlap: a={a} b={b}"
-    assert abs(a[0] - b[0]) < 0.25, f"branches started {abs(a[0] - b[0]):.3f}s apart"
-    assert elapsed < 0.9, f"diamond took {elapsed:.2f}s: its 0.5s branches ran one after the other"
     who_a, who_b = result.as_numpy("A_WHO"), result.as_numpy("B_WHO")
     assert who_a[1] != who_b[1] or who_a[0] != who_b[0]  # different threads (or processes)
 
@@ -868,7 +855,7 @@ def test_stream_unknown_model_error(server):
 
 
 def test_unary_infer_on_decoupled_model_fails_clearly(server):
-    g = client(server, "grpc")
+    g = connect(server, "grpc")
     with pytest.raises(InferenceServerException) as e:
         g.infer("repeat", repeat_inputs([1]))
     assert "decoupled" in str(e.value) and "StatusCode.UNIMPLEMENTED" in str(e.value)
@@ -934,27 +921,28 @@ def test_generate_unknown_input_is_400(server):
     assert status == 400, body
     assert "BOGUS" in json.loads(body)["error"]
     status, body = http_post(server, "/v2/models/no_such_model/generate", {"X": 1})
-    assert status in (400, 404), body
+    assert status == 404, body  # as Triton 2.51
+    assert json.loads(body) == {"error": "Request for unknown model: 'no_such_model' is not found"}
 
 
 # -- BLS -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("proto", PROTOS)
 def test_bls_sync_exec(server, proto):
     x = np.arange(16, dtype=np.float32)
-    result = client(server, proto).infer("bls_sync", [make_input(proto, "X", x, "FP32")])
+    result = connect(server, proto).infer("bls_sync", [make_input(proto, "X", x, "FP32")])
     np.testing.assert_allclose(result.as_numpy("SUM"), x + 1)
     np.testing.assert_allclose(result.as_numpy("DIFF"), x - 1)
 
 
 def test_bls_async_exec(server):
     x = np.arange(16, dtype=np.float32) * 3
-    result = client(server, "http").infer("bls_async", [make_input("http", "X", x, "FP32")])
+    result = connect(server, "http").infer("bls_async", [make_input("http", "X", x, "FP32")])
     np.testing.assert_allclose(result.as_numpy("SUM1"), x + 1)
     np.testing.assert_allclose(result.as_numpy("SUM2"), x + 2)
 
 
 def test_bls_missing_model_has_error(server):
-    result = client(server, "grpc").infer("bls_missing", [make_input("grpc", "X", np.ones(1, np.float32), "FP32")])
+    result = connect(server, "grpc").infer("bls_missing", [make_input("grpc", "X", np.ones(1, np.float32), "FP32")])
     assert bool(result.as_numpy("HAS_ERROR")[0]) is True
     message = result.as_numpy("MESSAGE")[0].decode()
     assert "no_such_model" in message, message
@@ -962,10 +950,10 @@ def test_bls_missing_model_has_error(server):
 
 def test_bls_decoupled_iterator(server):
     values = np.array([9, 8, 7, 6, 5], dtype=np.int32)
-    result = client(server, "grpc").infer("bls_decoupled", [make_input("grpc", "IN", values, "INT32")])
+    result = connect(server, "grpc").infer("bls_decoupled", [make_input("grpc", "IN", values, "INT32")])
     np.testing.assert_array_equal(result.as_numpy("OUT"), values)
     np.testing.assert_array_equal(result.as_numpy("IDX"), np.arange(5))
-    empty = client(server, "grpc").infer("bls_decoupled", [make_input("grpc", "IN", values[:0], "INT32")])
+    empty = connect(server, "grpc").infer("bls_decoupled", [make_input("grpc", "IN", values[:0], "INT32")])
     assert empty.as_numpy("OUT").shape == (0,)
 
 
@@ -974,7 +962,7 @@ def test_bls_into_dynamic_batcher(server):
     xs = [np.array([float(i)], dtype=np.float32) for i in range(4)]
 
     def one(x):
-        return client(server, "http").infer("bls_batch", [make_input("http", "X", x, "FP32")])
+        return connect(server, "http").infer("bls_batch", [make_input("http", "X", x, "FP32")])
 
     with ThreadPoolExecutor(4) as pool:
         results = list(pool.map(one, xs))
@@ -1014,7 +1002,7 @@ def test_client_drops_stream_mid_way(server):
 
 @pytest.mark.parametrize("flag,how", [(1, "exited with code 1"), (9, "killed by signal 9")], ids=["exit", "sigkill"])
 def test_worker_crash_recovers(server, flag, how):
-    g = client(server, "grpc")
+    g = connect(server, "grpc")
     with pytest.raises(InferenceServerException) as e:
         g.infer("crasher", [make_input("grpc", "X", np.array([flag], np.int32), "INT32")])
     msg = str(e.value)
@@ -1109,7 +1097,7 @@ def test_bad_ensembles_leave_others_serving(bad_server):
     x = np.ones((1, 16), dtype=np.float32)
     np.testing.assert_allclose(infer_pipeline(bad_server, "grpc", x).as_numpy("RESULT"), pipeline_expected(x)[0])
     with pytest.raises(InferenceServerException):
-        client(bad_server, "http").infer("bad_cycle", [make_input("http", "X", x, "FP32")])
+        connect(bad_server, "http").infer("bad_cycle", [make_input("http", "X", x, "FP32")])
 
 
 def test_missing_composing_model_fails_startup(tmp_path):
@@ -1158,7 +1146,7 @@ def test_explicit_ensemble_load_and_unload_dependents(explicit_server):
     assert index_of(srv)["pipeline"]["state"] == "UNAVAILABLE"
 
     # loading the ensemble again brings back the composing model it lacks
-    g = client(srv, "grpc")
+    g = connect(srv, "grpc")
     g.load_model("pipeline")
     assert _ready(srv) == {"pipeline", "preprocess", "add_sub", "postprocess"}
     np.testing.assert_allclose(infer_pipeline(srv, "grpc", x).as_numpy("RESULT"), pipeline_expected(x)[0])
@@ -1174,7 +1162,7 @@ def test_explicit_ensemble_load_and_unload_dependents(explicit_server):
 def test_unload_ensemble_with_dependents_unloads_its_composing_models(explicit_server):
     """Composing models the ensemble's load brought in go with it, unless another ensemble
     still uses them; a model loaded on its own request stays."""
-    srv, g = explicit_server, client(explicit_server, "grpc")
+    srv, g = explicit_server, connect(explicit_server, "grpc")
     for name in ["pipeline", "pipeline2", "preprocess", "add_sub", "postprocess"]:
         g.unload_model(name)
     g.load_model("add_sub")
@@ -1199,11 +1187,10 @@ def test_hung_model_is_bounded_by_the_request_timeout(server, protocol):
     mod = httpclient if protocol == "http" else grpcclient
     client = mod.InferenceServerClient(server.http_url if protocol == "http" else server.grpc_url)
     x = np.array([3.0], dtype=np.float32)
-    t0 = time.monotonic()
-    with pytest.raises(InferenceServerException) as err:
+    with pytest.raises(InferenceServerException) as err:  # the model would answer after 3 s
         client.infer("hang", [make_input(protocol, "X", x, "FP32")], timeout=300_000)  # 0.3 s, in µs
-    assert time.monotonic() - t0 < 2.0
-    assert "timeout" in err.value.message().lower()
+    assert err.value.message() == "Request timeout expired"
+    assert err.value.status() == ("503" if protocol == "http" else "StatusCode.UNAVAILABLE")
     y = np.full((1, 16), 1, dtype=np.float32)
     ok = client.infer("add_sub", [make_input(protocol, "INPUT0", y, "FP32"), make_input(protocol, "INPUT1", y, "FP32")])
     np.testing.assert_allclose(ok.as_numpy("OUTPUT0"), y * 2)

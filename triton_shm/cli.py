@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from . import TRITON_PROTOCOL_VERSION, __version__
+from .core.rate_limiter import parse_resource
+from .core.response_cache import parse_cache_config
 from .frontend.grpc.keepalive import Keepalive
-
-_KEEPALIVE = Keepalive()  # tritonserver's gRPC connection defaults, defined once there
+from .frontend.restricted import RestrictionError, parse_restrictions
+from .options import ServerOptions
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -31,64 +32,6 @@ def parse_bool(value: str) -> bool:
     if v in _FALSE:
         return False
     raise argparse.ArgumentTypeError(f"expected true or false, got '{value}'")
-
-
-@dataclass
-class ServerOptions:
-    model_repositories: list[Path] = field(default_factory=list)
-    http_address: str = "0.0.0.0"
-    http_port: int = 8000
-    grpc_address: str = "0.0.0.0"
-    grpc_port: int = 8001
-    metrics_port: int = 8002
-    allow_http: bool = True
-    allow_grpc: bool = True
-    allow_metrics: bool = True
-    allow_cpu_metrics: bool = True
-    allow_gpu_metrics: bool = True
-    metrics_address: str | None = None
-    metrics_interval_ms: float = 2000.0
-    metrics_config: list[str] = field(default_factory=list)
-    http_max_input_size: int = 64 * 1024 * 1024
-    http_header_timeout_secs: float = 30.0
-    exit_timeout_secs: int = 30
-    log_verbose: int = 0
-    log_info: bool = True
-    log_warning: bool = True
-    log_error: bool = True
-    log_format: str = "default"
-    log_file: str = ""
-    trace_config: list[str] = field(default_factory=list)
-    gpus: str | None = None
-    allow_client_shm: bool = False
-    repository_poll_secs: int = 15
-    load_model: list[str] = field(default_factory=list)
-    strict_readiness: bool = True
-    exit_on_error: bool = True
-    model_load_thread_count: int = 4
-    model_control_mode: str = "none"
-    server_id: str = "triton"
-    disable_auto_complete_config: bool = False
-    strict_model_config: bool = False
-    model_config_name: str = ""
-    # gRPC transport (milliseconds), tritonserver's defaults; None leaves the setting unset
-    grpc_keepalive_time: int = _KEEPALIVE.time_ms
-    grpc_keepalive_timeout: int = _KEEPALIVE.timeout_ms
-    grpc_keepalive_permit_without_calls: bool = _KEEPALIVE.permit_without_calls
-    grpc_http2_max_pings_without_data: int = _KEEPALIVE.max_pings_without_data
-    grpc_http2_min_recv_ping_interval_without_data: int = _KEEPALIVE.min_recv_ping_interval_without_data_ms
-    grpc_http2_max_ping_strikes: int = _KEEPALIVE.max_ping_strikes
-    grpc_max_connection_age: int | None = _KEEPALIVE.max_connection_age_ms
-    grpc_max_connection_age_grace: int | None = _KEEPALIVE.max_connection_age_grace_ms
-    grpc_transport: str | None = None  # None: native, or grpcio without C extensions
-    # compatibility flags that were given: flag -> value, and the warnings to log at start
-    inert: dict[str, Any] = field(default_factory=dict)
-    startup_warnings: list[str] = field(default_factory=list)
-
-    @property
-    def auto_complete_config(self) -> bool:
-        """Whether configs are completed from the model files (tritonserver's default)."""
-        return not (self.disable_auto_complete_config or self.strict_model_config)
 
 
 # -- value forms of tritonserver's flags ------------------------------------------------------
@@ -136,6 +79,23 @@ RESOURCE = _form("<string>:<integer>[:<integer>]",
                  lambda v: _fields(v, ":", (str, int, int), optional=1) and bool(v.split(":")[0]))
 
 
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got '{value}'") from None
+    if not 0 <= seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0, got '{value}'")
+    return seconds
+
+
+def _rate_limit_mode(value: str) -> str:
+    mode = value.lower()
+    if mode not in ("execution_count", "off"):
+        raise argparse.ArgumentTypeError(f"expected execution_count or off, got '{value}'")
+    return mode
+
+
 def _config_name(value: str) -> str:
     # it names a file inside the model's configs/ folder: nothing that could leave it
     if value and (any(c in value for c in "/\\\x00 ") or value in (".", "..")):
@@ -164,9 +124,6 @@ INERT_FLAGS: tuple[InertFlag, ...] = (
     InertFlag("--grpc-infer-allocation-pool-size", int, "gRPC request/response objects are not pooled"),
     InertFlag("--grpc-infer-response-compression-level", str, "gRPC responses are sent uncompressed",
               choices=("none", "low", "medium", "high")),
-    InertFlag("--grpc-server-cert", str, "gRPC is served without TLS"),
-    InertFlag("--grpc-server-key", str, "gRPC is served without TLS"),
-    InertFlag("--grpc-root-cert", str, "gRPC is served without TLS"),
     InertFlag("--allow-sagemaker", parse_bool, "triton-shm serves no SageMaker endpoint"),
     InertFlag("--sagemaker-port", int, "triton-shm serves no SageMaker endpoint"),
     InertFlag("--sagemaker-safe-port-range", PORT_RANGE, "triton-shm serves no SageMaker endpoint"),
@@ -177,12 +134,7 @@ INERT_FLAGS: tuple[InertFlag, ...] = (
     InertFlag("--vertex-ai-default-model", str, "triton-shm serves no Vertex AI endpoint"),
     InertFlag("--backend-directory", str, "the backends (onnxruntime, python) are built in"),
     InertFlag("--repoagent-directory", str, "triton-shm runs no repository agents"),
-    InertFlag("--cache-config", SETTING, "triton-shm has no response cache", repeat=True),
-    InertFlag("--cache-directory", str, "triton-shm has no response cache"),
-    InertFlag("--response-cache-byte-size", int, "triton-shm has no response cache"),
-    InertFlag("--rate-limit", str, "triton-shm has no rate limiter: a request runs as soon as an instance is free",
-              choices=("execution_count", "off")),
-    InertFlag("--rate-limit-resource", RESOURCE, "triton-shm has no rate limiter", repeat=True),
+    InertFlag("--cache-directory", str, "the local response cache is built in (no cache libraries are loaded)"),
     InertFlag("--pinned-memory-pool-byte-size", int, "triton-shm has no pinned-memory pool"),
     InertFlag("--cuda-memory-pool-byte-size", DEVICE_BYTES, "triton-shm has no CUDA memory pool", repeat=True),
     InertFlag("--cuda-virtual-address-size", DEVICE_BYTES, "triton-shm has no growable implicit state",
@@ -193,14 +145,6 @@ INERT_FLAGS: tuple[InertFlag, ...] = (
     InertFlag("--model-load-gpu-limit", DEVICE_FRACTION, "GPU memory use is not checked before a load",
               repeat=True),
 )
-
-# Flags whose being ignored would weaken security: refused rather than served without.
-REFUSED_FLAGS: dict[str, str] = {
-    "--grpc-use-ssl": "gRPC TLS is not supported",
-    "--grpc-use-ssl-mutual": "gRPC TLS is not supported",
-    "--http-restricted-api": "restricting HTTP APIs by header is not supported",
-    "--grpc-restricted-protocol": "restricting gRPC protocols by header is not supported",
-}
 
 # --backend-config settings of the python backend; any other setting gets the generic reason.
 BACKEND_SETTINGS: dict[str, str] = {
@@ -277,6 +221,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="close an HTTP connection whose request headers take longer than this to arrive (default 30)")
     add("--exit-timeout-secs", type=int, default=30, metavar="SECONDS",
         help="on SIGINT/SIGTERM, how long in-flight requests may take to finish (default 30)")
+    add("--drain-secs", type=_seconds, default=5.0, metavar="SECONDS",
+        help="on SIGTERM, first report not ready while still serving for this long, so load "
+             "balancers stop sending before the server stops accepting; SIGINT or a second signal "
+             "skips it (default 5)")
     add("--log-verbose", type=int, default=0, metavar="LEVEL", help="verbose logging level (default 0)")
     add("--log-info", type=parse_bool, default=True, metavar="BOOL", help="log INFO messages (default true)")
     add("--log-warning", type=parse_bool, default=True, metavar="BOOL", help="log WARNING messages (default true)")
@@ -314,10 +262,71 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inert_flags(p.add_argument_group(
         "tritonserver compatibility", "accepted so tritonserver command lines start unchanged; each one "
         "used has no effect here and logs one warning at start-up"))
-    _add_refused_flags(p.add_argument_group(
-        "tritonserver security flags", "accepted in their off form only: serving without what they ask "
-        "for would weaken security, so the server refuses to start"))
+    _add_security(p.add_argument_group(
+        "TLS and restricted APIs", "TLS 1.2 or later on each port that asks for it; mutual TLS also requires "
+        "client certificates signed by the root certificate; SIGHUP reloads certificates and keys. "
+        "See docs/security.md"))
     return p
+
+
+_TLS_PORTS = {"grpc": "gRPC", "http": "HTTP", "metrics": "metrics"}
+
+
+def _add_security(g: argparse._ArgumentGroup) -> None:
+    add = g.add_argument
+    for port, name in _TLS_PORTS.items():
+        default = " (default: the HTTP port's)" if port == "metrics" else ""
+        add(f"--{port}-use-ssl", type=parse_bool, default=False, metavar="BOOL",
+            help=f"serve {name} over TLS (default false)")
+        add(f"--{port}-use-ssl-mutual", type=parse_bool, default=False, metavar="BOOL",
+            help=f"serve {name} over mutual TLS: clients must present a certificate signed by --{port}-root-cert "
+                 f"(implies --{port}-use-ssl; default false)")
+        add(f"--{port}-server-cert", default=None, metavar="PATH",
+            help=f"{name} server certificate chain (PEM){default}")
+        add(f"--{port}-server-key", default=None, metavar="PATH", help=f"{name} server private key (PEM){default}")
+        add(f"--{port}-root-cert", default=None, metavar="PATH",
+            help=f"CA certificate(s) (PEM) that client certificates must be signed by, for mutual TLS{default}")
+    add("--http-restricted-api", action="append", default=[], metavar="<API>[,<API>...]:<HEADER>=<VALUE>",
+        help="HTTP APIs of these groups (health, metadata, inference, shared-memory, model-config, "
+             "model-repository, statistics, trace, logging; and metrics: the metrics port) need HEADER: VALUE; "
+             "VALUE may be @FILE or env:NAME (repeatable; each group in one flag only)")
+    add("--grpc-restricted-protocol", action="append", default=[], metavar="<PROTOCOL>[,<PROTOCOL>...]:<KEY>=<VALUE>",
+        help="gRPC methods of these groups need the metadata triton-grpc-protocol-KEY: VALUE; VALUE may be "
+             "@FILE or env:NAME (repeatable)")
+
+
+def _security_error(options: ServerOptions) -> str:
+    """What makes the TLS or restricted-API flags unusable, or ''."""
+    for port in _TLS_PORTS:
+        if not options.uses_tls(port):
+            continue
+        cert, key, root = options.tls_paths(port)
+        metrics = port == "metrics"
+        if not (cert and key):
+            return (f"--{port}-use-ssl needs --{port}-server-cert and --{port}-server-key"
+                    + (" (or --http-server-cert and --http-server-key)" if metrics else ""))
+        if getattr(options, f"{port}_use_ssl_mutual") and not root:
+            return f"--{port}-use-ssl-mutual needs --{port}-root-cert" + (" (or --http-root-cert)" if metrics else "")
+    try:
+        parse_restrictions(options.http_restricted_api, "--http-restricted-api")
+        parse_restrictions(options.grpc_restricted_protocol, "--grpc-restricted-protocol", grpc=True)
+    except RestrictionError as e:
+        return str(e)
+    return ""
+
+
+def _unused_tls_files(options: ServerOptions) -> list[str]:
+    """Certificate flags given for a port that serves plaintext: a warning each."""
+    warnings = []
+    for port in ("grpc", "http"):
+        if options.uses_tls(port) or (port == "http" and options.uses_tls("metrics")):
+            continue
+        for name in ("server_cert", "server_key", "root_cert"):
+            if getattr(options, f"{port}_{name}"):
+                flag = f"--{port}-{name.replace('_', '-')}"
+                warnings.append(f"{flag} has no effect: {_TLS_PORTS[port]} is served without TLS "
+                                f"(--{port}-use-ssl=true turns it on)")
+    return warnings
 
 
 def _add_implemented(p: argparse.ArgumentParser) -> None:
@@ -331,11 +340,23 @@ def _add_implemented(p: argparse.ArgumentParser) -> None:
         help="load <model>/configs/NAME.pbtxt where it exists instead of config.pbtxt")
     add("--backend-config", action="append", default=[], type=SETTING, metavar="[BACKEND,]SETTING=VALUE",
         help="accepted for compatibility: no setting has an effect here (each one used logs a warning)")
+    add("--cache-config", action="append", default=[], metavar="local,size=BYTES",
+        help="the response cache for models with response_cache { enable: true }: local,size=BYTES "
+             "(least recently used entries are evicted beyond it)")
+    add("--response-cache-byte-size", type=int, default=None, metavar="BYTES",
+        help="deprecated: --cache-config local,size=BYTES")
+    add("--rate-limit", type=_rate_limit_mode, default="off", metavar="execution_count|off",
+        help="execution_count: an instance runs only when the resources its instance group's rate_limiter "
+             "names are free, by priority; off (the default) ignores them")
+    add("--rate-limit-resource", dest="rate_limit_resources", action="append", default=[], type=RESOURCE,
+        metavar="NAME:COUNT[:DEVICE]",
+        help="how many of a rate-limiter resource exist (repeatable; without DEVICE on every device); once "
+             "given, a resource not listed has none")
 
 
 def _add_grpc_transport(g: argparse._ArgumentGroup) -> None:
     add = g.add_argument
-    k = _KEEPALIVE
+    k = Keepalive()  # tritonserver's defaults
     add("--grpc-keepalive-time", type=int, default=k.time_ms, metavar="MS",
         help="period after which a keepalive ping is sent (default %(default)s)")
     add("--grpc-keepalive-timeout", type=int, default=k.timeout_ms, metavar="MS",
@@ -371,21 +392,9 @@ def _add_inert_flags(g: argparse._ArgumentGroup) -> None:
         _add_inert(g, spec)
 
 
-def _add_refused_flags(g: argparse._ArgumentGroup) -> None:
-    for flag, why in REFUSED_FLAGS.items():
-        boolean = "ssl" in flag
-        g.add_argument(flag, dest=_dest(flag, "refused"), default=argparse.SUPPRESS,
-                       type=parse_bool if boolean else SETTING, action="store" if boolean else "append",
-                       metavar="BOOL" if boolean else "SETTING",
-                       help=f"{'true is' if boolean else 'always'} refused: {why}")
-
-
 def parse_args(argv: list[str] | None = None) -> ServerOptions:
     parser = build_parser()
     values = vars(parser.parse_args(argv))
-    refused = _refused(values)
-    if refused:
-        parser.error(refused)
     inert = _pop_given(values, "inert", [s.flag for s in INERT_FLAGS])
     deprecated = _pop_given(values, "deprecated", list(DEPRECATED_TRACE))
     reasons = {s.flag: s.reason for s in INERT_FLAGS}
@@ -396,24 +405,29 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         warnings += _backend_config_warnings(backend_config)
     warnings += [f"{flag} is deprecated: use --trace-config {DEPRECATED_TRACE[flag]}=<value>" for flag in deprecated]
     values["trace_config"] = _trace_settings(deprecated) + values["trace_config"]
+    try:
+        values["cache_size"] = parse_cache_config(values.pop("cache_config"), values["response_cache_byte_size"])
+        values["rate_limit_resources"] = [parse_resource(r) for r in values["rate_limit_resources"]]
+    except ValueError as e:
+        parser.error(str(e))
+    if values.pop("response_cache_byte_size") is not None:
+        warnings.append("--response-cache-byte-size is deprecated: use --cache-config local,size=<bytes>")
     if values["strict_model_config"] is None:
         values["strict_model_config"] = False
     else:
         warnings.append("--strict-model-config is deprecated: use --disable-auto-complete-config")
-    return ServerOptions(**values, inert=inert, startup_warnings=warnings)
+    options = ServerOptions(**values, inert=inert, startup_warnings=warnings)
+    error = _security_error(options)
+    if error:  # tritonserver exits 1 for these
+        parser.print_usage(sys.stderr)
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    options.startup_warnings += _unused_tls_files(options)
+    return options
 
 
 def _pop_given(values: dict[str, Any], kind: str, flags: list[str]) -> dict[str, Any]:
     """The flags of one kind that were given (their dests default to SUPPRESS), removed from values."""
     return {flag: values.pop(_dest(flag, kind)) for flag in flags if _dest(flag, kind) in values}
-
-
-def _refused(values: dict[str, Any]) -> str:
-    given = _pop_given(values, "refused", list(REFUSED_FLAGS))
-    for flag, value in given.items():
-        if value is not False:  # --grpc-use-ssl=false is what this server does anyway
-            return f"argument {flag}: {REFUSED_FLAGS[flag]} by triton-shm, and ignoring it would weaken security"
-    return ""
 
 
 def _backend_config_warnings(items: list[str]) -> list[str]:

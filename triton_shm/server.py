@@ -6,15 +6,18 @@ import logging
 import signal
 import sys
 
-from .cli import ServerOptions
+from .options import ServerOptions
 from .core.model_manager import ModelManager
+from .core.rate_limiter import RateLimiter
 from .core.repository import ModelRepository
+from .core.response_cache import ResponseCache
 from .core.service import InferenceService
 from .core.settings import install_logging
 from .core.shm_registry import SharedMemoryRegistry
 from .core.tracing import Tracer
 from .errors import TritonShmError
 from .frontend.metrics import MetricsConfig, start_metrics
+from .frontend.security import Security
 from .worker.devices import parse_gpus
 from .supervisor.pool import WorkerPool
 
@@ -26,17 +29,22 @@ async def serve(options: ServerOptions) -> int:
     pool = WorkerPool(gpus, options.log_verbose)
     repository = ModelRepository(options.model_repositories, gpu_count=len(gpus))
     metrics_config = MetricsConfig.parse(options.metrics_config)
+    cache = ResponseCache(options.cache_size) if options.cache_size is not None else None
+    limiter = RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None
     models = ModelManager(repository, pool, mode=options.model_control_mode, poll_secs=options.repository_poll_secs,
                           load_threads=options.model_load_thread_count,
                           latency_summaries=options.allow_metrics and metrics_config.summary_latencies,
-                          auto_complete=options.auto_complete_config, config_name=options.model_config_name)
+                          auto_complete=options.auto_complete_config, config_name=options.model_config_name,
+                          limiter=limiter)
     service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
-                               strict_readiness=options.strict_readiness, server_id=options.server_id)
+                               strict_readiness=options.strict_readiness, server_id=options.server_id, cache=cache)
     service.tracer = Tracer.from_config(options.trace_config)
-    stop = asyncio.Event()
+    security = Security.from_options(options)  # unusable files or values: exit 1 before anything starts
+    shutdown = ShutdownSignals()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, shutdown.received, sig)
+    loop.add_signal_handler(signal.SIGHUP, security.reload)
 
     await pool.start()
     runners = []
@@ -53,29 +61,35 @@ async def serve(options: ServerOptions) -> int:
             runners.append(("Metrics", await start_metrics(
                 repository, address, options.metrics_port, cpu=options.allow_cpu_metrics,
                 gpu=options.allow_gpu_metrics, interval_ms=options.metrics_interval_ms, gpus=gpus,
-                config=metrics_config)))
+                config=metrics_config, ssl=security.context("metrics"),
+                restrictions=security.http_restrictions, cache=cache)))
             log.info("Started Metrics Service at %s:%d", address, options.metrics_port)
+        if options.allow_grpc:  # before HTTP, as tritonserver: HTTP ready means both answer
+            from .frontend.grpc.server import default_transport, start_grpc
+            transport = options.grpc_transport or default_transport()
+            runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
+                                                     keepalive=grpc_keepalive(options), transport=transport,
+                                                     restrictions=security.grpc_restrictions,
+                                                     tls=security.tls.get("grpc"))))
+            log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
+                     transport)
         if options.allow_http:
             from .frontend.http.app import start_http
             runners.append(("HTTP", await start_http(service, options.http_address, options.http_port,
                                                      max_input_size=options.http_max_input_size,
                                                      shutdown_timeout=options.exit_timeout_secs,
-                                                     header_timeout=options.http_header_timeout_secs)))
+                                                     header_timeout=options.http_header_timeout_secs,
+                                                     restrictions=security.http_restrictions,
+                                                     ssl=security.context("http"))))
             log.info("Started HTTPService at %s:%d", options.http_address, options.http_port)
-        if options.allow_grpc:
-            from .frontend.grpc.server import default_transport, start_grpc
-            transport = options.grpc_transport or default_transport()
-            runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
-                                                     keepalive=grpc_keepalive(options), transport=transport)))
-            log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
-                     transport)
-        await stop.wait()
+        await shutdown.drain(service, options.drain_secs)
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
     finally:
-        service.accepting = False
+        service.draining = True
         pool.begin_shutdown()
         deadline = loop.time() + options.exit_timeout_secs
         await _stop_frontends(runners, options.exit_timeout_secs)
+        service.accepting = False  # after the front-ends: what they took in was served
         try:  # in-flight requests are done or timed out: unload models (finalize runs)
             await asyncio.wait_for(models.stop(), timeout=max(deadline - loop.time(), 1.0))
         except asyncio.TimeoutError:
@@ -84,6 +98,32 @@ async def serve(options: ServerOptions) -> int:
         service.shm.close()
         await service.tracer.close()
     return 0
+
+
+class ShutdownSignals:
+    """SIGTERM starts the drain; SIGINT, or a second signal, ends it (or skips it) at once."""
+
+    def __init__(self) -> None:
+        self.first = asyncio.Event()
+        self.now = asyncio.Event()
+
+    def received(self, sig: int) -> None:
+        if self.first.is_set() or sig != signal.SIGTERM:
+            self.now.set()
+        self.first.set()
+
+    async def drain(self, service: InferenceService, seconds: float) -> None:
+        """Wait for the first signal, then report not ready while serving on for ``seconds``:
+        load balancers take the server out of rotation before it stops accepting."""
+        await self.first.wait()
+        if seconds <= 0 or self.now.is_set():
+            return
+        service.draining = True
+        log.info("draining for %g s: not ready, still serving (signal again to stop now)", seconds)
+        try:
+            await asyncio.wait_for(self.now.wait(), timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
 
 
 def grpc_keepalive(options: ServerOptions):

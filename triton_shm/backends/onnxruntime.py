@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgument, Unavailable
+from ..errors import Internal, InvalidArgument, Unavailable
 from .base import Backend, InstanceSpec, ModelContext, ModelInstance, WorkerRequest, WorkerResponse
 
 log = logging.getLogger("triton_shm.backends.onnxruntime")
@@ -166,7 +166,8 @@ class OnnxRuntimeInstance(ModelInstance):
         try:
             results = self.session.run(names, feed)
         except Exception as e:
-            raise InvalidArgument(f"onnxruntime failed to run model '{self.context.name}': {e}") from None
+            # the request passed validation: a failure inside the runtime is INTERNAL, as in Triton
+            raise Internal(f"onnxruntime failed to run model '{self.context.name}': {e}") from None
         outputs = {}
         for name, value in zip(names, results):
             if value.dtype == np.object_:

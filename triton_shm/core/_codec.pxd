@@ -12,4 +12,5 @@ cdef extern from "bytes_codec.h" nogil:
     tsm_bytes_status tsm_bytes_index(const uint8_t *buf, size_t length, size_t count,
                                      size_t *starts, uint32_t *lengths,
                                      size_t *bad_index, size_t *remaining)
+    tsm_bytes_status tsm_bytes_count(const uint8_t *buf, size_t length, size_t *count, size_t *remaining)
     size_t tsm_bytes_put(uint8_t *dst, const uint8_t *src, uint32_t n)

@@ -59,6 +59,22 @@ def deserialize_bytes(buf, Py_ssize_t count):
         free(lengths)
 
 
+def count_bytes(buf):
+    """The number of elements ``buf`` holds, when they fill it exactly."""
+    cdef const uint8_t[::1] view = memoryview(buf).cast("B")
+    cdef const uint8_t *ptr = &view[0] if view.shape[0] else <const uint8_t *>b""
+    cdef size_t count = 0, remaining = 0
+    cdef tsm_bytes_status status
+    with nogil:
+        status = tsm_bytes_count(ptr, <size_t>view.shape[0], &count, &remaining)
+    if status == TSM_BYTES_SHORT_HEADER:
+        raise InvalidArgument(f"BYTES tensor ends in a partial length prefix after {count} elements")
+    if status != TSM_BYTES_OK:
+        raise InvalidArgument(
+            f"BYTES element {count} declares more bytes than the {remaining} that remain in the buffer")
+    return count
+
+
 cdef bytes _as_bytes(item):
     if isinstance(item, bytes):
         return <bytes>item

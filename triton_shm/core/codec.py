@@ -8,15 +8,15 @@ import os
 
 NO_EXTENSIONS = os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") not in ("", "0")
 
-from .codec_py import deserialize_bytes, serialize_bytes, split_bytes, validate_bytes  # noqa: E402
+from .codec_py import count_bytes, deserialize_bytes, serialize_bytes, split_bytes, validate_bytes  # noqa: E402
 
 USING_EXTENSION = False
 if not NO_EXTENSIONS:
     try:
         from ._codec import (  # type: ignore  # noqa: F811
-            deserialize_bytes, serialize_bytes, split_bytes, validate_bytes)
+            count_bytes, deserialize_bytes, serialize_bytes, split_bytes, validate_bytes)
         USING_EXTENSION = True
     except ImportError:  # not built: the pure-Python twin serves
         pass
 
-__all__ = ["deserialize_bytes", "serialize_bytes", "split_bytes", "validate_bytes", "USING_EXTENSION"]
+__all__ = ["count_bytes", "deserialize_bytes", "serialize_bytes", "split_bytes", "validate_bytes", "USING_EXTENSION"]

@@ -50,6 +50,23 @@ def deserialize_bytes(buf, count: int) -> np.ndarray:
     return out
 
 
+def count_bytes(buf) -> int:
+    """The number of elements ``buf`` holds, when they fill it exactly."""
+    view = memoryview(buf).cast("B")
+    pos, end, count = 0, len(view), 0
+    while pos < end:
+        if end - pos < 4:
+            raise InvalidArgument(f"BYTES tensor ends in a partial length prefix after {count} elements")
+        (n,) = _LEN.unpack_from(view, pos)
+        pos += 4
+        if n > end - pos:
+            raise InvalidArgument(
+                f"BYTES element {count} declares more bytes than the {end - pos} that remain in the buffer")
+        pos += n
+        count += 1
+    return count
+
+
 def _as_bytes(item) -> bytes:
     if isinstance(item, bytes):
         return item

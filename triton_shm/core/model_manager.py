@@ -24,6 +24,8 @@ from . import model_config as mcfg
 from .repository import (LOADING, NOT_REQUESTED, READY, UNAVAILABLE, UNLOADED, UNLOADING, ModelEntry,
                          ModelRepository, ModelVersion, select_versions, version_dirs)
 from .ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
+from .rate_limiter import Claim, RateLimiter, claim_for
+from .response_cache import check_cache_config
 from .scheduler import Scheduler, check_batching_config
 from .statistics import ModelStats
 
@@ -74,7 +76,7 @@ def write_override_files(name: str, files: dict[str, bytes]) -> Path:
 class ModelManager:
     def __init__(self, repository: ModelRepository, pool: "WorkerPool", *, mode: str = "none",
                  poll_secs: float = 15.0, load_threads: int = 4, latency_summaries: bool = False,
-                 auto_complete: bool = True, config_name: str = ""):
+                 auto_complete: bool = True, config_name: str = "", limiter: RateLimiter | None = None):
         if mode not in MODES:
             raise ValueError(f"--model-control-mode must be one of {', '.join(MODES)}, got '{mode}'")
         self.repository, self.pool, self.mode = repository, pool, mode
@@ -82,6 +84,7 @@ class ModelManager:
         self.latency_summaries = latency_summaries  # keep per-request latencies for metric summaries
         self.auto_complete = auto_complete  # complete configs from the model files (off: --disable-auto-complete-config)
         self.config_name = config_name      # --model-config-name: configs/<name>.pbtxt before config.pbtxt
+        self.limiter = limiter              # --rate-limit execution_count (None: off)
         self._load_slots = asyncio.Semaphore(max(load_threads, 1))
         self._generations = itertools.count(1)
         self._poll_task: asyncio.Task | None = None
@@ -300,6 +303,7 @@ class ModelManager:
                 config = await self._complete(mv, base)
                 self._check_io(config)
                 check_batching_config(config)
+            check_cache_config(config)
             mv.set_config(config)
             mv.stats = ModelStats(mv.name, str(mv.version))
             if self.latency_summaries:
@@ -307,13 +311,29 @@ class ModelManager:
             if ensemble:
                 mv.scheduler = EnsembleScheduler(mv, self.repository, mv.stats)
             else:
-                await self.pool.load(mv)
-                mv.scheduler = Scheduler(mv, self.pool, mv.stats)
+                claims = self._claims(mv)
+                try:
+                    await self.pool.load(mv)
+                except BaseException:
+                    if claims:
+                        self.limiter.unregister(claims)
+                    raise
+                mv.scheduler = Scheduler(mv, self.pool, mv.stats, limiter=self.limiter if claims else None,
+                                         claims=claims)
             mv.state, mv.reason = READY, ""
             log.info("successfully loaded '%s' version %d", mv.name, mv.version)
         except TritonShmError as e:
             mv.state, mv.reason = UNAVAILABLE, e.message
             log.error("failed to load '%s' version %d: %s", mv.name, mv.version, e.message)
+
+    def _claims(self, mv: ModelVersion) -> list[Claim]:
+        """The rate limiter's claims of ``mv``'s instances, registered (raises when one
+        needs more of a resource than exists); none when the model or server has no limits."""
+        if self.limiter is None or not any(g.HasField("rate_limiter") for g in mv.config.instance_group):
+            return []
+        claims = [claim_for(group, instance, device) for instance, group, device in self.pool.placements(mv)]
+        self.limiter.register(claims)
+        return claims
 
     async def _retire(self, mv: ModelVersion) -> None:
         """Stop taking requests, let queued and running ones finish, free the instances."""
@@ -321,6 +341,9 @@ class ModelManager:
         mv.state, mv.reason = UNLOADING, ""
         if mv.scheduler is not None:
             await mv.scheduler.drain()
+            claims = getattr(mv.scheduler, "claims", None)
+            if claims and self.limiter is not None:
+                self.limiter.unregister(claims.values())
         if was_ready or mv.instances:
             try:
                 await self.pool.unload(mv)

@@ -18,12 +18,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgument, TritonShmError, Unavailable
+from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
+from .clock import Clock, LoopClock, Timer
 from .model_config import mc
+from .rate_limiter import IDLE, STAGED, Claim, RateLimiter
 from .statistics import ModelStats
 from .types import BatchRequest, InferRequest, InferResponse, ResponseStream
 
@@ -87,8 +88,14 @@ def check_batching_config(config) -> None:
 class Scheduler:
     """The queue and dispatcher of one model version."""
 
-    def __init__(self, model: "ModelVersion", pool: "WorkerPool", stats: ModelStats):
+    def __init__(self, model: "ModelVersion", pool: "WorkerPool", stats: ModelStats, clock: Clock | None = None,
+                 limiter: RateLimiter | None = None, claims: list[Claim] | None = None):
         self.model, self.pool, self.stats = model, pool, stats
+        self.clock: Clock = clock or LoopClock()
+        # --rate-limit: an instance with a claim runs only when the limiter grants it
+        self.limiter, self.claims = limiter, {c.instance: c for c in claims or ()}
+        for claim in self.claims.values():
+            claim.on_grant = self._granted
         config = model.config
         self.dynamic = config.HasField("dynamic_batching") and config.max_batch_size > 0
         db = config.dynamic_batching
@@ -105,14 +112,13 @@ class Scheduler:
         # Free slots: without dynamic batching an instance holds a second batch in its
         # worker, which it starts the moment it answers the first, instead of idling for
         # a round trip to us. A dynamic batch waits here instead: it grows meanwhile.
-        self.depth = 1 if self.dynamic else HELD_BATCHES + 1
+        self.depth = 1 if self.dynamic or self.claims else HELD_BATCHES + 1
         self.idle: collections.deque[tuple[str, int]] = collections.deque(model.instances * self.depth)
         self._running: dict[tuple[str, int], int] = dict.fromkeys(model.instances, 0)  # batches sent, per instance
         self._seq = 0
         self._released = 0                      # preserve_ordering: next seq to answer
         self._held: dict[int, Pending] = {}     # finished, waiting for earlier ones
-        self._loop = asyncio.get_running_loop()
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: Timer | None = None
         self._timer_ns: int | None = None
         self._closing = False
 
@@ -149,7 +155,7 @@ class Scheduler:
         if policy.max_queue_size and len(queue) >= policy.max_queue_size:
             self.stats.record_failure(0, "REJECTED")
             raise Unavailable(f"Exceeds maximum queue size for model '{self.model.name}'")
-        now = time.monotonic_ns()
+        now = self.clock.now()
         timeout = self._timeout_ns(request, policy)
         pending = Pending(request, plan, regions, stream, plan.batch_size or 1, level, now,
                           now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq, trace=trace)
@@ -166,12 +172,7 @@ class Scheduler:
             # A timeout the client asked for bounds the whole request: a model that hangs
             # does not hold the client (its instance stays busy until the model returns).
             # The config's default timeout, as in Triton, bounds only the time in the queue.
-            remaining = max(pending.deadline_ns - time.monotonic_ns(), 0) / 1e9
-            try:
-                return await asyncio.wait_for(asyncio.shield(pending.future), remaining)
-            except asyncio.TimeoutError:
-                pending.future.cancel()
-                raise Unavailable("Request timeout expired") from None
+            return await self._wait_until(pending, pending.deadline_ns)
         except asyncio.CancelledError:
             # The caller is gone (a client's RST_STREAM or disconnect): a request still in
             # the queue is dropped so it never reaches an instance; one already in a batch runs.
@@ -182,6 +183,26 @@ class Scheduler:
             raise
         finally:
             self.stats.pending -= 1
+
+    async def _wait_until(self, pending: Pending, deadline_ns: int) -> Any:
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            if not pending.future.done():
+                expired = True
+                pending.future.cancel()
+
+        timer = self.clock.call_at(deadline_ns, expire)
+        try:
+            return await asyncio.shield(pending.future)
+        except asyncio.CancelledError:
+            if expired:
+                raise Unavailable("Request timeout expired") from None
+            pending.future.cancel()  # the caller is gone
+            raise
+        finally:
+            timer.cancel()
 
     # -- dispatch ------------------------------------------------------------------------
     def _expire(self, now: int) -> None:
@@ -233,18 +254,21 @@ class Scheduler:
     def _pump(self) -> None:
         """Start every batch that is ready while an instance is free, then set the timer
         for the next moment the queue needs a look on its own."""
-        now = time.monotonic_ns()
+        now = self.clock.now()
         self._expire(now)
         wake_ns = None
         while self.idle and any(self.queues.values()):
             if self.dynamic and not self._ready_to_go(now):
                 wake_ns = self._oldest_ns() + self.delay_ns
                 break
+            if self.claims:
+                self._stage_free_instances()
+                break
             batch = self._take_batch()
             if not batch:
                 break
             self._start(batch, self._take_slot())
-            now = time.monotonic_ns()
+            now = self.clock.now()
         deadlines = [p.deadline_ns for q in self.queues.values() for p in q if p.deadline_ns is not None]
         if deadlines:  # timeouts fire while every instance is busy
             wake_ns = min(deadlines) if wake_ns is None else min(wake_ns, *deadlines)
@@ -264,6 +288,33 @@ class Scheduler:
     def _free_slot(self, instance: tuple[str, int]) -> None:
         self._running[instance] -= 1
         self.idle.append(instance)
+        claim = self.claims.get(instance)
+        if claim is not None:  # in line again at once if there is more to do, as Triton re-stages
+            self.limiter.release(claim, restage=any(self.queues.values()))
+
+    # -- the rate limiter ----------------------------------------------------------------
+    def _stage_free_instances(self) -> None:
+        """Put free instances in the limiter's line, no more than there are requests waiting."""
+        for instance in list(self.idle):
+            waiting = sum(len(q) for q in self.queues.values())
+            if sum(c.state == STAGED for c in self.claims.values()) >= waiting:
+                break
+            claim = self.claims[instance]
+            if claim.state == IDLE and instance in self.idle:
+                self.limiter.stage(claim)  # may be granted (and start a batch) right here
+
+    def _granted(self, claim: Claim) -> None:
+        """The limiter lets ``claim``'s instance run: one batch, if one is ready."""
+        instance, now = claim.instance, self.clock.now()
+        self._expire(now)
+        if instance in self.idle and any(self.queues.values()) and not (self.dynamic and not self._ready_to_go(now)):
+            batch = self._take_batch()
+            if batch:
+                self.idle.remove(instance)
+                self._running[instance] += 1
+                self._start(batch, instance)
+                return
+        self.limiter.give_back(claim)
 
     def _arm(self, when_ns: int | None) -> None:
         if when_ns == self._timer_ns:
@@ -272,19 +323,19 @@ class Scheduler:
             self._timer.cancel()
         self._timer, self._timer_ns = None, when_ns
         if when_ns is not None:
-            self._timer = self._loop.call_later(max(when_ns - time.monotonic_ns(), 0) / 1e9, self._on_timer)
+            self._timer = self.clock.call_at(when_ns, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer, self._timer_ns = None, None
         self._pump()
 
     def _start(self, batch: list[Pending], instance: tuple[str, int]) -> None:
-        start = time.monotonic_ns()
+        start = self.clock.now()
         try:
             self.pool.start_batch(self.model, instance, batch, functools.partial(self._completed, batch, instance, start))
-        except Exception as e:  # never leave a client waiting
+        except Exception as e:  # never leave a client waiting; a fault of ours is INTERNAL
             self._free_slot(instance)
-            error = e if isinstance(e, TritonShmError) else TritonShmError(f"internal error: {type(e).__name__}: {e}")
+            error = e if isinstance(e, TritonShmError) else Internal(f"internal error: {type(e).__name__}: {e}")
             for p in batch:
                 self._finish(p, error)
 
@@ -301,14 +352,14 @@ class Scheduler:
             if p.trace is not None:
                 p.trace.computed(start, (in_ns, infer_ns, out_ns))
             if not isinstance(result, Exception):
-                total = time.monotonic_ns() - p.enqueued_ns
+                total = self.clock.now() - p.enqueued_ns
                 self.stats.record_success(p.rows, total, start - p.enqueued_ns, in_ns, infer_ns, out_ns)
             self._finish(p, result)
 
     def _finish(self, p: Pending, result: Any) -> None:
         if isinstance(result, Exception):
             reason = "REJECTED" if isinstance(result, Unavailable) else "BACKEND"
-            self.stats.record_failure(time.monotonic_ns() - p.enqueued_ns, reason)
+            self.stats.record_failure(self.clock.now() - p.enqueued_ns, reason)
         if not self.preserve_ordering:
             _resolve(p, result)
             return

@@ -12,8 +12,10 @@ from typing import TYPE_CHECKING, Any, AsyncIterator
 from .. import TRITON_PROTOCOL_VERSION
 from ..errors import InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
 from . import settings as log_settings
+from .cached_inference import infer_cached
 from .model_config import config_to_json, validate_model_name
 from .model_manager import ModelManager, decode_load_parameters
+from .response_cache import ResponseCache
 from .shm_registry import SharedMemoryRegistry
 from .tracing import Tracer
 from .types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
@@ -32,8 +34,9 @@ EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedu
 
 class InferenceService:
     def __init__(self, models: ModelManager, shm: SharedMemoryRegistry, *, strict_readiness: bool = True,
-                 server_id: str = SERVER_NAME):
+                 server_id: str = SERVER_NAME, cache: ResponseCache | None = None):
         self.models = models
+        self.cache = cache  # --cache-config: the response cache models with response_cache use
         self.server_id = server_id  # --id: the name server metadata reports
         self.repository = models.repository
         self.workers = models.pool
@@ -41,7 +44,8 @@ class InferenceService:
         shm.on_close = self.workers.drop_region
         self.strict_readiness = strict_readiness
         self.workers.bls_handler = self._serve_bls
-        self.accepting = True  # False once shutdown begins
+        self.draining = False  # shutting down: not ready, still serving what comes
+        self.accepting = True  # False once the front-ends have stopped
         self.tracer = Tracer()  # the server replaces it with one built from --trace-config
         self.log_settings = log_settings.current()
 
@@ -52,7 +56,7 @@ class InferenceService:
     def ready(self) -> bool:
         """Live, not shutting down, workers up; with strict readiness every model that
         should be loaded is READY."""
-        if not (self.accepting and self.workers.all_alive()):
+        if self.draining or not (self.accepting and self.workers.all_alive()):
             return False
         return self.repository.all_ready() if self.strict_readiness else True
 
@@ -228,14 +232,20 @@ class InferenceService:
 
     async def _infer(self, model: "ModelVersion", request: InferRequest,
                      stream: ResponseStream | None = None) -> InferResponse:
-        trace = (self.tracer.sample(model.name, model.version, request.id, time.monotonic_ns())
-                 if self.tracer.active else None)
+        arrived = time.monotonic_ns()
+        trace = self.tracer.sample(model.name, model.version, request.id, arrived) if self.tracer.active else None
         try:
             plan = validate_request(model, request)
-            if not (plan.shm_inputs or plan.shm_outputs):
+            # A request of a sequence depends on the sequence's state: never answered from the cache.
+            cached = (self.cache is not None and model.config.response_cache.enable and stream is None
+                      and "sequence_id" not in request.parameters)
+            if not (plan.shm_inputs or plan.shm_outputs or cached):
                 return await model.scheduler.submit(request, plan, {}, trace, stream)
             regions = self.shm.acquire_all(plan)
             try:
+                if cached:
+                    return await infer_cached(self.cache, model, request, plan, regions, arrived,
+                                              lambda: model.scheduler.submit(request, plan, regions, trace))
                 return await model.scheduler.submit(request, plan, regions, trace, stream)
             finally:  # the worker has finished with the regions once it replied
                 for region in regions.values():

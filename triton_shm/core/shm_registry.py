@@ -4,7 +4,8 @@ The front-end opens a system region (``/dev/shm/<key>``, what ``shm_open`` does 
 Linux), checks its size with ``fstat`` and keeps only the file descriptor. It never
 creates, truncates or unlinks a client's region, and never maps it: the worker that
 runs a request receives the fd over its socket and maps exactly
-``[offset, offset + byte_size)``. A region in use by in-flight requests stays open
+``[offset, offset + byte_size)`` (the response cache alone reads and writes one from the
+front-end, with ``pread``/``pwrite``: ``region_io.py``). A region in use by in-flight requests stays open
 after it is unregistered until its last user releases it.
 """
 from __future__ import annotations

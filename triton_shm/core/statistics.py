@@ -126,6 +126,22 @@ class ModelStats:
             for phase, ns in zip(SUMMARY_PHASES, (total_ns, queue_ns, input_ns, infer_ns, output_ns)):
                 self.summaries[phase].observe(ns // 1000, now)
 
+    def record_cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None:
+        """One request answered from the response cache: a success that never ran the model."""
+        self.last_inference_ms = int(time.time() * 1000)
+        p = self.phases
+        p["success"].add(total_ns)
+        p["queue"].add(queue_ns)
+        p["cache_hit"].add(hit_ns)
+        if self.summaries is not None:
+            now = time.monotonic()
+            self.summaries["request"].observe(total_ns // 1000, now)
+            self.summaries["queue"].observe(queue_ns // 1000, now)
+
+    def record_cache_miss(self, miss_ns: int) -> None:
+        """A response-cache lookup that found nothing (its lookup and insertion time)."""
+        self.phases["cache_miss"].add(miss_ns)
+
     def record_failure(self, total_ns: int, reason: str) -> None:
         self.phases["fail"].add(total_ns)
         self.failures[reason] = self.failures.get(reason, 0) + 1

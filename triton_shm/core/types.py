@@ -25,6 +25,14 @@ Buffer = Union[bytes, bytearray, memoryview]
 RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
                                  "headers", "binary_data_output"})
 
+# Parameters that place a tensor in a client shared-memory region.
+SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+def request_id_prefix(request_id: str) -> str:
+    """What starts a request's error message, as Triton writes it."""
+    return f"[request id: {request_id or '<id_unknown>'}] "
+
 
 @dataclass(slots=True)
 class InputTensor:
@@ -64,6 +72,7 @@ class OutputTensor:
     data: Buffer  # wire-encoded bytes; may be a view into shared memory, see release()
     parameters: dict[str, ParamValue] = field(default_factory=dict)
     in_shared_memory: bool = False  # written into the client's region; ``data`` is empty
+    shm_byte_size: int = 0          # then: how many bytes were written there
 
 
 @dataclass(slots=True)

@@ -10,10 +10,9 @@ from ..errors import InvalidArgument, Unsupported
 from . import codec
 from .datatypes import element_size
 from .repository import ModelVersion
-from .types import InferRequest
+from .types import SHM_PARAMETERS, InferRequest, request_id_prefix
 
 MAX_TENSOR_BYTES = 1 << 40  # no shape may describe more than this (checked before any allocation)
-_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
 @dataclass(slots=True)
@@ -35,7 +34,7 @@ class RequestPlan:
 
 
 def _shm_ref(params: dict, what: str, rid: str) -> ShmRef | None:
-    if not any(k in params for k in _SHM_KEYS):
+    if not any(k in params for k in SHM_PARAMETERS):
         return None
     region = params.get("shared_memory_region")
     size = params.get("shared_memory_byte_size")
@@ -49,10 +48,6 @@ def _shm_ref(params: dict, what: str, rid: str) -> ShmRef | None:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise InvalidArgument(f"{rid}{what}: '{label}' must be a non-negative integer")
     return ShmRef(region, offset, size)
-
-
-def _rid(request: InferRequest) -> str:
-    return f"[request id: {request.id or '<id_unknown>'}] "
 
 
 def _element_count(shape: list[int]) -> int:
@@ -74,7 +69,7 @@ def _shape_matches(got: list[int], dims: list[int]) -> bool:
 
 
 def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
-    rid, name = _rid(request), model.name
+    rid, name = request_id_prefix(request.id), model.name
     seen: set[str] = set()
     for inp in request.inputs:
         if inp.name in seen:

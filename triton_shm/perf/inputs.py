@@ -15,13 +15,13 @@ from __future__ import annotations
 import base64
 import json
 import math
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ..core.codec import serialize_bytes
 from . import PerfError, UsageError
 
 _NP = {
@@ -97,10 +97,6 @@ def parse_shape_flags(values: list[str]) -> dict[str, list[int]]:
     return shapes
 
 
-def _bytes_tensor(items: list[bytes]) -> bytes:
-    return b"".join(struct.pack("<I", len(b)) + b for b in items)
-
-
 def _to_bytes_items(values: Any) -> list[bytes]:
     flat = np.asarray(values, dtype=object).reshape(-1).tolist()
     return [v if isinstance(v, bytes) else str(v).encode() for v in flat]
@@ -112,7 +108,7 @@ def _encode(datatype: str, values: Any, count: int, input_name: str) -> bytes:
         items = _to_bytes_items(values)
         if len(items) != count:
             raise PerfError(f"input '{input_name}': {len(items)} values given, the shape needs {count}")
-        return _bytes_tensor(items)
+        return serialize_bytes(items)
     if datatype == "BF16":
         f32 = np.asarray(values, dtype=np.float32).reshape(-1)
         if f32.size != count:
@@ -129,9 +125,9 @@ def _encode(datatype: str, values: Any, count: int, input_name: str) -> bytes:
 def _generated(datatype: str, count: int, mode: str, rng: np.random.Generator) -> bytes:
     if datatype == "BYTES":
         if mode == "zero":
-            return _bytes_tensor([b"0"] * count)
+            return serialize_bytes([b"0"] * count)
         letters = rng.integers(ord("a"), ord("z") + 1, size=(count, RANDOM_STRING_LENGTH), dtype=np.uint8)
-        return _bytes_tensor([row.tobytes() for row in letters])
+        return serialize_bytes([row.tobytes() for row in letters])
     size = _ELEMENT_SIZE.get(datatype)
     if size is None:
         raise PerfError(f"datatype {datatype} is not supported")

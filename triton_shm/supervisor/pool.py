@@ -116,8 +116,14 @@ class WorkerPool:
         reply = await self.cpu.call(self._model_message("auto_complete", mv, config))
         return reply["config"]
 
-    def _instances_by_worker(self, mv: "ModelVersion") -> dict[str, list[dict[str, Any]]]:
-        by_worker: dict[str, list[dict[str, Any]]] = {}
+    def placements(self, mv: "ModelVersion") -> list[tuple[tuple[str, int], Any, int | None]]:
+        """Every instance of ``mv`` as it will be placed: its (worker name, index in that
+        worker), its instance group and its GPU (None for a CPU instance)."""
+        return [((worker, index), group, device) for worker, specs in self._instances_by_worker(mv, True).items()
+                for index, (_, group, device) in enumerate(specs)]
+
+    def _instances_by_worker(self, mv: "ModelVersion", with_groups: bool = False) -> dict[str, list[Any]]:
+        by_worker: dict[str, list[Any]] = {}
         for group in mv.config.instance_group:
             kind = _instance_kind(group)
             devices = list(group.gpus) if kind == "KIND_GPU" else [None]
@@ -126,8 +132,9 @@ class WorkerPool:
                 for i in range(group.count):
                     specs = by_worker.setdefault(worker.name, [])
                     suffix = f"_{device}" if device is not None else ""
-                    specs.append({"name": f"{group.name}_{i}{suffix}", "kind": kind,
-                                  "device_id": device if device is not None else 0})
+                    spec = {"name": f"{group.name}_{i}{suffix}", "kind": kind,
+                            "device_id": device if device is not None else 0}
+                    specs.append((spec, group, device) if with_groups else spec)
         return by_worker
 
     async def load_on(self, worker: str, mv: "ModelVersion") -> None:
@@ -190,6 +197,10 @@ class WorkerPool:
                 results, timing = self._batch_results(worker, mv, batch, reply, on_stream)
             except TritonShmError as e:
                 results, timing = [e] * len(batch), None
+            except Exception as e:  # a fault of ours reading the reply: the batch fails, nothing waits
+                log.exception("reading worker '%s's reply failed", worker.name)
+                error = Internal(f"reading worker '{worker.name}'s reply failed: {type(e).__name__}: {e}")
+                results, timing = [error] * len(batch), None
             done(results, timing)
 
         msg_id = worker.next_id()
@@ -322,7 +333,8 @@ class WorkerPool:
                     if not (desc[0] == "r" and desc[1] == region.id and desc[2] == ref.offset
                             and 0 <= desc[3] <= ref.byte_size):
                         raise Internal(f"worker misplaced output '{name}' bound for shared memory")
-                    outputs.append(OutputTensor(name, datatype, list(shape), b"", in_shared_memory=True))
+                    outputs.append(OutputTensor(name, datatype, list(shape), b"", in_shared_memory=True,
+                                                shm_byte_size=desc[3]))
                     continue
                 view = worker.outputs.view(desc)  # checks the descriptor against the worker's segments
                 descriptors.append(desc)

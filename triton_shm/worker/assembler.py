@@ -1,5 +1,6 @@
-"""Batch assembler: the C extension when built, else its pure-Python twin
-(``TRITON_SHM_NO_EXTENSIONS=1`` forces the twin; the tests run both)."""
+"""Batch assembler: the C extension when built and its SIGBUS guard installed, else its
+pure-Python twin (``TRITON_SHM_NO_EXTENSIONS=1`` forces the twin; the tests run both).
+Both are guarded against a client region truncated under a copy."""
 from __future__ import annotations
 
 from ..core.codec import NO_EXTENSIONS
@@ -8,9 +9,12 @@ from .assembler_py import GUARDED, copy, gather, scatter
 USING_EXTENSION = False
 if not NO_EXTENSIONS:
     try:
-        from ._assembler import GUARDED, copy, gather, scatter  # type: ignore  # noqa: F811
-        USING_EXTENSION = True
+        from . import _assembler  # type: ignore
     except ImportError:  # not built: the pure-Python twin serves
         pass
+    else:
+        if _assembler.GUARDED:  # else the twin, which needs no signal handler
+            from ._assembler import GUARDED, copy, gather, scatter  # type: ignore  # noqa: F811
+            USING_EXTENSION = True
 
 __all__ = ["GUARDED", "copy", "gather", "scatter", "USING_EXTENSION"]

@@ -1,35 +1,84 @@
 """Batch assembler, pure Python. Twin of the C extension ``_assembler``.
 
-Unlike the C version it cannot catch a SIGBUS: a client that truncates its region
-during the copy takes the worker down (it is restarted). ``GUARDED`` says which.
+The C copies catch a SIGBUS from a client region truncated under them; Python cannot.
+So the twin never touches client memory through a mapping: a client region's slice is a
+:class:`RegionSpan` (``regions.py`` hands those out when the twin serves), read with
+``preadv`` (a truncated region reads short, which is the same error as the C guard's) and
+written with ``pwrite`` after checking the region's size. A client that truncates its
+region between that check and the write gets its file extended back to the slice's end
+(never a dead worker).
 """
 from __future__ import annotations
 
-from ..errors import Internal
+import os
+from dataclasses import dataclass
 
-GUARDED = False
+from ..errors import Internal, InvalidArgument
+
+GUARDED = True
+_FAULT = "a client's shared-memory region shrank while it was being read or written"
+
+
+@dataclass(frozen=True, slots=True)
+class RegionSpan:
+    """``nbytes`` bytes at ``offset`` of the client region open as ``fd``, which must stay
+    at least ``end`` bytes long."""
+    fd: int
+    offset: int
+    nbytes: int
+    end: int
+
+
+def _read(span: RegionSpan, out: memoryview) -> None:
+    done = 0
+    while done < span.nbytes:
+        n = os.preadv(span.fd, [out[done:span.nbytes]], span.offset + done)
+        if n <= 0:
+            raise InvalidArgument(_FAULT)
+        done += n
+
+
+def _write(span: RegionSpan, data: memoryview) -> None:
+    if os.fstat(span.fd).st_size < span.end:
+        raise InvalidArgument(_FAULT)
+    done = 0
+    while done < data.nbytes:
+        done += os.pwrite(span.fd, data[done:], span.offset + done)
+
+
+def _nbytes(buf) -> int:
+    return buf.nbytes if isinstance(buf, RegionSpan) else memoryview(buf).nbytes
 
 
 def copy(dst, src) -> int:
     """Copy ``src`` into the start of ``dst``; returns the bytes copied."""
-    out, inp = memoryview(dst).cast("B"), memoryview(src).cast("B")
-    if inp.nbytes > out.nbytes:
-        raise Internal(f"copy of {inp.nbytes} bytes into a {out.nbytes}-byte buffer")
-    out[:inp.nbytes] = inp
-    return inp.nbytes
+    n, room = _nbytes(src), _nbytes(dst)
+    if n > room:
+        raise Internal(f"copy of {n} bytes into a {room}-byte buffer")
+    if isinstance(dst, RegionSpan):
+        src_view = memoryview(src).cast("B")  # never both: the model's bytes are in our memory
+        _write(RegionSpan(dst.fd, dst.offset, n, dst.end), src_view)
+    elif isinstance(src, RegionSpan):
+        _read(src, memoryview(dst).cast("B"))
+    else:
+        memoryview(dst).cast("B")[:n] = memoryview(src).cast("B")
+    return n
 
 
 def gather(dst, srcs) -> int:
     """Copy every buffer of ``srcs`` back to back into ``dst``; returns the bytes written."""
     out = memoryview(dst).cast("B")
-    views = [memoryview(s).cast("B") for s in srcs]
-    total = sum(v.nbytes for v in views)
+    sizes = [_nbytes(s) for s in srcs]
+    total = sum(sizes)
     if total > out.nbytes:
         raise Internal(f"batch assembler: {total} bytes do not fit the {out.nbytes}-byte buffer")
     pos = 0
-    for v in views:
-        out[pos:pos + v.nbytes] = v
-        pos += v.nbytes
+    for src, n in zip(srcs, sizes):
+        if isinstance(src, RegionSpan):
+            _read(src, out[pos:pos + n])
+        else:
+            out[pos:pos + n] = memoryview(src).cast("B")
+        pos += n
     return total
 
 
@@ -37,12 +86,15 @@ def scatter(src, dsts) -> int:
     """Copy consecutive spans of ``src`` into each buffer of ``dsts`` (their lengths
     define the split); returns the bytes read."""
     inp = memoryview(src).cast("B")
-    views = [memoryview(d).cast("B") for d in dsts]
-    total = sum(v.nbytes for v in views)
+    sizes = [_nbytes(d) for d in dsts]
+    total = sum(sizes)
     if total > inp.nbytes:
         raise Internal(f"batch assembler: destinations need {total} bytes, the batch has {inp.nbytes}")
     pos = 0
-    for v in views:
-        v[:] = inp[pos:pos + v.nbytes]
-        pos += v.nbytes
+    for dst, n in zip(dsts, sizes):
+        if isinstance(dst, RegionSpan):
+            _write(dst, inp[pos:pos + n])
+        else:
+            memoryview(dst).cast("B")[:] = inp[pos:pos + n]
+        pos += n
     return total

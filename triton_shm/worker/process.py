@@ -33,6 +33,7 @@ from ..backends.python import triton_python_backend_utils as pb_utils
 from . import assembler
 from .bls import BlsClient
 from .execution import InstanceRunner
+from .assembler_py import RegionSpan
 from .regions import RegionMap
 from .tensors import Reshapes
 
@@ -114,7 +115,7 @@ class Worker:
         response = body if ("outputs" in body or "error" in body) else None
         self.send_frame(protocol.encode_stream(body["id"], body["index"], body["final"], response))
 
-    def view(self, desc: list) -> memoryview:
+    def view(self, desc: list) -> "memoryview | RegionSpan":
         """An input's bytes: ``[segment, offset, size]`` in the front-end's arena, or
         ``["r", region, offset, size]`` in a client region."""
         if desc and desc[0] == "r":

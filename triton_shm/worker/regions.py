@@ -4,7 +4,10 @@ The front-end passes the fd of a registered region; the worker maps exactly the
 registered ``[offset, offset + byte_size)`` (from the page boundary below it) and hands
 out views into it. Every view is bounds-checked against the registration, and the
 object's current size is checked with ``fstat`` at use, so a client that truncates its
-region after registering gets an error instead of the worker taking a SIGBUS.
+region after registering gets an error instead of the worker taking a SIGBUS. (A
+truncation after that check, during the copy, is the assembler's to survive: the C copies
+are guarded; with the pure-Python twin a view is a ``RegionSpan`` it reads and writes with
+``preadv``/``pwrite``, never through the mapping.)
 """
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import mmap
 import os
 
 from ..errors import Internal, InvalidArgument
+from .assembler import USING_EXTENSION
+from .assembler_py import RegionSpan
 
 
 class ClientRegion:
@@ -22,13 +27,15 @@ class ClientRegion:
         self.mmap = mmap.mmap(fd, self.delta + size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
                               offset=start) if size else None
 
-    def view(self, offset: int, size: int) -> memoryview:
+    def view(self, offset: int, size: int) -> memoryview | RegionSpan:
         if offset < 0 or size < 0 or offset > self.size or size > self.size - offset:
             raise InvalidArgument("shared-memory slice lies outside its registered region")
         if size == 0:
             return memoryview(b"")
         if os.fstat(self.fd).st_size < self.offset + self.size:
             raise InvalidArgument("the client's shared-memory region has shrunk since it was registered")
+        if not USING_EXTENSION:
+            return RegionSpan(self.fd, self.offset + offset, size, self.offset + self.size)
         start = self.delta + offset
         return memoryview(self.mmap)[start:start + size]
 
@@ -61,7 +68,7 @@ class RegionMap:
         if region is not None:
             region.close()
 
-    def view(self, rid: int, offset: int, size: int) -> memoryview:
+    def view(self, rid: int, offset: int, size: int) -> memoryview | RegionSpan:
         region = self._regions.get(rid)
         if region is None:
             raise Internal(f"shared-memory region {rid} is not mapped in this worker")

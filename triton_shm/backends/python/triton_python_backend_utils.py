@@ -17,8 +17,6 @@ Differences from Triton, by design or not yet done:
 * BF16 has no numpy type: BF16 tensors hold their raw ``uint16`` words (``as_numpy``
   returns ``uint16``; ``triton_dtype()`` still says BF16). ``triton_string_to_numpy``
   has no ``TYPE_BF16`` entry, as in Triton.
-* Decoupled models (``get_response_sender``) and BLS (``InferenceRequest.exec``) are
-  not supported yet and raise :class:`TritonModelException` saying so.
 * ``MetricFamily`` / ``Metric`` keep their values in-process; they are not exported on
   the metrics endpoint yet.
 """
@@ -27,11 +25,13 @@ from __future__ import annotations
 import enum
 import json
 import logging
-import struct
 import threading
 from typing import Any, Iterable
 
 import numpy as np
+
+from ...core.codec import count_bytes, deserialize_bytes, serialize_bytes
+from ...errors import InvalidArgument
 
 # --------------------------------------------------------------------------- constants
 
@@ -109,31 +109,16 @@ def serialize_byte_tensor(input_tensor: np.ndarray):
     if input_tensor.size == 0:
         return ()
     if input_tensor.dtype == np.object_ or input_tensor.dtype.type == np.bytes_:
-        from ...core.codec import serialize_bytes
-        if input_tensor.dtype == np.object_:
-            return serialize_bytes(input_tensor)
-        items = [x.item() if hasattr(x, "item") else x for x in input_tensor.reshape(-1)]
-        return b"".join(struct.pack("<I", len(s)) + s for s in items)
+        return serialize_bytes(input_tensor)
     return None
 
 
 def deserialize_bytes_tensor(encoded_tensor) -> np.ndarray:
     """Decode length-prefixed BYTES data into a 1-D object array of ``bytes``."""
-    view = memoryview(encoded_tensor).cast("B")
-    items: list[bytes] = []
-    pos, end = 0, len(view)
-    while pos < end:
-        if end - pos < 4:
-            raise TritonModelException("truncated BYTES tensor: incomplete length prefix")
-        (n,) = struct.unpack_from("<I", view, pos)
-        pos += 4
-        if n > end - pos:
-            raise TritonModelException("truncated BYTES tensor: element longer than the buffer")
-        items.append(bytes(view[pos:pos + n]))
-        pos += n
-    out = np.empty(len(items), dtype=np.object_)
-    out[:] = items
-    return out
+    try:
+        return deserialize_bytes(encoded_tensor, count_bytes(encoded_tensor))
+    except InvalidArgument as e:
+        raise TritonModelException(f"truncated BYTES tensor: {e.message}") from None
 
 
 # --------------------------------------------------------------------------- errors

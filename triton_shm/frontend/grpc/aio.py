@@ -1,57 +1,141 @@
 """The grpc.aio transport: the fallback, and the one used without C extensions."""
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from typing import Any, AsyncIterator, Callable
 
 import grpc
 
+from ..restricted import Restrictions
 from .rpc import Method, rpc_status
 
 
 _CODES = {c.value[0]: c for c in grpc.StatusCode}
+QUIET_SECS = 0.05  # stopping: no new call for this long, so grpc core holds none unhandled
+
+
+class CallGate:
+    """Counts the calls in the handlers, and refuses new ones once the server is stopping.
+
+    grpc core cancels (CANCELLED) the calls it has received but not yet handed to the
+    handlers when the server stops; so a stopping server first answers new calls with
+    UNAVAILABLE, which clients may retry elsewhere, and stops grpc core once it is quiet.
+    """
+
+    def __init__(self) -> None:
+        self.stopping = False
+        self.in_flight = 0
+        self.last_call = 0.0
+
+    def enter(self) -> bool:
+        """False: the call is to be refused."""
+        self.last_call = asyncio.get_running_loop().time()
+        if self.stopping:
+            return False
+        self.in_flight += 1
+        return True
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+    async def quiesce(self, timeout: float) -> None:
+        self.stopping = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline and (self.in_flight or loop.time() - self.last_call < QUIET_SECS):
+            await asyncio.sleep(0.01)
+
+
+class AioServer:
+    """The grpc.aio server, stopped so that the calls it took are answered."""
+
+    def __init__(self, server: grpc.aio.Server, gate: CallGate):
+        self.server = server
+        self.gate = gate
+
+    async def stop(self, grace: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (grace or 0.0)
+        await self.gate.quiesce(grace or 0.0)
+        await self.server.stop(max(deadline - loop.time(), 0.0))
+
+
+def _refusal(restrictions: Restrictions | None, method: Method, context: grpc.aio.ServicerContext) -> str | None:
+    """The restricted-API check, before the body runs; metadata keys arrive lower case."""
+    if restrictions is None:
+        return None
+
+    def lookup(name: str) -> bytes | None:
+        for key, value in context.invocation_metadata() or ():
+            if key == name:
+                return value if isinstance(value, bytes) else value.encode("utf-8", "surrogateescape")
+        return None
+    return restrictions.refusal(method.group, lookup)
 
 
 # Responses are serialized inside the handler (grpcio's serializer hook is not used): a
 # ModelInfer response holds arena blocks until it is encoded, and the handler is the one
 # place sure to run to the end or be cancelled as a whole.
-def _unary(method: Method) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
+def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate
+           ) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if (refusal := _refusal(restrictions, method, context)) is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+        if not gate.enter():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         try:
             return method.serialize(await method.handler(request), False)
         except grpc.aio.AbortError:
             raise
         except Exception as e:  # noqa: BLE001 - the client must get an answer
             code, message = rpc_status(e, method.path)
+        finally:
+            gate.leave()
         await context.abort(_CODES[code], message)
     return handler
 
 
-def _stream(method: Method) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate
+            ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
     async def handler(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-        serialize = method.serialize
-        async for reply in method.handler(requests):
-            yield serialize(reply, False)
+        if (refusal := _refusal(restrictions, method, context)) is not None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
+        if not gate.enter():
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
+        try:
+            serialize = method.serialize
+            async for reply in method.handler(requests):
+                yield serialize(reply, False)
+        finally:
+            gate.leave()
     return handler
 
 
-def generic_handlers(methods: list[Method]) -> list[grpc.GenericRpcHandler]:
+def generic_handlers(methods: list[Method], restrictions: Restrictions | None = None,
+                     gate: CallGate | None = None) -> list[grpc.GenericRpcHandler]:
+    restrictions = restrictions or None
+    gate = gate or CallGate()
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = defaultdict(dict)
     for m in methods:
         service, name = m.path[1:].split("/")
         kwargs = dict(request_deserializer=m.deserialize, response_serializer=None)
         by_service[service][name] = (
-            grpc.stream_stream_rpc_method_handler(_stream(m), **kwargs) if m.streaming
-            else grpc.unary_unary_rpc_method_handler(_unary(m), **kwargs))
+            grpc.stream_stream_rpc_method_handler(_stream(m, restrictions, gate), **kwargs) if m.streaming
+            else grpc.unary_unary_rpc_method_handler(_unary(m, restrictions, gate), **kwargs))
     return [grpc.method_handlers_generic_handler(s, handlers) for s, handlers in by_service.items()]
 
 
-async def start_aio(methods: list[Method], host: str, port: int, options: list[tuple[str, int]]) -> grpc.aio.Server:
+async def start_aio(methods: list[Method], host: str, port: int, options: list[tuple[str, int]], *,
+                    restrictions: Restrictions | None = None, credentials: Any = None) -> AioServer:
+    """``credentials``: grpcio server credentials (TLS), else plaintext."""
     server = grpc.aio.server(options=options)
-    server.add_generic_rpc_handlers(generic_handlers(methods))
+    gate = CallGate()
+    server.add_generic_rpc_handlers(generic_handlers(methods, restrictions, gate))
     address = f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = (server.add_insecure_port(address) if credentials is None
+                 else server.add_secure_port(address, credentials))
     except RuntimeError as e:  # some grpcio versions raise instead of returning 0
         bound = 0
         cause: Exception | None = e
@@ -61,4 +145,4 @@ async def start_aio(methods: list[Method], host: str, port: int, options: list[t
         await server.stop(None)
         raise OSError(f"gRPC server could not bind {address} (address in use or invalid?)") from cause
     await server.start()
-    return server
+    return AioServer(server, gate)

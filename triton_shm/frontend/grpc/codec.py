@@ -14,6 +14,7 @@ import numpy as np
 from ..._proto import grpc_service_pb2 as pb
 from ...core.codec import serialize_bytes
 from ...core.types import (
+    SHM_PARAMETERS,
     Buffer,
     InferRequest,
     InferResponse,
@@ -24,9 +25,6 @@ from ...core.types import (
 from ...errors import InvalidArgument
 
 _INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
-
-# Keys that put an input in shared memory; such an input takes no raw entry.
-_SHM_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 # InferTensorContents field -> the datatypes it may carry, and the numpy dtype of the
 # proto's repeated field (narrower INT/UINT types are truncated from it, as Triton does).
@@ -128,7 +126,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, raw: list[memoryview] | None
         params = decode_parameters(tensor.parameters)
         has_contents = tensor.HasField("contents")
         data: Buffer | None = None
-        in_shm = bool(params) and any(k in params for k in _SHM_KEYS)
+        in_shm = bool(params) and any(k in params for k in SHM_PARAMETERS)
         if in_shm:
             if has_contents and error is None:
                 error = (f"unexpected 'content' provided when using shared memory for input "

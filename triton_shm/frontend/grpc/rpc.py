@@ -46,6 +46,7 @@ class Method:
     deserialize: Callable[[bytes], Any] = _identity
     serialize: Callable[[Any, bool], bytes] = pb_serializer
     streaming: bool = False  # bidirectional stream (the only streaming kind served)
+    group: str | None = None  # its restricted-API group (frontend/restricted.py)
 
 
 def rpc_status(exc: BaseException, path: str) -> tuple[int, str]:

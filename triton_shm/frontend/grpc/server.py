@@ -9,6 +9,8 @@ from .servicer import methods
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
+    from ..restricted import Restrictions
+    from ..tls import ServerTls
 
 # Triton's MAX_GRPC_MESSAGE_SIZE; tritonclient sends up to this too.
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
@@ -35,13 +37,17 @@ def default_transport() -> str:
 
 
 async def start_grpc(service: "InferenceService", host: str, port: int, *, transport: str | None = None,
-                     max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES, keepalive: Keepalive = Keepalive()) -> Any:
+                     max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES, keepalive: Keepalive = Keepalive(),
+                     restrictions: "Restrictions | None" = None, tls: "ServerTls | None" = None) -> Any:
     """Bind ``host:port`` and start serving; the caller stops the returned server with
-    ``await server.stop(grace)``. Raises OSError when the address cannot be bound."""
+    ``await server.stop(grace)``. Raises OSError when the address cannot be bound.
+    ``restrictions``: --grpc-restricted-protocol; ``tls``: serve over TLS (built with ALPN h2)."""
     transport = transport or default_transport()
     table = methods(service)
     if transport == "native":
         from .native.server import start_native
-        return await start_native(table, host, port, max_message_bytes=max_message_bytes, keepalive=keepalive)
+        return await start_native(table, host, port, max_message_bytes=max_message_bytes, keepalive=keepalive,
+                                  restrictions=restrictions, ssl=None if tls is None else tls.context)
     from .aio import start_aio
-    return await start_aio(table, host, port, server_options(keepalive, max_message_bytes))
+    return await start_aio(table, host, port, server_options(keepalive, max_message_bytes), restrictions=restrictions,
+                           credentials=None if tls is None else tls.grpc_credentials())

@@ -227,6 +227,22 @@ def _infer_response_serializer(response: Any, framed: bool) -> bytes:
     return infer_response_bytes(response, framed)
 
 
+# Each RPC's restricted-API group (--grpc-restricted-protocol), as tritonserver groups them.
+GROUPS: dict[str, str] = {
+    "ServerLive": "health", "ServerReady": "health", "ModelReady": "health", "Check": "health",
+    "ServerMetadata": "metadata", "ModelMetadata": "metadata",
+    "ModelInfer": "inference", "ModelStreamInfer": "inference",
+    "ModelConfig": "model-config",
+    "ModelStatistics": "statistics",
+    "RepositoryIndex": "model-repository", "RepositoryModelLoad": "model-repository",
+    "RepositoryModelUnload": "model-repository",
+    "SystemSharedMemoryStatus": "shared-memory", "SystemSharedMemoryRegister": "shared-memory",
+    "SystemSharedMemoryUnregister": "shared-memory", "CudaSharedMemoryStatus": "shared-memory",
+    "CudaSharedMemoryRegister": "shared-memory", "CudaSharedMemoryUnregister": "shared-memory",
+    "TraceSetting": "trace",
+    "LogSettings": "logging",
+}
+
 # Bodies that take or give bytes instead of protobuf messages (their own codecs).
 _RAW_REQUEST = {"ModelInfer", "ModelStreamInfer"}
 _SERIALIZERS = {"ModelInfer": _infer_response_serializer, "ModelStreamInfer": raw_bytes}
@@ -243,7 +259,7 @@ def methods(service: "InferenceService") -> list[Method]:
         if m.name in _SERIALIZERS:
             kwargs["serialize"] = _SERIALIZERS[m.name]
         out.append(Method(f"/{SERVICE}/{m.name}", getattr(rpcs, m.name),
-                          streaming=m.client_streaming or m.server_streaming, **kwargs))
+                          streaming=m.client_streaming or m.server_streaming, group=GROUPS[m.name], **kwargs))
     out.append(Method("/grpc.health.v1.Health/Check", functools.partial(_health_check, service),
-                      serialize=raw_bytes))
+                      serialize=raw_bytes, group=GROUPS["Check"]))
     return out

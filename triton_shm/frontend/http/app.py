@@ -13,9 +13,13 @@ from aiohttp import web
 
 from ...core.codec import NO_EXTENSIONS
 from ...errors import TritonShmError
+from ..restricted import Restrictions
+from .api_groups import restriction_middleware
 from .handlers import HttpHandlers, build_routes
 
 if TYPE_CHECKING:
+    import ssl
+
     from ...core.service import InferenceService
 
 log = logging.getLogger(__name__)
@@ -57,17 +61,20 @@ def create_app(
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     extra_routes: Iterable[web.RouteDef] = (),
     middlewares: Iterable[Any] = (),
+    restrictions: Restrictions | None = None,
 ) -> web.Application:
     """The Triton HTTP API over ``service``.
 
     ``max_input_size`` bounds the request body on the wire and after decompression.
     ``extra_routes`` are matched before the built-in ones (later features plug in here);
-    ``middlewares`` run outside the error middleware.
+    ``middlewares`` run outside the restricted-API check, which runs outside the error
+    middleware, so it sees every request aiohttp routes, matched or not.
     Run it with ``auto_decompress=False`` on the runner (as :func:`start_http` does) so
     compressed bodies are inflated under that cap with a 400 error; otherwise aiohttp
     inflates them itself and answers 413 past ``client_max_size``.
     """
-    app = web.Application(client_max_size=max_input_size, middlewares=[*middlewares, error_middleware])
+    checks = [restriction_middleware(restrictions)] if restrictions else []
+    app = web.Application(client_max_size=max_input_size, middlewares=[*middlewares, *checks, error_middleware])
     handlers = HttpHandlers(service, max_input_size)
     app.router.add_routes([*extra_routes, *build_routes(handlers)])
     return app
@@ -90,6 +97,8 @@ async def start_http(
     shutdown_timeout: float = 30.0,
     header_timeout: float | None = None,
     lean: bool | None = None,
+    restrictions: Restrictions | None = None,
+    ssl: "ssl.SSLContext | None" = None,
 ) -> Any:
     """Serve on ``host:port``; the caller stops it with ``await server.cleanup()``, which
     lets in-flight requests finish for up to ``shutdown_timeout`` seconds.
@@ -97,26 +106,30 @@ async def start_http(
     With ``lean`` (default: when available) the infer route runs on the lean path
     (:mod:`.lean_server`) and aiohttp serves the rest on the same port; else all of it is
     aiohttp's. ``header_timeout`` bounds the wait for a request's headers (lean path only).
+    ``restrictions``: the restricted APIs (on both paths); ``ssl``: serve HTTPS.
     """
     if lean is None:
         lean = lean_available()
     if not lean:
-        app = create_app(service, max_input_size=max_input_size)
-        return await serve_app(app, host, port, auto_decompress=False, shutdown_timeout=shutdown_timeout)
+        app = create_app(service, max_input_size=max_input_size, restrictions=restrictions)
+        return await serve_app(app, host, port, ssl=ssl, auto_decompress=False, shutdown_timeout=shutdown_timeout)
     from .bridge import completion_middleware
     from .lean_server import HEADER_TIMEOUT, start_lean_http
-    app = create_app(service, max_input_size=max_input_size, middlewares=[completion_middleware])
+    app = create_app(service, max_input_size=max_input_size, middlewares=[completion_middleware],
+                     restrictions=restrictions)
     return await start_lean_http(service, app, host, port, max_input_size=max_input_size,
                                  shutdown_timeout=shutdown_timeout,
-                                 header_timeout=HEADER_TIMEOUT if header_timeout is None else header_timeout)
+                                 header_timeout=HEADER_TIMEOUT if header_timeout is None else header_timeout,
+                                 restrictions=restrictions, ssl=ssl)
 
 
-async def serve_app(app: web.Application, host: str, port: int, **runner_options: Any) -> web.AppRunner:
-    """Run an aiohttp app on ``host:port``; stop it with ``await runner.cleanup()``."""
+async def serve_app(app: web.Application, host: str, port: int, *, ssl: "ssl.SSLContext | None" = None,
+                    **runner_options: Any) -> web.AppRunner:
+    """Run an aiohttp app on ``host:port`` (HTTPS with ``ssl``); stop it with ``await runner.cleanup()``."""
     runner = web.AppRunner(app, access_log=None, **runner_options)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        await web.TCPSite(runner, host, port, ssl_context=ssl).start()
     except BaseException:
         await runner.cleanup()
         raise

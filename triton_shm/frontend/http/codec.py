@@ -23,6 +23,7 @@ from ...core.types import (
     OutputTensor,
     ParamValue,
     RequestedOutput,
+    request_id_prefix,
 )
 from ...errors import Internal, InvalidArgument, TritonShmError, Unsupported
 
@@ -154,10 +155,6 @@ def _check_depth(value: Any, depth: int) -> None:
         stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
 
 
-def _with_id(request_id: str, message: str) -> str:
-    return f"[request id: {request_id or '<id_unknown>'}] {message}"
-
-
 def _parse_parameters(value: Any, where: str) -> dict[str, ParamValue]:
     if value is None:
         return {}
@@ -227,10 +224,10 @@ def json_to_wire(
     if datatype == "BYTES":
         items = data if all(type(x) is str for x in data) else _flatten_strings(name, data)
         if len(items) != count:
-            raise InvalidArgument(_with_id(
-                request_id,
+            raise InvalidArgument(
+                request_id_prefix(request_id) +
                 f"expected {count} string elements for inference input '{name}' for model "
-                f"'{model_name}', got {len(items)}"))
+                f"'{model_name}', got {len(items)}")
         return serialize_bytes(items)
     if datatype in ("FP16", "BF16"):
         raise InvalidArgument(

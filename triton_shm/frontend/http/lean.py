@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING
 import httptools
 
 from ...errors import TritonShmError
+from ..restricted import first_header
+from .api_groups import api_group, refusal_body
 from .infer import JSON_TYPE, serve_infer
 from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpLimit, Message, error_body,
-                           held_bytes, infer_route, response_head, timeout_message)
+                           held_bytes, infer_route, response_head, timeout_message, url_path)
 
 if TYPE_CHECKING:
     from .bridge import AiohttpBridge
@@ -163,6 +165,8 @@ class LeanConnection(asyncio.Protocol):
         msg.version = parser.get_http_version()
         msg.keep_alive = parser.should_keep_alive()
         msg.route = infer_route(msg.method, msg.url)
+        if self.ctx.restrictions is not None and msg.error is None:
+            msg.refusal = self._refusal(msg)
         self.state = BODY
         if msg.error is not None:  # refused in turn without waiting for the body, then closed
             self._queue_message(msg)
@@ -175,7 +179,7 @@ class LeanConnection(asyncio.Protocol):
 
     def on_body(self, chunk: bytes) -> None:
         msg = self._msg
-        if msg.error is not None:
+        if msg.error is not None or msg.refusal is not None:
             return  # read and dropped, so the answer can follow
         msg.size += len(chunk)
         if msg.size > self.ctx.max_input_size:
@@ -205,6 +209,9 @@ class LeanConnection(asyncio.Protocol):
                 self._respond(msg, msg.error[0], JSON_TYPE, error_body(msg.error[1]))
                 self._close()
                 return
+            if msg.refusal is not None:
+                self._refuse(msg)
+                continue
             self._busy = True
             if msg.route is not None:
                 self._task = self.loop.create_task(self._infer(msg))
@@ -224,6 +231,20 @@ class LeanConnection(asyncio.Protocol):
         if msg is not None and msg.expect_continue and not self._queue and not self._discard:
             msg.expect_continue = False
             self.write(_CONTINUE)
+
+    def _refusal(self, msg: Message) -> str | None:
+        """The restricted-API check, as soon as the headers are in, so a refused body is never
+        held. Authoritative for the infer route; for the others aiohttp's middleware checks
+        again on the path its router matches (a percent-escaped path may only match there)."""
+        group = "inference" if msg.route is not None else api_group(url_path(msg.url))
+        return self.ctx.restrictions.refusal(group, lambda name: first_header(msg.headers, name))
+
+    def _refuse(self, msg: Message) -> None:
+        """Answer 403 in turn; the connection stays open for the next request."""
+        self._respond(msg, 403, JSON_TYPE, refusal_body(msg.refusal))
+        self.since = self.loop.time()
+        if not msg.keep_alive:
+            self._close()
 
     async def _infer(self, msg: Message) -> None:
         model, version = msg.route

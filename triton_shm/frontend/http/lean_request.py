@@ -49,7 +49,7 @@ class Message:
     """One parsed request."""
 
     __slots__ = ("method", "url", "version", "headers", "parts", "size", "keep_alive", "route",
-                 "error", "header_length", "content_encoding", "accept_encoding", "expect_continue")
+                 "error", "refusal", "header_length", "content_encoding", "accept_encoding", "expect_continue")
 
     def __init__(self) -> None:
         self.method = b""
@@ -60,6 +60,7 @@ class Message:
         self.size = 0
         self.route: tuple[str, str] | None = None  # (model, version) of an infer request
         self.error: tuple[int, str] | None = None  # answered instead of served, then closed
+        self.refusal: str | None = None  # a restricted API without its header: 403, body dropped
         self.header_length: str | None = None
         self.content_encoding: str | None = None
         self.accept_encoding: str | None = None
@@ -88,7 +89,12 @@ def infer_route(method: bytes, url: bytes) -> tuple[str, str] | None:
 
 
 def held_bytes(msg: Message) -> int:
-    return msg.size if msg.error is None else 0  # a refused body is dropped, not held
+    return msg.size if msg.error is None and msg.refusal is None else 0  # a refused body is dropped
+
+
+def url_path(url: bytes) -> str:
+    """The path of a request target, as the restricted-API groups are matched on."""
+    return url.split(b"?", 1)[0].decode("latin-1")
 
 
 def error_body(message: str) -> bytes:

@@ -14,9 +14,12 @@ from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 
+from ..restricted import Restrictions
 from .lean import LeanConnection
 
 if TYPE_CHECKING:
+    import ssl
+
     from ...core.service import InferenceService
 
 HEADER_TIMEOUT = 30.0     # seconds from a request's first byte to the end of its headers
@@ -28,8 +31,9 @@ class LeanContext:
     """What every connection of one server shares."""
 
     def __init__(self, service: "InferenceService", max_input_size: int, aiohttp_server: Callable[[], web.RequestHandler],
-                 header_timeout: float, keepalive_timeout: float):
+                 header_timeout: float, keepalive_timeout: float, restrictions: Restrictions | None = None):
         self.service = service
+        self.restrictions = restrictions or None  # checked before an infer request is served
         self.max_input_size = max_input_size
         self.aiohttp_server = aiohttp_server
         self.header_timeout = header_timeout
@@ -47,9 +51,10 @@ class LeanHttpServer:
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, ssl: "ssl.SSLContext | None" = None) -> None:
         loop = self.ctx.loop
-        self._server = await loop.create_server(lambda: LeanConnection(self.ctx), host, port, reuse_address=True)
+        self._server = await loop.create_server(lambda: LeanConnection(self.ctx), host, port, reuse_address=True,
+                                                ssl=ssl)
         self._sweeper = loop.create_task(self._sweep())
 
     async def _sweep(self) -> None:
@@ -83,16 +88,17 @@ class LeanHttpServer:
 async def start_lean_http(
     service: "InferenceService", app: web.Application, host: str, port: int, *,
     max_input_size: int, shutdown_timeout: float, header_timeout: float = HEADER_TIMEOUT,
-    keepalive_timeout: float = KEEPALIVE_TIMEOUT,
+    keepalive_timeout: float = KEEPALIVE_TIMEOUT, restrictions: Restrictions | None = None,
+    ssl: "ssl.SSLContext | None" = None,
 ) -> LeanHttpServer:
     """Serve ``app`` (built with :func:`.bridge.completion_middleware` outermost) on ``host:port``."""
     runner = web.AppRunner(app, access_log=None, auto_decompress=False, shutdown_timeout=shutdown_timeout,
                            keepalive_timeout=_BRIDGE_KEEPALIVE)
     await runner.setup()
-    ctx = LeanContext(service, max_input_size, runner.server, header_timeout, keepalive_timeout)
+    ctx = LeanContext(service, max_input_size, runner.server, header_timeout, keepalive_timeout, restrictions)
     server = LeanHttpServer(ctx, runner, shutdown_timeout)
     try:
-        await server.start(host, port)
+        await server.start(host, port, ssl)
     except BaseException:
         await runner.cleanup()
         raise

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import ngh2
 
+from ...restricted import first_header
 from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner
 from .framing import (
     INTERNAL,
@@ -263,6 +264,12 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         if target is None:
             self._finish(call, UNIMPLEMENTED, f"unknown method {path.decode('utf-8', 'replace')}")
             return
+        restrictions = self.server.restrictions
+        if restrictions is not None:
+            refusal = restrictions.refusal(target.group, lambda name: first_header(event.headers, name))
+            if refusal is not None:
+                self._finish(call, UNAVAILABLE, refusal)
+                return
         if encoding is not None and not supported_encoding(encoding):
             self._finish(call, UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')} is not supported")
             return

@@ -7,6 +7,7 @@ import ssl as ssl_module
 
 import ngh2
 
+from ...restricted import Restrictions
 from ..keepalive import Keepalive
 from ..rpc import Method
 from .connection import GrpcConnection
@@ -24,8 +25,10 @@ class NativeServer:
     """Protocol limits are attributes so tests and embedders can tighten them."""
 
     def __init__(self, methods: list[Method], *, max_message_bytes: int,
-                 max_concurrent_streams: int = MAX_CONCURRENT_STREAMS, keepalive: Keepalive | None = None):
+                 max_concurrent_streams: int = MAX_CONCURRENT_STREAMS, keepalive: Keepalive | None = None,
+                 restrictions: Restrictions | None = None):
         self.methods = {m.path.encode(): m for m in methods}
+        self.restrictions = restrictions or None  # checked when a call's headers arrive
         self.max_message_bytes = max_message_bytes
         self.settings = {
             ngh2.Setting.MAX_CONCURRENT_STREAMS: max_concurrent_streams,
@@ -101,7 +104,9 @@ class NativeServer:
 
 
 async def start_native(methods: list[Method], host: str, port: int, *, max_message_bytes: int,
-                       keepalive: Keepalive | None = None) -> NativeServer:
-    server = NativeServer(methods, max_message_bytes=max_message_bytes, keepalive=keepalive)
-    await server.start(host, port)
+                       keepalive: Keepalive | None = None, restrictions: Restrictions | None = None,
+                       ssl: "ssl_module.SSLContext | None" = None) -> NativeServer:
+    server = NativeServer(methods, max_message_bytes=max_message_bytes, keepalive=keepalive,
+                          restrictions=restrictions)
+    await server.start(host, port, ssl=ssl)
     return server

@@ -1,0 +1,36 @@
+"""The scheduler's time: monotonic nanoseconds and timers at a moment on that scale.
+
+The default runs on the event loop; a test hands the scheduler its own clock and moves
+time itself, so queue delays and timeouts are decided without sleeping."""
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable, Protocol
+
+
+class Timer(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    def now(self) -> int:
+        """Monotonic nanoseconds."""
+        ...
+
+    def call_at(self, when_ns: int, callback: Callable[[], None]) -> Timer:
+        """Run ``callback`` once ``now()`` reaches ``when_ns``."""
+        ...
+
+
+class LoopClock:
+    """``time.monotonic_ns`` and the running loop's timers."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+
+    def now(self) -> int:
+        return time.monotonic_ns()
+
+    def call_at(self, when_ns: int, callback: Callable[[], None]) -> Timer:
+        return self._loop.call_later(max(when_ns - time.monotonic_ns(), 0) / 1e9, callback)

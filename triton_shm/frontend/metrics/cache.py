@@ -1,0 +1,47 @@
+"""The response cache's families, under Triton 2.51's names, types and HELP texts: per
+model (only models with ``response_cache`` on, and only with a cache configured) from
+their statistics, and server-wide gauges read from the cache at scrape time."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+from .exposition import Family, Sample
+
+if TYPE_CHECKING:
+    from ...core.repository import ModelVersion
+    from ...core.response_cache import ResponseCache
+    from ...core.statistics import ModelStats
+
+_PER_MODEL: tuple[tuple[str, str, Callable[["ModelStats"], int]], ...] = (
+    ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s.phases["cache_hit"].count),
+    ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+     lambda s: s.phases["cache_hit"].ns // 1000),
+    ("nv_cache_num_misses_per_model", "Number of cache misses per model", lambda s: s.phases["cache_miss"].count),
+    ("nv_cache_miss_duration_per_model", "Total cache miss (insert+lookup) duration per model, in microseconds",
+     lambda s: s.phases["cache_miss"].ns // 1000),
+)
+
+_SERVER: tuple[tuple[str, str, Callable[["ResponseCache"], float | int]], ...] = (
+    ("nv_cache_util", "Cache utilization [0.0 - 1.0]", lambda c: c.utilization),
+    ("nv_cache_num_entries", "Number of responses stored in response cache", lambda c: c.entries),
+    ("nv_cache_num_hits", "Number of cache hits in response cache", lambda c: c.hits),
+    ("nv_cache_num_misses", "Number of cache misses in response cache", lambda c: c.misses),
+    ("nv_cache_num_lookups", "Number of cache lookups in response cache", lambda c: c.lookups),
+    ("nv_cache_num_evictions", "Number of cache evictions in response cache", lambda c: c.evictions),
+    ("nv_cache_lookup_duration", "Total cache lookup duration (hit and miss), in microseconds",
+     lambda c: c.lookup_ns // 1000),
+    ("nv_cache_insertion_duration", "Total cache insertion duration, in microseconds",
+     lambda c: c.insertion_ns // 1000),
+)
+
+
+def model_cache_families(versions: list["ModelVersion"]) -> list[Family]:
+    """Triton's per-model cache counters (they follow the compute durations on its page)."""
+    cached = [mv for mv in versions if mv.config.response_cache.enable]
+    return [Family(name, "counter", help_text,
+                   [Sample({"model": mv.name, "version": str(mv.version)}, value(mv.stats)) for mv in cached])
+            for name, help_text, value in _PER_MODEL]
+
+
+def cache_families(cache: "ResponseCache") -> list[Family]:
+    return [Family(name, "gauge", help_text, [Sample({}, value(cache))]) for name, help_text, value in _SERVER]

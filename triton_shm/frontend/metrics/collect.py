@@ -1,0 +1,213 @@
+"""What the metrics page holds: Triton's families, derived from each loaded version's
+statistics at scrape time, and the latest CPU/GPU readings."""
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Callable
+
+from ...core.statistics import SUMMARY_PHASES
+from ...core.system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
+from .cache import cache_families, model_cache_families
+from .config import MetricsConfig
+from .exposition import Family, Sample, render
+
+if TYPE_CHECKING:
+    from ...core.repository import ModelRepository, ModelVersion
+    from ...core.response_cache import ResponseCache
+    from ...core.statistics import ModelStats
+
+log = logging.getLogger("triton_shm.metrics")
+
+# Triton always exports these failure reasons (at 0 until they happen).
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+
+def _us(phase: str) -> Callable[["ModelStats"], int]:
+    return lambda s: s.phases[phase].ns // 1000
+
+
+# name, type, HELP (Triton 2.51's texts), value from ModelStats
+_MODEL_SERIES: tuple[tuple[str, str, str, Callable[["ModelStats"], int]], ...] = (
+    ("nv_inference_request_success", "counter",
+     "Number of successful inference requests, all batch sizes", lambda s: s.phases["success"].count),
+    ("nv_inference_count", "counter",
+     "Number of inferences performed (does not include cached requests)", lambda s: s.inference_count),
+    ("nv_inference_exec_count", "counter",
+     "Number of model executions performed (does not include cached requests)", lambda s: s.execution_count),
+    # Triton adds only successful requests' durations (failed ones are not included).
+    ("nv_inference_request_duration_us", "counter",
+     "Cumulative inference request duration in microseconds (includes cached requests)", _us("success")),
+    ("nv_inference_queue_duration_us", "counter",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)", _us("queue")),
+    ("nv_inference_compute_input_duration_us", "counter",
+     "Cumulative compute input duration in microseconds (does not include cached requests)",
+     _us("compute_input")),
+    ("nv_inference_compute_infer_duration_us", "counter",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)",
+     _us("compute_infer")),
+    ("nv_inference_compute_output_duration_us", "counter",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+     _us("compute_output")),
+)
+_FAILURE = ("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes")
+
+# the latency counters above (--metrics-config counter_latencies=false drops them)
+_LATENCY_COUNTERS = {"nv_inference_request_duration_us", "nv_inference_queue_duration_us",
+                     "nv_inference_compute_input_duration_us", "nv_inference_compute_infer_duration_us",
+                     "nv_inference_compute_output_duration_us"}
+
+# name, HELP (Triton 2.51's texts, "Cumulative" in three of them included), per statistics.SUMMARY_PHASES
+_SUMMARIES = dict(zip(SUMMARY_PHASES, (
+    ("nv_inference_request_summary_us",
+     "Summary of inference request duration in microseconds (includes cached requests)"),
+    ("nv_inference_queue_summary_us",
+     "Summary of inference queuing duration in microseconds (includes cached requests)"),
+    ("nv_inference_compute_input_summary_us",
+     "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_infer_summary_us",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_output_summary_us",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
+)))
+
+_PENDING = ("nv_inference_pending_request_count", "gauge",
+            "Instantaneous number of pending requests awaiting execution per-model.")
+
+_CPU_SERIES = (
+    ("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]", "utilization"),
+    ("nv_cpu_memory_total_bytes", "gauge", "CPU total memory (RAM), in bytes", "memory_total_bytes"),
+    ("nv_cpu_memory_used_bytes", "gauge", "CPU used memory (RAM), in bytes", "memory_used_bytes"),
+)
+
+_GPU_SERIES = (
+    ("nv_gpu_utilization", "gauge", "GPU utilization rate [0.0 - 1.0)", "utilization"),
+    ("nv_gpu_memory_total_bytes", "gauge", "GPU total memory, in bytes", "memory_total_bytes"),
+    ("nv_gpu_memory_used_bytes", "gauge", "GPU used memory, in bytes", "memory_used_bytes"),
+    ("nv_gpu_power_usage", "gauge", "GPU power usage in watts", "power_usage_w"),
+    ("nv_gpu_power_limit", "gauge", "GPU power management limit in watts", "power_limit_w"),
+    ("nv_energy_consumption", "counter", "GPU energy consumption in joules since the Triton Server started",
+     "energy_j"),
+)
+
+
+def _version_labels(mv: "ModelVersion") -> dict[str, str]:
+    return {"model": mv.name, "version": str(mv.version)}
+
+
+def _queued(mv: "ModelVersion") -> int:
+    """Requests waiting in the scheduler's queues (Triton: enqueued, not yet handed to
+    the backend). Falls back to queued+executing if there is no scheduler to ask."""
+    queues = getattr(mv.scheduler, "queues", None)
+    if queues is None:
+        return mv.stats.pending if mv.stats else 0
+    return sum(len(q) for q in queues.values())
+
+
+def loaded_versions(repository: "ModelRepository") -> list["ModelVersion"]:
+    """The versions Triton has metrics for: the loaded (ready) ones, as the statistics
+    endpoint lists them."""
+    versions = [mv for e in repository.models.values() for mv in e.versions.values() if mv.stats and mv.ready]
+    return sorted(versions, key=lambda m: (m.name, m.version))
+
+
+def model_families(versions: list["ModelVersion"], config: MetricsConfig = MetricsConfig(),
+                   cache: "ResponseCache | None" = None) -> list[Family]:
+    if not versions:
+        return []
+    families = []
+    for name, kind, help_text, value in _MODEL_SERIES:
+        if name in _LATENCY_COUNTERS and not config.counter_latencies:
+            continue
+        families.append(Family(name, kind, help_text,
+                               [Sample(_version_labels(mv), value(mv.stats)) for mv in versions]))
+        if name == "nv_inference_request_success":  # Triton's order: failures next
+            families.append(_failures(versions))
+    if cache is not None:
+        families += model_cache_families(versions)
+    families.append(Family(*_PENDING, [Sample(_version_labels(mv), _queued(mv)) for mv in versions]))
+    summarized = [mv for mv in versions if mv.stats.summaries is not None]
+    if config.summary_latencies and summarized:
+        families += summary_families(summarized, config.summary_quantiles)
+    return families
+
+
+def _failures(versions: list["ModelVersion"]) -> Family:
+    samples = []
+    for mv in versions:
+        failures = mv.stats.failures
+        for reason in sorted(set(FAILURE_REASONS) | set(failures)):
+            samples.append(Sample({**_version_labels(mv), "reason": reason}, failures.get(reason, 0)))
+    return Family(*_FAILURE, samples)
+
+
+def summary_families(versions: list["ModelVersion"], quantiles: tuple[float, ...]) -> list[Family]:
+    now = time.monotonic()
+    families = []
+    for phase, (name, help_text) in _SUMMARIES.items():
+        family = Family(name, "summary", help_text)
+        for mv in versions:
+            summary = mv.stats.summaries[phase]
+            labels = _version_labels(mv)
+            family.samples.append(Sample(labels, summary.count, "_count"))
+            family.samples.append(Sample(labels, summary.sum, "_sum"))
+            family.samples += [Sample({**labels, "quantile": f"{q:g}"}, v)
+                               for q, v in zip(quantiles, summary.quantiles(quantiles, now))]
+        families.append(family)
+    return families
+
+
+def cpu_families(reading: CpuReading | None) -> list[Family]:
+    if reading is None:
+        return []
+    return [Family(name, kind, help_text, [Sample({}, getattr(reading, attr))])
+            for name, kind, help_text, attr in _CPU_SERIES]
+
+
+def gpu_families(readings: list[GpuReading]) -> list[Family]:
+    return [Family(name, kind, help_text, [Sample({"gpu_uuid": r.uuid}, getattr(r, attr))
+                                           for r in readings if getattr(r, attr) is not None])
+            for name, kind, help_text, attr in _GPU_SERIES]
+
+
+class MetricsCollector:
+    """Holds the latest CPU/GPU readings and renders the whole page."""
+
+    def __init__(self, repository: "ModelRepository", *, cpu: bool = True, gpu: bool = True,
+                 gpus: list[int] | None = None, config: MetricsConfig = MetricsConfig(),
+                 cache: "ResponseCache | None" = None):
+        self.repository, self.config, self.cache = repository, config, cache
+        self.cpu: CpuSampler | None = CpuSampler() if cpu else None
+        if self.cpu is not None and not self.cpu.available:
+            log.info("CPU metrics are not available: no /proc/stat or /proc/meminfo")
+            self.cpu = None
+        self.gpu: NvmlSampler | None = NvmlSampler(gpus) if gpu else None
+        if self.gpu is not None and not self.gpu.available:
+            self.gpu.close()
+            self.gpu = None
+        self.cpu_reading: CpuReading | None = None
+        self.gpu_readings: list[GpuReading] = []
+
+    @property
+    def samples_system(self) -> bool:
+        return self.cpu is not None or self.gpu is not None
+
+    def sample(self) -> None:
+        """Blocking reads of /proc and NVML (run it off the event loop)."""
+        if self.cpu is not None:
+            self.cpu_reading = self.cpu.sample()
+        if self.gpu is not None:
+            self.gpu_readings = self.gpu.sample()
+
+    def families(self) -> list[Family]:
+        return (model_families(loaded_versions(self.repository), self.config, self.cache)
+                + cpu_families(self.cpu_reading) + gpu_families(self.gpu_readings)
+                + (cache_families(self.cache) if self.cache is not None else []))
+
+    def render(self) -> str:
+        return render(self.families())
+
+    def close(self) -> None:
+        if self.gpu is not None:
+            self.gpu.close()
+            self.gpu = None
