@@ -92,7 +92,10 @@ def main() -> None:
                f"--callgrind-out-file={tmp_path}/cg.%p",
                sys.executable, "-m", "triton_shm", "--model-repository", str(repo),
                "--http-port", str(port), "--grpc-port", str(port + 1), "--allow-metrics", "false",
-               "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--drain-secs", "0"]
+               "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]
+        help_text = subprocess.run([sys.executable, "-m", "triton_shm", "--help"], capture_output=True, text=True).stdout
+        if "--drain-secs" in help_text:  # stop at once (older trees, measured for a before/after, lack it)
+            cmd += ["--drain-secs", "0"]
         env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
         log = open(tmp_path / "server.log", "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
