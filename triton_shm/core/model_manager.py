@@ -27,6 +27,7 @@ from .ensemble import EnsembleScheduler, composing_models, ensemble_dependents, 
 from .rate_limiter import Claim, RateLimiter, claim_for
 from .response_cache import check_cache_config
 from .scheduler import Scheduler, check_batching_config
+from .sequence import SequenceScheduler, check_sequence_config
 from .statistics import ModelStats
 
 if TYPE_CHECKING:
@@ -303,6 +304,7 @@ class ModelManager:
                 config = await self._complete(mv, base)
                 self._check_io(config)
                 check_batching_config(config)
+                check_sequence_config(config, mv.model_dir)
             check_cache_config(config)
             mv.set_config(config)
             mv.stats = ModelStats(mv.name, str(mv.version))
@@ -311,15 +313,23 @@ class ModelManager:
             if ensemble:
                 mv.scheduler = EnsembleScheduler(mv, self.repository, mv.stats)
             else:
-                claims = self._claims(mv)
+                sequences = config.HasField("sequence_batching")
+                claims = [] if sequences else self._claims(mv)
+                if sequences and self.limiter is not None and any(
+                        g.HasField("rate_limiter") for g in config.instance_group):
+                    log.warning("model '%s': the rate limiter does not apply to sequence batching models yet; "
+                                "its instances run unlimited", mv.name)
                 try:
                     await self.pool.load(mv)
                 except BaseException:
                     if claims:
                         self.limiter.unregister(claims)
                     raise
-                mv.scheduler = Scheduler(mv, self.pool, mv.stats, limiter=self.limiter if claims else None,
-                                         claims=claims)
+                if sequences:
+                    mv.scheduler = SequenceScheduler(mv, self.pool, mv.stats)
+                else:
+                    mv.scheduler = Scheduler(mv, self.pool, mv.stats, limiter=self.limiter if claims else None,
+                                             claims=claims)
             mv.state, mv.reason = READY, ""
             log.info("successfully loaded '%s' version %d", mv.name, mv.version)
         except TritonShmError as e:
