@@ -519,3 +519,31 @@ def _catch_fault(srv, fault):
     except InferenceServerException as e:
         return e
     return None
+
+
+def test_a_reply_the_pool_cannot_read_fails_its_batch_with_internal():
+    """Past the decoder (which checks every frame), a reply the pool still cannot read, a
+    fault of ours, fails its batch with INTERNAL instead of leaving its requests waiting.
+    The worker handle records the reply callback instead of sending the frame."""
+    from types import SimpleNamespace
+
+    from triton_shm.core.types import BatchRequest, InferRequest
+    from triton_shm.core.validation import RequestPlan
+    from triton_shm.errors import Internal
+    from triton_shm.ipc.arena import Arena
+    from triton_shm.supervisor.pool import WorkerPool
+
+    pool = WorkerPool([])
+    worker = pool.workers["cpu"]
+    worker.alive, worker.arena = True, Arena(1 << 20)
+    callbacks = []
+    worker.request = lambda build, on_reply, **kw: callbacks.append(on_reply)
+    answered = []
+    batch = [BatchRequest(InferRequest("m"), RequestPlan(outputs=[], batch_size=1), {}, None)]
+    pool.start_batch(SimpleNamespace(name="m", key="m/1#0", decoupled=False), ("cpu", 0), batch,
+                     lambda results, timing: answered.append((results, timing)))
+    (on_reply,) = callbacks
+    on_reply({"responses": [{"error": "not an error record"}], "timing": [1, 2, 3]})
+    ((results, timing),) = answered
+    assert timing is None and len(results) == 1 and isinstance(results[0], Internal)
+    assert results[0].message.startswith("reading worker 'cpu's reply failed: AttributeError")
