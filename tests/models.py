@@ -128,3 +128,86 @@ def add_sub_onnx_model(repo: Path) -> None:
         ' { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n'
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },'
         ' { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]\n')
+
+
+# A sequence model (``sequence_batching``): accumulates INPUT into its implicit state and
+# reports what the sequence batcher gave it: the control values, the correlation ID, and
+# where the request ran (instance, row in the batch, batch size, null requests in the batch)
+# and the request's flags() and correlation_id().
+SEQUENCE_PY = """
+import json
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def _value(request, name):
+    t = pb_utils.get_input_tensor_by_name(request, name)
+    return None if t is None else t.as_numpy().reshape(-1)[0]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.instance = args["model_instance_name"]
+        self.batched = json.loads(args["model_config"]).get("max_batch_size", 0) > 0
+
+    def execute(self, requests):
+        delays = [json.loads(r.parameters() or "{}").get("delay_ms", 0) for r in requests]
+        if max(delays):
+            time.sleep(max(delays) / 1000)
+        nulls = sum(1 for r in requests if not _value(r, "READY"))
+        shape = [1, 1] if self.batched else [1]
+        responses = []
+        for row, r in enumerate(requests):
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy().astype(np.int32)
+            state = pb_utils.get_input_tensor_by_name(r, "INPUT_STATE")
+            total = x + (state.as_numpy() if state is not None else 0)
+            corrid = _value(r, "CORRID")
+            corrid = corrid.decode() if isinstance(corrid, bytes) else str(corrid)
+            control = [float(_value(r, n)) for n in ("START", "END", "READY")]
+            where = f"{self.instance}:{row}:{len(requests)}:{nulls}:{r.flags()}:{r.correlation_id()}"
+            outputs = [pb_utils.Tensor("OUTPUT", total.astype(np.int32)),
+                       pb_utils.Tensor("CONTROL", np.array(control, dtype=np.float32).reshape(shape[:-1] + [3])),
+                       pb_utils.Tensor("CORRID_OUT", np.array([corrid], dtype=object).reshape(shape)),
+                       pb_utils.Tensor("WHERE", np.array([where], dtype=object).reshape(shape))]
+            if state is not None and json.loads(r.parameters() or "{}").get("keep_state", True):
+                outputs.append(pb_utils.Tensor("OUTPUT_STATE", total.astype(np.int32)))
+            responses.append(pb_utils.InferenceResponse(outputs))
+        return responses
+"""
+
+
+def sequence_model(repo: Path, name: str, *, max_batch_size: int = 4, strategy: str = "direct { }",
+                   corrid_type: str = "TYPE_UINT64", idle_us: int = 5_000_000, instances: int = 1,
+                   state: bool = True) -> Path:
+    """A python sequence model (SEQUENCE_PY): START as FP32 0/1, END as BOOL, READY as
+    INT32 0/1, CORRID of ``corrid_type``, and an INT32 state INPUT_STATE/OUTPUT_STATE."""
+    dims = "[ 1 ]"
+    state_cfg = f"""
+          state [ {{ input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_INT32 dims: {dims}
+                    initial_state: {{ data_type: TYPE_INT32 dims: {dims} zero_data: true name: "zero" }} }} ]""" \
+        if state else ""
+    return write_model(repo, name, model_py=SEQUENCE_PY, config=f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: {max_batch_size}
+        sequence_batching {{
+          {strategy}
+          max_sequence_idle_microseconds: {idle_us}
+          control_input [
+            {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START fp32_false_true: [ 0, 1 ] }} ] }},
+            {{ name: "END" control [ {{ kind: CONTROL_SEQUENCE_END bool_false_true: [ false, true ] }} ] }},
+            {{ name: "READY" control [ {{ kind: CONTROL_SEQUENCE_READY int32_false_true: [ 0, 1 ] }} ] }},
+            {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: {corrid_type} }} ] }}
+          ]{state_cfg}
+        }}
+        input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: {dims} }} ]
+        output [
+          {{ name: "OUTPUT" data_type: TYPE_INT32 dims: {dims} }},
+          {{ name: "CONTROL" data_type: TYPE_FP32 dims: [ 3 ] }},
+          {{ name: "CORRID_OUT" data_type: TYPE_STRING dims: {dims} }},
+          {{ name: "WHERE" data_type: TYPE_STRING dims: {dims} }}
+        ]
+        instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
+        """)

@@ -118,9 +118,8 @@ def test_model_config(client):
     assert [(t.name, list(t.dims)) for t in cfg.output] == [("OUTPUT0", [16]), ("OUTPUT1", [16])]
     from tritonclient.grpc import model_config_pb2
     assert cfg.input[0].data_type == model_config_pb2.TYPE_FP32
-    assert len(cfg.instance_group) >= 1
-    assert cfg.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
-    assert cfg.instance_group[0].count >= 1
+    (group,) = cfg.instance_group  # the default: one group, one instance (on CPU here: no GPU)
+    assert group.kind == model_config_pb2.ModelInstanceGroup.KIND_CPU and group.count == 1
     assert cfg.version_policy.latest.num_versions == 1
     cfg_json = client.get_model_config("add_sub", as_json=True)["config"]
     assert cfg_json["max_batch_size"] == 8

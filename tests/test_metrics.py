@@ -19,6 +19,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from triton_shm.cli import parse_args
+from triton_shm.core.model_config import ModelConfig
 from triton_shm.core.system_metrics import CpuSampler, NvmlSampler
 from triton_shm.core.statistics import ModelStats
 from triton_shm.frontend.metrics import MetricsCollector
@@ -199,7 +200,7 @@ def test_render_is_derived_from_model_stats():
     stats.record_success(2, 7_654_321, 1_999, 1000, 5_000_000, 3000)
     stats.record_failure(10_000, "BACKEND")
     stats.record_failure(10_000, "BACKEND")
-    mv = SimpleNamespace(name='m"x', version=3, stats=stats, ready=True,
+    mv = SimpleNamespace(name='m"x', version=3, stats=stats, ready=True, config=ModelConfig(),
                          scheduler=SimpleNamespace(queues={0: [object(), object()], 1: [object()]}))
     repo = SimpleNamespace(models={"m": SimpleNamespace(versions={3: mv})})
     collector = MetricsCollector(repo, cpu=False, gpu=False)

@@ -306,7 +306,7 @@ def test_explicit_start_loads_only_load_model(explicit):
 def test_load_infer_unload_reload(explicit, proto):
     name = f"lc_{proto}"
     model_dir = make_const(explicit.repo, name, 1.0)
-    assert rows_of(explicit, name) == [{"name": name}] or rows_of(explicit, name) == []
+    assert rows_of(explicit, name) == [{"name": name}]  # in the repository, never loaded: no state
     load(explicit, proto, name)
     assert states(explicit, name) == {"1": "READY"}
     assert infer(explicit, proto, name) == 1.0
@@ -1019,3 +1019,13 @@ def test_sigterm_readiness_false_first_in_flight_completes(tmp_path):
     assert not late_ready, f"still ready after SIGTERM: {late_ready[:5]}"
     assert any(s != 200 and t < t_done for t, s in polls), \
         f"readiness did not turn false before the in-flight request finished: {polls[:10]}"
+
+
+def test_index_reads_the_repository_each_time(explicit):
+    """As Triton 2.51: a model directory added after start is listed by name; removed
+    before it was ever loaded, it is no longer listed."""
+    name = "added_later"
+    model_dir = make_const(explicit.repo, name, 1.0)
+    assert rows_of(explicit, name) == [{"name": name}]
+    shutil.rmtree(model_dir)
+    assert rows_of(explicit, name) == []

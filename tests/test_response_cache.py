@@ -444,7 +444,22 @@ def test_without_a_cache_a_cache_model_loads_and_never_hits(proto, nocache_serve
     assert runs[1] == runs[0] + 1
     s = stats(nocache_server, "counter")["inference_stats"]
     assert s["cache_hit"] == {"count": 0, "ns": 0} and s["cache_miss"] == {"count": 0, "ns": 0}
-    assert cache_lines(scrape(nocache_server)) == []
+    labels = '{model="counter",version="1"}'
+    assert cache_lines(scrape(nocache_server)) == [  # as Triton: the model's series at zero, no server gauges
+        "# HELP nv_cache_num_hits_per_model Number of cache hits per model",
+        "# TYPE nv_cache_num_hits_per_model counter",
+        f"nv_cache_num_hits_per_model{labels} 0",
+        "# HELP nv_cache_hit_duration_per_model Total cache hit duration per model, in microseconds",
+        "# TYPE nv_cache_hit_duration_per_model counter",
+        f"nv_cache_hit_duration_per_model{labels} 0",
+        "# HELP nv_cache_num_misses_per_model Number of cache misses per model",
+        "# TYPE nv_cache_num_misses_per_model counter",
+        f"nv_cache_num_misses_per_model{labels} 0",
+        "# HELP nv_cache_miss_duration_per_model Total cache miss (insert+lookup) duration per model, in "
+        "microseconds",
+        "# TYPE nv_cache_miss_duration_per_model counter",
+        f"nv_cache_miss_duration_per_model{labels} 0",
+    ]
 
 
 def test_cache_flags_are_checked(tmp_path):

@@ -8,8 +8,8 @@ import pytest
 from triton_shm.core.model_config import ModelConfig
 from triton_shm.core.repository import ModelVersion
 from triton_shm.core.response_cache import (CachedTensor, ResponseCache, check_cache_config, entry_size,
-                                            parse_cache_config, request_key)
-from triton_shm.core.types import InferRequest, InputTensor, RequestedOutput
+                                            parse_cache_config, request_key, response_size, to_cached)
+from triton_shm.core.types import InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
 from triton_shm.core.validation import RequestPlan, ShmRef
 from triton_shm.errors import InvalidArgument
 
@@ -87,6 +87,15 @@ def test_shared_memory_input_is_keyed_on_its_bytes():
 def test_entry_size_counts_key_names_shape_and_data():
     t = (CachedTensor("OUT", "FP32", (2, 2), bytes(16)), CachedTensor("O2", "INT8", (), b"x"))
     assert entry_size(t) == 32 + (3 + 4 + 16 + 16) + (2 + 4 + 0 + 1)
+
+
+def test_a_responses_size_is_known_before_it_is_copied():
+    response = InferResponse("m", "1", outputs=[
+        OutputTensor("OUT", "FP32", [2, 2], memoryview(bytes(16))),
+        OutputTensor("SHM", "INT8", [3], b"", in_shared_memory=True, shm_byte_size=3)])
+    tensors = to_cached(response, lambda o: b"abc")
+    assert tensors == (CachedTensor("OUT", "FP32", (2, 2), bytes(16)), CachedTensor("SHM", "INT8", (3,), b"abc"))
+    assert response_size(response) == entry_size(tensors)
 
 
 def test_hit_miss_counters():

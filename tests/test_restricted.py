@@ -160,6 +160,14 @@ def test_every_http_route_needs_its_groups_header(http_restricted, method, path,
     assert status != 403, body  # the route's own answer (200, 400, 404 for a missing region, ...)
 
 
+@pytest.mark.parametrize("path, group", [
+    ("/%76%32/health/live", "health"), ("/v2/health/l%69ve", "health"), ("http://x/v2/health/live", "health"),
+    (f"/v2/models/{MODEL}%2Fready", "metadata"),  # the model named "identity_fp32/ready"
+    ("/v2/models/identity%5Ffp32/versions/1/config", "model-config"), ("/v2/health/live?x=1", "health")])
+def test_escaped_and_absolute_paths_are_checked_as_the_router_reads_them(http_restricted, path, group):
+    assert _http(http_restricted, "GET", path) == (403, _refusal(group))
+
+
 @pytest.mark.parametrize("path", NOT_APIS)
 def test_paths_of_no_api_are_not_found(http_restricted, path):
     assert _http(http_restricted, "GET", path)[0] == 404

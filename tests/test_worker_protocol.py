@@ -25,7 +25,9 @@ IMPLS = [pytest.param(protocol_py, id="python"),
 INPUTS = [("INPUT0", "FP32", [1, 16], 0, 3, 128, 64), ("TEXT", "BYTES", [2], 1, 7, 0, 12),
           ("SCALAR", "INT64", [], 0, 3, 192, 8)]
 OUTPUTS = [("OUTPUT0", 0, 0, 0, 0), ("OUTPUT1", 1, 9, 64, 4096)]
-REQUESTS = [("req-1", {"p": 1, "s": "x"}, INPUTS, OUTPUTS), ("", {}, INPUTS[:1], OUTPUTS[:1])]
+REQUESTS = [("req-1", {"p": 1, "s": "x"}, INPUTS, OUTPUTS), ("", {}, INPUTS[:1], OUTPUTS[:1]),
+            ("seq", {}, INPUTS[:1], OUTPUTS[:1], (2**64 - 1, True, False)),  # sequence batching requests
+            ("", {}, [], [], ("user-ü", False, True))]
 RESPONSES = [{"outputs": [["OUTPUT0", "FP32", [1, 16], [4, 0, 64]], ["OUTPUT1", "BYTES", [2], ["r", 9, 64, 20]]]},
              {"error": {"code": "INVALID_ARG", "message": "bad ünïcode"}},
              {"decoupled": True}]
@@ -56,12 +58,14 @@ def test_every_op_round_trips(m):
     infer, reply, final, stream, fail, free, ping, pong, control = (m.decode(f) for f in frames(m))
     assert (infer.op, infer.id, infer.frees) == (Op.INFER, 7, [(1, 64, 128), (2, 0, 8)])
     assert infer.body["model"] == "add_sub/1#3" and infer.body["instance"] == 2
-    first, second = infer.body["requests"]
+    first, second, numeric, string = infer.body["requests"]
     assert first == {"request_id": "req-1", "parameters": {"p": 1, "s": "x"},
                      "inputs": [["INPUT0", "FP32", [1, 16], [3, 128, 64]], ["TEXT", "BYTES", [2], ["r", 7, 0, 12]],
                                 ["SCALAR", "INT64", [], [3, 192, 8]]],
                      "outputs": ["OUTPUT0", "OUTPUT1"], "shm_outputs": {"OUTPUT1": [9, 64, 4096]}}
-    assert second["parameters"] == {} and second["outputs"] == ["OUTPUT0"]
+    assert second["parameters"] == {} and second["outputs"] == ["OUTPUT0"] and "sequence" not in second
+    assert numeric["sequence"] == [2**64 - 1, True, False] and numeric["outputs"] == ["OUTPUT0"]
+    assert string["sequence"] == ["user-ü", False, True] and string["inputs"] == []
     assert reply.op == Op.REPLY and reply.body == {"responses": RESPONSES, "timing": (1, 2, 3)}
     assert final.body == {"index": 4, "final": True}
     assert stream.body == {"index": 5, "final": False, **RESPONSES[0]}
@@ -102,6 +106,11 @@ def _corruptions() -> list[bytes]:
     bad.append(reply[:8] + struct.pack("<I", 1 << 30) + reply[12:])    # more frees than the frame holds
     bad.append(bytes(protocol_py.encode_control(1, {"op": "x"}))[:-1] + b"\xff")  # invalid JSON
     bad.append(bytes(protocol_py._start(Op.CONTROL, 1, 0, ())) + b"[1]")  # JSON that is no control op
+    seq = bytes(protocol_py.encode_infer(1, "m", 0, [("", {}, [], [], (5, True, False))]))
+    s = protocol_py.HEADER_SIZE + 6 + 1 + 10                           # its request's sequence byte
+    bad.append(seq[:s] + bytes([0x10 | seq[s]]) + seq[s + 1:])         # unknown sequence flag
+    bad.append(seq[:s] + bytes([0x0C]) + seq[s + 1:])                  # numeric and string ID at once
+    bad.append(seq[:s] + bytes([0x01]) + seq[s + 1:-8])                # START without an ID
     return bad
 
 
@@ -510,3 +519,31 @@ def _catch_fault(srv, fault):
     except InferenceServerException as e:
         return e
     return None
+
+
+def test_a_reply_the_pool_cannot_read_fails_its_batch_with_internal():
+    """Past the decoder (which checks every frame), a reply the pool still cannot read, a
+    fault of ours, fails its batch with INTERNAL instead of leaving its requests waiting.
+    The worker handle records the reply callback instead of sending the frame."""
+    from types import SimpleNamespace
+
+    from triton_shm.core.types import BatchRequest, InferRequest
+    from triton_shm.core.validation import RequestPlan
+    from triton_shm.errors import Internal
+    from triton_shm.ipc.arena import Arena
+    from triton_shm.supervisor.pool import WorkerPool
+
+    pool = WorkerPool([])
+    worker = pool.workers["cpu"]
+    worker.alive, worker.arena = True, Arena(1 << 20)
+    callbacks = []
+    worker.request = lambda build, on_reply, **kw: callbacks.append(on_reply)
+    answered = []
+    batch = [BatchRequest(InferRequest("m"), RequestPlan(outputs=[], batch_size=1), {}, None)]
+    pool.start_batch(SimpleNamespace(name="m", key="m/1#0", decoupled=False), ("cpu", 0), batch,
+                     lambda results, timing: answered.append((results, timing)))
+    (on_reply,) = callbacks
+    on_reply({"responses": [{"error": "not an error record"}], "timing": [1, 2, 3]})
+    ((results, timing),) = answered
+    assert timing is None and len(results) == 1 and isinstance(results[0], Internal)
+    assert results[0].message.startswith("reading worker 'cpu's reply failed: AttributeError")

@@ -58,6 +58,9 @@ class WorkerRequest:
     # time, from any thread; the request is complete once final is True.
     sender: Callable[[WorkerResponse | None, bool], None] | None = None
     is_cancelled: Callable[[], bool] | None = None  # decoupled: the client has gone
+    # sequence batching: the correlation ID, and SEQUENCE_START (1) | SEQUENCE_END (2)
+    correlation_id: int | str = 0
+    flags: int = 0
 
 
 @dataclass(slots=True)

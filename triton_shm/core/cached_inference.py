@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Awaitable, Callable
 
 from ..errors import InvalidArgument
 from .region_io import read_region, write_region
-from .response_cache import ResponseCache, from_cached, request_key, to_cached
+from .response_cache import ResponseCache, from_cached, request_key, response_size, to_cached
 from .types import InferRequest, InferResponse, OutputTensor
 
 if TYPE_CHECKING:
@@ -45,7 +45,8 @@ async def infer_cached(cache: ResponseCache, model: "ModelVersion", request: Inf
         raise
     insert_start = time.monotonic_ns()
     try:
-        cache.insert(key, to_cached(response, _shm_reader(plan, regions)))
+        if response_size(response) <= cache.capacity:  # never copy what cannot be kept
+            cache.insert(key, to_cached(response, _shm_reader(plan, regions)))
     except InvalidArgument:
         pass  # the client's region shrank under us: answered, not cached
     stats.record_cache_miss(miss_ns + time.monotonic_ns() - insert_start)

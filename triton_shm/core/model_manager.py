@@ -27,6 +27,7 @@ from .ensemble import EnsembleScheduler, composing_models, ensemble_dependents, 
 from .rate_limiter import Claim, RateLimiter, claim_for
 from .response_cache import check_cache_config
 from .scheduler import Scheduler, check_batching_config
+from .sequence import SequenceScheduler, check_sequence_config
 from .statistics import ModelStats
 
 if TYPE_CHECKING:
@@ -303,6 +304,7 @@ class ModelManager:
                 config = await self._complete(mv, base)
                 self._check_io(config)
                 check_batching_config(config)
+                check_sequence_config(config, mv.model_dir)
             check_cache_config(config)
             mv.set_config(config)
             mv.stats = ModelStats(mv.name, str(mv.version))
@@ -318,7 +320,8 @@ class ModelManager:
                     if claims:
                         self.limiter.unregister(claims)
                     raise
-                mv.scheduler = Scheduler(mv, self.pool, mv.stats, limiter=self.limiter if claims else None,
+                scheduler = SequenceScheduler if config.HasField("sequence_batching") else Scheduler
+                mv.scheduler = scheduler(mv, self.pool, mv.stats, limiter=self.limiter if claims else None,
                                          claims=claims)
             mv.state, mv.reason = READY, ""
             log.info("successfully loaded '%s' version %d", mv.name, mv.version)

@@ -165,6 +165,22 @@ class ModelRepository:
             return entry.versions[max(entry.versions)]
         raise NotFound(f"Request for unknown model: '{name}' has no available versions")
 
+    def refresh(self) -> None:
+        """Bring the never-loaded entries in line with the directories, as Triton's index
+        reads the repository each time: a model added since start is listed (by name), one
+        removed before it was ever loaded is no longer. A repository that cannot be read
+        leaves the entries as they are."""
+        try:
+            found = self.scan()
+        except (InvalidArgument, OSError) as e:
+            log.warning("model repository index: %s", getattr(e, "message", e))
+            return
+        for name, path in found.items():
+            self.entry(name, path)
+        for name in [n for n, e in self.models.items()
+                     if n not in found and e.state == NOT_REQUESTED and not e.versions]:
+            del self.models[name]
+
     def entry(self, name: str, model_dir: Path) -> ModelEntry:
         entry = self.models.get(name)
         if entry is None:

@@ -46,6 +46,13 @@ def entry_size(tensors: Iterable[CachedTensor]) -> int:
                            for t in tensors)
 
 
+def response_size(response: InferResponse) -> int:
+    """What ``response`` would count against the cache, before anything is copied."""
+    return KEY_BYTES + sum(len(o.name.encode()) + len(o.datatype) + 8 * len(o.shape)
+                           + (o.shm_byte_size if o.in_shared_memory else memoryview(o.data).nbytes)
+                           for o in response.outputs)
+
+
 class ResponseCache:
     """A bounded LRU map from request keys to responses, with Triton's cache counters."""
 

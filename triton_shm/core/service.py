@@ -118,6 +118,7 @@ class InferenceService:
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """``[{"name", "version", "state", "reason"?}]`` sorted by name and version."""
+        self.repository.refresh()
         return self.repository.index(ready_only)
 
     # -- trace and logging extensions ----------------------------------------------------

@@ -31,6 +31,10 @@ class RequestPlan:
     batch_size: int
     shm_inputs: dict[str, ShmRef] = field(default_factory=dict)
     shm_outputs: dict[str, ShmRef] = field(default_factory=dict)
+    # sequence batching: state outputs (name -> datatype) the model may return beside the
+    # requested ones; the scheduler keeps them, the client never sees them
+    state_outputs: dict[str, str] = field(default_factory=dict)
+    sequence: tuple | None = None   # sequence batching: (correlation ID, start, end), for the model
 
 
 def _shm_ref(params: dict, what: str, rid: str) -> ShmRef | None:

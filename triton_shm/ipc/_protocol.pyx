@@ -10,7 +10,8 @@ from libc.string cimport memcpy
 import orjson
 
 from ..errors import Internal, InvalidArgument
-from .protocol_py import _ID_TOO_LONG, DATATYPES, MAX_DIMS, MAX_ID, Message, Op, ProtocolError, Status
+from .protocol_py import (_ID_TOO_LONG, DATATYPES, MAX_DIMS, MAX_ID, SEQ_END, SEQ_NUMERIC_ID, SEQ_START,
+                          SEQ_STRING_ID, Message, Op, ProtocolError, Status)
 
 cdef dict _DTYPE_CODE = {name: i for i, name in enumerate(DATATYPES)}
 cdef tuple _DTYPES = DATATYPES
@@ -153,7 +154,9 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
         _start(&b, OP_INFER, msg_id, len(requests), frees)
         _uint(&b, instance, 4)
         _str(&b, key, 2)
-        for request_id, parameters, inputs, outputs in requests:
+        for request in requests:
+            request_id, parameters, inputs, outputs = request[0], request[1], request[2], request[3]
+            sequence = request[4] if len(request) > 4 else None
             pb = orjson.dumps(parameters) if parameters else b""
             _uint(&b, <uint64_t>len(inputs), 2)
             _uint(&b, <uint64_t>len(outputs), 2)
@@ -162,8 +165,18 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
                 raise InvalidArgument(_ID_TOO_LONG)
             _uint(&b, <uint64_t>len(rb), 2)
             _uint(&b, <uint64_t>len(pb), 4)
+            seq = 0
+            if sequence is not None:
+                corrid, start, end = sequence
+                seq = (SEQ_STRING_ID if isinstance(corrid, str) else SEQ_NUMERIC_ID) | (SEQ_START if start else 0) \
+                    | (SEQ_END if end else 0)
+            _uint(&b, <uint64_t>seq, 1)
             _put(&b, <const char *>rb, len(rb))
             _put(&b, <const char *>pb, len(pb))
+            if seq & SEQ_NUMERIC_ID:
+                _uint(&b, <uint64_t>corrid, 8)
+            elif seq & SEQ_STRING_ID:
+                _str(&b, corrid, 2)
             for name, datatype, shape, place, seg, offset, size in inputs:
                 _tensor(&b, name, datatype, shape, place, seg, offset, size)
             for name, place, region, offset, size in outputs:
@@ -334,13 +347,22 @@ cdef object _response_rec(Reader *r):
 
 
 cdef dict _request_rec(Reader *r):
-    cdef uint64_t n_inputs, n_outputs, id_len, params_len, place, name_len, region, offset, size
-    _need(r, 10)
-    n_inputs, n_outputs, id_len, params_len = _get(r, 2), _get(r, 2), _get(r, 2), _get(r, 4)
+    cdef uint64_t n_inputs, n_outputs, id_len, params_len, seq, place, name_len, region, offset, size
+    _need(r, 11)
+    n_inputs, n_outputs, id_len, params_len, seq = _get(r, 2), _get(r, 2), _get(r, 2), _get(r, 4), _get(r, 1)
+    if seq & ~0xF or (seq and bool(seq & SEQ_NUMERIC_ID) == bool(seq & SEQ_STRING_ID)):
+        raise _fail(r, "bad sequence flags")
     request_id = _text(r, id_len)
     params = _json(r, params_len) if params_len else {}
     if not isinstance(params, dict):
         raise _fail(r, "parameters are not an object")
+    corrid = 0
+    if seq & SEQ_NUMERIC_ID:
+        _need(r, 8)
+        corrid = _get(r, 8)
+    elif seq & SEQ_STRING_ID:
+        _need(r, 2)
+        corrid = _text(r, _get(r, 2))
     inputs = [_tensor_rec(r) for _ in range(n_inputs)]
     cdef list outputs = []
     cdef dict shm_outputs = {}
@@ -353,8 +375,11 @@ cdef dict _request_rec(Reader *r):
         elif place != 0:
             raise _fail(r, "bad output record")
         outputs.append(name)
-    return {"request_id": request_id, "inputs": inputs, "outputs": outputs, "shm_outputs": shm_outputs,
-            "parameters": params}
+    request = {"request_id": request_id, "inputs": inputs, "outputs": outputs, "shm_outputs": shm_outputs,
+               "parameters": params}
+    if seq:
+        request["sequence"] = [corrid, bool(seq & SEQ_START), bool(seq & SEQ_END)]
+    return request
 
 
 _OPS = {int(op): op for op in Op}

@@ -26,8 +26,13 @@ Ops and their bodies:
 
     instance u32, key_len u16, key          the load key of the model version
     count × request:
-        n_inputs u16, n_outputs u16, id_len u16 (at most MAX_ID), params_len u32, id, params
+        n_inputs u16, n_outputs u16, id_len u16 (at most MAX_ID), params_len u32, sequence u8,
+        id, params, then by ``sequence``: SEQ_NUMERIC_ID: correlation ID u64; SEQ_STRING_ID:
+        id_len u16 and the correlation ID (UTF-8); else nothing
             params: a JSON object (the request's model parameters), empty for none
+            sequence: 0, or a request of sequence batching: SEQ_NUMERIC_ID or SEQ_STRING_ID
+                (exactly one), | SEQ_START, | SEQ_END (what a Python model's
+                ``request.correlation_id()`` and ``request.flags()`` return)
         n_inputs × TENSOR                   the request's inputs
         n_outputs × OUTPUT                  the outputs it asks for, in order
 
@@ -83,7 +88,7 @@ import os
 
 from .protocol_py import (  # noqa: F401
     DATATYPES, HEADER_SIZE, MAX_DIMS, MAX_ID, Message, Op, PLACE_ARENA, PLACE_NONE, PLACE_REGION, ProtocolError,
-    Status)
+    SEQ_END, SEQ_NUMERIC_ID, SEQ_START, SEQ_STRING_ID, Status)
 
 NO_EXTENSIONS = os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") not in ("", "0")
 

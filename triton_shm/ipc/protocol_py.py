@@ -34,6 +34,8 @@ PLACE_REGION = 1
 MAX_DIMS = 64
 MAX_ID = 0xFFFF  # bytes of a request id (its length is a u16)
 _ID_TOO_LONG = f"request id is longer than {MAX_ID} bytes"
+# The ``sequence`` byte of an INFER request (sequence batching); 0 for any other request.
+SEQ_START, SEQ_END, SEQ_NUMERIC_ID, SEQ_STRING_ID = 1, 2, 4, 8
 # The datatype codes of TENSOR records: index in this tuple. Append only.
 DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
              "FP16", "FP32", "FP64", "BF16", "BYTES")
@@ -42,7 +44,9 @@ _DTYPE_CODE = {name: i for i, name in enumerate(DATATYPES)}
 _HEADER = struct.Struct("<BBHIIQ")
 _FREE = struct.Struct("<IQQ")
 _INFER = struct.Struct("<IH")
-_REQUEST = struct.Struct("<HHHI")
+_REQUEST = struct.Struct("<HHHIB")
+_U64 = struct.Struct("<Q")
+_U16 = struct.Struct("<H")
 _TENSOR = struct.Struct("<BBBBHIQQ")
 _OUTPUT = struct.Struct("<BHIQQ")
 _TIMING = struct.Struct("<QQQ")
@@ -121,21 +125,35 @@ def _response(out: bytearray, response: dict | None) -> None:
 
 def encode_infer(msg_id: int, key: str, instance: int, requests: Sequence[tuple],
                  frees: Sequence[Sequence[int]] = ()) -> bytearray:
-    """``requests``: ``(request_id, parameters, inputs, outputs)`` each, with inputs as
-    ``(name, datatype, shape, place, segment, offset, size)`` and outputs as
-    ``(name, place, region, offset, size)``."""
+    """``requests``: ``(request_id, parameters, inputs, outputs[, sequence])`` each, with
+    inputs as ``(name, datatype, shape, place, segment, offset, size)``, outputs as
+    ``(name, place, region, offset, size)`` and ``sequence`` None or ``(correlation ID
+    (int or str), start, end)``."""
     out = _start(Op.INFER, msg_id, len(requests), frees)
     kb = _utf8(key)
     out += _INFER.pack(instance, len(kb))
     out += kb
-    for request_id, parameters, inputs, outputs in requests:
+    for request in requests:
+        request_id, parameters, inputs, outputs = request[:4]
+        sequence = request[4] if len(request) > 4 else None
         rb = _utf8(request_id)
         if len(rb) > MAX_ID:
             raise InvalidArgument(_ID_TOO_LONG)
         pb = orjson.dumps(parameters) if parameters else b""
-        out += _REQUEST.pack(len(inputs), len(outputs), len(rb), len(pb))
+        seq = 0
+        if sequence is not None:
+            corrid, start, end = sequence
+            seq = (SEQ_STRING_ID if isinstance(corrid, str) else SEQ_NUMERIC_ID) | (SEQ_START if start else 0) \
+                | (SEQ_END if end else 0)
+        out += _REQUEST.pack(len(inputs), len(outputs), len(rb), len(pb), seq)
         out += rb
         out += pb
+        if seq & SEQ_NUMERIC_ID:
+            out += _U64.pack(corrid)
+        elif seq & SEQ_STRING_ID:
+            cb = _utf8(corrid)
+            out += _U16.pack(len(cb))
+            out += cb
         for t in inputs:
             _tensor(out, *t)
         for name, place, region, offset, size in outputs:
@@ -253,11 +271,18 @@ class _Reader:
         raise self.fail(f"unknown response status {status}")
 
     def request(self) -> dict:
-        n_inputs, n_outputs, id_len, params_len = self.unpack(_REQUEST)
+        n_inputs, n_outputs, id_len, params_len, seq = self.unpack(_REQUEST)
+        if seq & ~0xF or (seq and bool(seq & SEQ_NUMERIC_ID) == bool(seq & SEQ_STRING_ID)):
+            raise self.fail("bad sequence flags")
         request_id = self.text(id_len)
         params = self.json(params_len) if params_len else {}
         if not isinstance(params, dict):
             raise self.fail("parameters are not an object")
+        corrid: int | str = 0
+        if seq & SEQ_NUMERIC_ID:
+            (corrid,) = self.unpack(_U64)
+        elif seq & SEQ_STRING_ID:
+            corrid = self.text(self.unpack(_U16)[0])
         inputs = [self.tensor() for _ in range(n_inputs)]
         outputs, shm_outputs = [], {}
         for _ in range(n_outputs):
@@ -268,8 +293,11 @@ class _Reader:
             elif place != PLACE_NONE:
                 raise self.fail("bad output record")
             outputs.append(name)
-        return {"request_id": request_id, "inputs": inputs, "outputs": outputs, "shm_outputs": shm_outputs,
-                "parameters": params}
+        request = {"request_id": request_id, "inputs": inputs, "outputs": outputs, "shm_outputs": shm_outputs,
+                   "parameters": params}
+        if seq:
+            request["sequence"] = [corrid, bool(seq & SEQ_START), bool(seq & SEQ_END)]
+        return request
 
 
 def decode(data: bytes | bytearray | memoryview) -> Message:

@@ -298,13 +298,15 @@ class WorkerPool:
             block.view[:] = data  # the one copy of an in-band tensor
             inputs.append((inp.name, inp.datatype, inp.shape, PLACE_ARENA, block.segment.id, block.offset, block.size))
         outputs = []
-        for name in plan.outputs:
+        for name in (plan.outputs if not plan.state_outputs else [*plan.outputs, *plan.state_outputs]):
             ref = plan.shm_outputs.get(name)
             if ref is None:
                 outputs.append((name, PLACE_NONE, 0, 0, 0))
             else:
                 region = self._client_region(worker, p.regions[ref.region])
                 outputs.append((name, PLACE_REGION, region.id, ref.offset, ref.byte_size))
+        if plan.sequence is not None:
+            return request.id, request.model_parameters(), inputs, outputs, plan.sequence
         return request.id, request.model_parameters(), inputs, outputs
 
     @staticmethod
@@ -320,12 +322,14 @@ class WorkerPool:
         descriptors: list[list[int]] = []
         outputs: list[OutputTensor] = []
         names = [e[0] for e in encoded]
-        if len(set(names)) != len(names) or (complete and sorted(names) != sorted(plan.outputs)):
+        asked = [n for n in names if n not in plan.state_outputs]  # a model may leave its state as it was
+        if len(set(names)) != len(names) or (complete and sorted(asked) != sorted(plan.outputs)):
             raise Internal(f"worker returned outputs {names} for model '{mv.name}' where {plan.outputs} were asked")
         try:
             for name, datatype, shape, desc in encoded:
                 spec = mv.outputs.get(name)
-                if spec is None or spec.datatype != datatype:
+                expected = spec.datatype if spec is not None else plan.state_outputs.get(name)
+                if expected != datatype:
                     raise Internal(f"worker returned an unexpected output '{name}' for model '{mv.name}'")
                 ref = plan.shm_outputs.get(name)
                 if ref is not None:

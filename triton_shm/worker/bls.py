@@ -62,12 +62,17 @@ class BlsClient:
                 blocks.append(block)
                 inputs.append([t.name(), datatype, shape, block.descriptor()])
             version = request._model_version
+            parameters = json.loads(request.parameters())
+            if request.correlation_id():  # a call into a sequence model: its sequence parameters
+                flags = request.flags()
+                parameters.update(sequence_id=request.correlation_id(),
+                                  sequence_start=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
+                                  sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END))
             self._waiters[bid] = waiter
             self.worker.send({"op": "bls", "bid": bid, "model": request.model_name(),
                               "version": str(version) if version and version > 0 else "",
                               "request_id": request.request_id(), "inputs": inputs,
-                              "outputs": list(request._requested_output_names),
-                              "parameters": json.loads(request.parameters())})
+                              "outputs": list(request._requested_output_names), "parameters": parameters})
             while True:
                 try:
                     msg = waiter.get(timeout=timeout)

@@ -130,8 +130,12 @@ class InstanceRunner:
             inputs[name] = decode_input(datatype, reshapes.input_shape(name, shape),
                                         self.worker.input_bytes(desc, scratch))
             datatypes[name] = datatype
-        return WorkerRequest(id=r.get("request_id", ""), inputs=inputs, datatypes=datatypes,
-                             requested_outputs=list(r["outputs"]), parameters=r.get("parameters") or {})
+        request = WorkerRequest(id=r.get("request_id", ""), inputs=inputs, datatypes=datatypes,
+                                requested_outputs=list(r["outputs"]), parameters=r.get("parameters") or {})
+        if "sequence" in r:
+            request.correlation_id, start, end = r["sequence"]
+            request.flags = (1 if start else 0) | (2 if end else 0)
+        return request
 
     def _stream(self, msg_id: int, index: int, r: dict[str, Any], response: WorkerResponse | None,
                 final: bool) -> None:
@@ -151,7 +155,11 @@ class InstanceRunner:
     def _encode(self, r: dict[str, Any], outputs: dict[str, Any], partial: bool = False) -> list[list[Any]]:
         """``partial``: a decoupled response may carry only some of the requested outputs."""
         specs, reshapes = self.model.output_types, self.model.reshapes
-        names = [n for n in r["outputs"] if n in outputs] if partial else r["outputs"]
+        names = r["outputs"]
+        if partial:
+            names = [n for n in names if n in outputs]
+        elif self.model.state_outputs:  # a model may leave its state out: it stays as it was
+            names = [n for n in names if n in outputs or n not in self.model.state_outputs]
         missing = [n for n in names if n not in outputs]
         if missing:
             raise Internal(f"model '{self.model.context.name}' did not produce output(s) {missing}")

@@ -47,6 +47,12 @@ class LoadedModel:
         self.context, self.backend = context, backend
         self.runners: list[InstanceRunner] = []
         self.output_types = {o["name"]: config_to_wire(o["data_type"]) for o in context.config.get("output", [])}
+        # sequence batching's implicit state: outputs the front-end asks for beside the
+        # client's, which a model may leave out (its state then stays as it was)
+        states = (context.config.get("sequence_batching") or {}).get("state") or []
+        self.state_outputs = {s["output_name"]: config_to_wire(s.get("data_type", "TYPE_INVALID")) for s in states
+                              if s.get("output_name")}
+        self.output_types.update(self.state_outputs)
         self.reshapes = Reshapes.from_config(context.config)
         # one model execution over the concatenated rows of a whole batch
         self.concat_batching = backend.concat_batching and int(context.config.get("max_batch_size", 0)) > 0

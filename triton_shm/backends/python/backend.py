@@ -186,6 +186,8 @@ class PythonModelInstance(ModelInstance):
         self._loop: asyncio.AbstractEventLoop | None = None
         config = context.config
         self._all_outputs = [o["name"] for o in config.get("output", []) or [] if "name" in o]
+        # sequence batching's state outputs: always taken from a response, never listed as requested
+        self._state_outputs = {s.get("output_name") for s in (config.get("sequence_batching") or {}).get("state") or []}
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.args = {
             "model_config": json.dumps(config),
@@ -244,10 +246,12 @@ class PythonModelInstance(ModelInstance):
             else:
                 inputs.append(pb_utils.Tensor(name, array))
         requested = list(r.requested_outputs) if r.requested_outputs else list(self._all_outputs)
+        if self._state_outputs:
+            requested = [n for n in requested if n not in self._state_outputs]
         request = pb_utils.InferenceRequest(
-            request_id=r.id, correlation_id=0, inputs=inputs,
+            request_id=r.id, correlation_id=r.correlation_id, inputs=inputs,
             requested_output_names=requested, model_name=self.context.name,
-            model_version=self.context.version, flags=0, parameters=dict(r.parameters))
+            model_version=self.context.version, flags=r.flags, parameters=dict(r.parameters))
         if r.sender is not None:
             sender = r.sender
             request._response_sender = pb_utils.InferenceResponseSender(

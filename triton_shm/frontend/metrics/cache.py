@@ -1,6 +1,7 @@
 """The response cache's families, under Triton 2.51's names, types and HELP texts: per
-model (only models with ``response_cache`` on, and only with a cache configured) from
-their statistics, and server-wide gauges read from the cache at scrape time."""
+model (models with ``response_cache`` on, at zero when the server has no cache, as
+Triton shows them) from their statistics, and server-wide gauges read from the cache at
+scrape time (only with ``--cache-config``)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable

@@ -111,8 +111,7 @@ def loaded_versions(repository: "ModelRepository") -> list["ModelVersion"]:
     return sorted(versions, key=lambda m: (m.name, m.version))
 
 
-def model_families(versions: list["ModelVersion"], config: MetricsConfig = MetricsConfig(),
-                   cache: "ResponseCache | None" = None) -> list[Family]:
+def model_families(versions: list["ModelVersion"], config: MetricsConfig = MetricsConfig()) -> list[Family]:
     if not versions:
         return []
     families = []
@@ -123,8 +122,7 @@ def model_families(versions: list["ModelVersion"], config: MetricsConfig = Metri
                                [Sample(_version_labels(mv), value(mv.stats)) for mv in versions]))
         if name == "nv_inference_request_success":  # Triton's order: failures next
             families.append(_failures(versions))
-    if cache is not None:
-        families += model_cache_families(versions)
+    families += model_cache_families(versions)  # models with response_cache on, with or without a cache
     families.append(Family(*_PENDING, [Sample(_version_labels(mv), _queued(mv)) for mv in versions]))
     summarized = [mv for mv in versions if mv.stats.summaries is not None]
     if config.summary_latencies and summarized:
@@ -200,7 +198,7 @@ class MetricsCollector:
             self.gpu_readings = self.gpu.sample()
 
     def families(self) -> list[Family]:
-        return (model_families(loaded_versions(self.repository), self.config, self.cache)
+        return (model_families(loaded_versions(self.repository), self.config)
                 + cpu_families(self.cpu_reading) + gpu_families(self.gpu_readings)
                 + (cache_families(self.cache) if self.cache is not None else []))
 
