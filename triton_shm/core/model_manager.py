@@ -357,23 +357,16 @@ class ModelManager:
             if ensemble:
                 mv.scheduler = EnsembleScheduler(mv, self.repository, mv.stats)
             else:
-                sequences = config.HasField("sequence_batching")
-                claims = [] if sequences else self._claims(mv)
-                if sequences and self.limiter is not None and any(
-                        g.HasField("rate_limiter") for g in config.instance_group):
-                    log.warning("model '%s': the rate limiter does not apply to sequence batching models yet; "
-                                "its instances run unlimited", mv.name)
+                claims = self._claims(mv)
                 try:
                     await self.pool.load(mv)
                 except BaseException:
                     if claims:
                         self.limiter.unregister(claims)
                     raise
-                if sequences:
-                    mv.scheduler = SequenceScheduler(mv, self.pool, mv.stats)
-                else:
-                    mv.scheduler = Scheduler(mv, self.pool, mv.stats, limiter=self.limiter if claims else None,
-                                             claims=claims)
+                scheduler = SequenceScheduler if config.HasField("sequence_batching") else Scheduler
+                mv.scheduler = scheduler(mv, self.pool, mv.stats, limiter=self.limiter if claims else None,
+                                         claims=claims)
             mv.state, mv.reason = READY, ""
             log.info("successfully loaded '%s' version %d", mv.name, mv.version)
         except TritonShmError as e:
