@@ -249,7 +249,7 @@ class Server:
         else:
             cmd = [sys.executable, "-m", "triton_shm", "--model-repository", str(repo), "--http-port", str(self.port),
                    "--grpc-port", str(self.port + 1), "--allow-metrics", "false", "--allow-client-shm", "true",
-                   "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]
+                   "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--drain-secs", "0"]
             variant_env, variant_args = VARIANTS[kind]
             cmd += [*variant_args, *extra_args]
             env = {**os.environ, **variant_env}

@@ -39,7 +39,7 @@ def start(repo: Path, args: list[str], log) -> tuple[subprocess.Popen, int]:
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "triton_shm", "--model-repository", str(repo),
                              "--http-port", str(port), "--grpc-port", str(port + 1), "--allow-metrics", "false",
-                             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", *args],
+                             "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1", "--drain-secs", "0", *args],
                             stdout=log, stderr=subprocess.STDOUT)
     for _ in range(600):
         try:

@@ -415,3 +415,26 @@ def test_perf_analyzer_drives_sequences(srv, perf_analyzer):
     after = httpclient.InferenceServerClient(srv.http_url).get_inference_statistics("seq_pa")["model_stats"][0]
     assert after["inference_count"] > before["inference_count"]
     assert after["inference_stats"]["fail"]["count"] == 0
+
+
+def test_rate_limited_sequence_model(tmp_path):
+    """--rate-limit execution_count with two instances that need the one unit of a resource:
+    the sequences on each instance still run in order, with their own state."""
+    model_dir = sequence_model(tmp_path / "models", "seq_limited", max_batch_size=1, instances=2)
+    config = model_dir / "config.pbtxt"
+    config.write_text(config.read_text().replace(
+        "instance_group [ { count: 2 kind: KIND_CPU } ]",
+        'instance_group [ { count: 2 kind: KIND_CPU rate_limiter { resources [ { name: "R" count: 1 } ] } } ]'))
+    server = ServerProcess(tmp_path / "models", tmp_path / "server.log",
+                           extra_args=["--rate-limit", "execution_count"]).start()
+    try:
+        totals = {7101: [], 7102: []}
+        for i in range(1, 5):
+            for sid in totals:
+                seen = http_infer(server, "seq_limited", i, sequence_id=sid, sequence_start=i == 1, sequence_end=i == 4)
+                totals[sid].append((seen["total"], seen["instance"]))
+        for seen in totals.values():
+            assert [t for t, _ in seen] == [1, 3, 6, 10] and len({inst for _, inst in seen}) == 1
+        assert totals[7101][0][1] != totals[7102][0][1]  # one slot each: the two sequences on the two instances
+    finally:
+        server.stop_cleanly()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from triton_shm.core.model_config import parse_pbtxt
+from triton_shm.core.rate_limiter import Claim, RateLimiter
 from triton_shm.core.repository import TensorSpec
 from triton_shm.core.sequence import (SequenceBook, SequenceScheduler, control_tensors, sequence_config,
                                       sequence_flags)
@@ -364,4 +365,35 @@ def test_oldest_delay_timer_starts_the_batch():
         h.clock.advance(50_000)
         await settle()
         assert len(h.pool.sent) == 1 and len(h.pool.sent[0][1]) == 1
+    asyncio.run(run())
+
+
+def test_rate_limited_instances_run_only_when_granted():
+    """Two instances needing the one unit of resource R (tests/test_scheduler_rate_limit.py's
+    limiter): never two batches at once; the second instance runs when the first answers."""
+    async def run():
+        clock, pool, limiter = FakeClock(), BatchPool(), RateLimiter()
+        instances = [("cpu", 0), ("cpu", 1)]
+        claims = [Claim(i, {(0, "R"): 1}) for i in instances]
+        limiter.register(claims)
+        model = SimpleNamespace(name="m", version=1, config=config(max_batch_size=1), instances=instances,
+                                model_dir=None, decoupled=False, inputs={"INPUT": TensorSpec("INPUT", "INT32", [1])})
+        scheduler = SequenceScheduler(model, pool, ModelStats("m", "1"), clock=clock, limiter=limiter, claims=claims)
+
+        async def submit(sid: int, **flags):
+            request = InferRequest("m", parameters={"sequence_id": sid, **flags},
+                                   inputs=[InputTensor("INPUT", "INT32", [1, 1], np.int32([[sid]]).tobytes())])
+            task = asyncio.ensure_future(scheduler.submit(request, RequestPlan(outputs=["OUTPUT"], batch_size=1), {}))
+            await settle()
+            return task
+
+        first = await submit(1, sequence_start=True)
+        second = await submit(2, sequence_start=True)  # the other instance's slot, but R is taken
+        assert [inst for inst, _, _ in pool.sent] == [("cpu", 0)]
+        pool.answer(0, [None])
+        await settle()
+        assert [inst for inst, _, _ in pool.sent] == [("cpu", 0), ("cpu", 1)] and first.done()
+        pool.answer(1, [None])
+        await settle()
+        assert second.done() and limiter.in_use == {(0, "R"): 0}
     asyncio.run(run())

@@ -42,15 +42,19 @@ def numpy_dtype(datatype: str) -> np.dtype:
     return _TABLE[check_datatype(datatype)][1]
 
 
+# little-endian numpy dtype -> V2 name (BF16 shares uint16's dtype and is never inferred)
+_FROM_NUMPY: dict[np.dtype, str] = {npd: name for name, (_, npd) in _TABLE.items() if name not in ("BF16", "BYTES")}
+
+
 def from_numpy(dtype: np.dtype) -> str:
     """The V2 datatype of a numpy dtype (object and string arrays are BYTES)."""
     dtype = np.dtype(dtype)
     if dtype.kind in "OSU":
         return "BYTES"
-    for name, (_, npd) in _TABLE.items():
-        if name not in ("BF16", "BYTES") and npd == dtype.newbyteorder("<"):
-            return name
-    raise InvalidArgument(f"unsupported numpy dtype '{dtype}'")
+    name = _FROM_NUMPY.get(dtype) or _FROM_NUMPY.get(dtype.newbyteorder("<"))
+    if name is None:
+        raise InvalidArgument(f"unsupported numpy dtype '{dtype}'")
+    return name
 
 
 # Model config spells datatypes "TYPE_FP32"; the protocol spells them "FP32", except

@@ -42,6 +42,7 @@ from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Uns
 from .datatypes import config_to_wire, element_size, numpy_dtype
 from .model_config import data_type_name, mc
 from .clock import Clock, LoopClock, Timer
+from .rate_limiter import IDLE, Claim, RateLimiter
 from .scheduler import Pending, _resolve
 from .statistics import ModelStats
 from .types import BatchRequest, InferRequest, InferResponse, InputTensor, ResponseStream
@@ -312,10 +313,9 @@ class SequenceBook:
                 break
 
     # batches
-    def take_batch(self, instance: Instance, now: int) -> tuple[list[tuple[Sequence | None, Entry | None]], int | None]:
-        """The next batch for a free instance as ``(sequence, entry)`` rows (``(None, None)``:
-        a null request in a direct batch), or ``([], wake)``: nothing yet, look again at
-        ``wake`` (None: when something arrives or the batch answers)."""
+    def ready(self, instance: Instance, now: int) -> tuple[list[int], int | None]:
+        """The slots of a free instance whose next request may run now, or ``([], wake)``:
+        nothing yet, look again at ``wake`` (None: when something arrives or the batch answers)."""
         if self.busy[instance]:
             return [], None
         slots = self.slots[instance]
@@ -329,14 +329,25 @@ class SequenceBook:
             underused = len(ready) < self.cfg.min_utilization * active
             if self.cfg.delay_ns and underused and now - oldest < self.cfg.delay_ns:
                 return [], oldest + self.cfg.delay_ns
+        else:
+            full = self.cfg.preferred[-1] if self.cfg.preferred else self.cfg.max_rows
+            if len(ready) < full and now - oldest < self.cfg.delay_ns:
+                return [], oldest + self.cfg.delay_ns
+        return ready, None
+
+    def take_batch(self, instance: Instance, now: int) -> tuple[list[tuple[Sequence | None, Entry | None]], int | None]:
+        """The next batch for a free instance as ``(sequence, entry)`` rows (``(None, None)``:
+        a null request in a direct batch), or ``([], wake)`` as :meth:`ready` says."""
+        ready, wake = self.ready(instance, now)
+        if not ready:
+            return [], wake
+        live = {i: s for i, s in enumerate(self.slots[instance]) if s is not None}  # ready ones are all live
+        if self.cfg.strategy == "direct":
             rows: list[tuple[Sequence | None, Entry | None]] = []
             for i in range(max(ready) + 1):
                 rows.append((live[i], live[i].queue.popleft()) if i in ready else (None, None))
         else:
             ready.sort(key=lambda i: live[i].queue[0].enqueued_ns)
-            full = self.cfg.preferred[-1] if self.cfg.preferred else self.cfg.max_rows
-            if len(ready) < full and now - oldest < self.cfg.delay_ns:
-                return [], oldest + self.cfg.delay_ns
             reachable = [s for s in self.cfg.preferred if s <= len(ready)]
             take = reachable[-1] if reachable else min(len(ready), self.cfg.max_rows)
             rows = [(live[i], live[i].queue.popleft()) for i in ready[:take]]
@@ -432,9 +443,14 @@ class SequencePending(Pending):
 class SequenceScheduler:
     """The sequence batcher of one model version (the interface of ``scheduler.Scheduler``)."""
 
-    def __init__(self, model: ModelVersion, pool: WorkerPool, stats: ModelStats, clock: Clock | None = None):
+    def __init__(self, model: ModelVersion, pool: WorkerPool, stats: ModelStats, clock: Clock | None = None,
+                 limiter: RateLimiter | None = None, claims: list[Claim] | None = None):
         self.model, self.pool, self.stats = model, pool, stats
         self.clock: Clock = clock or LoopClock()
+        # --rate-limit: an instance with a claim runs a batch only when the limiter grants it
+        self.limiter, self.claims = limiter, {c.instance: c for c in claims or ()}
+        for claim in self.claims.values():
+            claim.on_grant = self._granted
         self.cfg = sequence_config(model.config, model.model_dir)
         self.book = SequenceBook(self.cfg, model.instances)
         self.state_outputs = {st.output_name: st.datatype for st in self.cfg.states}
@@ -473,6 +489,12 @@ class SequenceScheduler:
             self.stats.pending -= 1
 
     # dispatch
+    def _limiter(self) -> RateLimiter:
+        """The limiter the claims belong to (a scheduler has claims only with a limiter)."""
+        if self.limiter is None:
+            raise Internal(f"model '{self.model.name}': instances with rate-limiter claims but no limiter")
+        return self.limiter
+
     def _pump(self) -> None:
         now = self.clock.now()
         for seq in self.book.release_idle(now):
@@ -480,14 +502,27 @@ class SequenceScheduler:
                      self.cfg.idle_ns // 1000)
         wakes = [self.book.next_idle_ns()]
         for instance in self.book.instances:
-            while True:
+            claim = self.claims.get(instance)
+            if claim is None:
                 rows, wake = self.book.take_batch(instance, now)
-                if not rows:
-                    wakes.append(wake)
-                    break
-                self._start(instance, rows)
+                if rows:
+                    self._start(instance, rows)
+                wakes.append(wake)
+                continue
+            ready, wake = self.book.ready(instance, now)
+            wakes.append(wake)
+            if ready and claim.state == IDLE:
+                self._limiter().stage(claim)  # may be granted (and start the batch) right here
         due = [w for w in wakes if w is not None]
         self._arm(min(due) if due else None)
+
+    def _granted(self, claim: Claim) -> None:
+        """The limiter lets ``claim``'s instance run: one batch, if one is still ready."""
+        rows, _ = self.book.take_batch(claim.instance, self.clock.now())
+        if rows:
+            self._start(claim.instance, rows)
+        else:
+            self._limiter().give_back(claim)
 
     def _arm(self, when_ns: int | None) -> None:
         if when_ns == self._timer_ns:
@@ -561,6 +596,9 @@ class SequenceScheduler:
             if isinstance(result, InferResponse) and self.state_outputs and seq is not None:
                 self._keep_state(seq, result)
         self.book.finished(instance, rows, now)
+        claim = self.claims.get(instance)
+        if claim is not None:  # its resources go to the next in line; _pump stages it again if it has work
+            self._limiter().release(claim)
         self._pump()
         in_ns, infer_ns, out_ns = timing or (0, 0, 0)
         real = [(entry.item, result) for (_, entry), result in zip(rows, results) if entry is not None]

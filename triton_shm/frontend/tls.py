@@ -58,8 +58,9 @@ def build_context(files: TlsFiles, port: str, alpn: list[str] | None = None) -> 
         raise TlsError(f"{port} TLS: the certificate '{files.cert}' and key '{files.key}' cannot be used: "
                        f"{e.reason or e}") from None
     if files.client_ca is not None:
-        # No session resumption: every connection presents its certificate, so a reloaded
-        # root certificate applies to every new connection, resumed or not.
+        # No session tickets: a TLS 1.3 connection always presents its certificate, so a
+        # reloaded root certificate applies to it. (TLS 1.2 session IDs stay in OpenSSL's
+        # server cache, which Python offers no way to turn off; docs/security.md says so.)
         ctx.options |= ssl.OP_NO_TICKET
         ctx.num_tickets = 0
         ctx.verify_mode = ssl.CERT_REQUIRED

@@ -14,6 +14,7 @@ import mmap
 import os
 import select
 import socket
+import time
 
 from . import channel
 from .arena import INTERNAL_PREFIX
@@ -43,6 +44,7 @@ class Link:
         self.tx_wake, self.rx_wake = tx_wake, rx_wake
         self._receiver = channel.Receiver(sock)
         self._poll: select.poll | None = None
+        self._spinning = True  # whether ``wait`` spins first: see there
 
     @classmethod
     def create(cls) -> tuple["Link", socket.socket, list[int]]:
@@ -112,15 +114,25 @@ class Link:
         return self.socket_state() == "eof"
 
     def wait(self, spin_ns: int) -> bool:
-        """Block until a frame may be waiting (spinning ``spin_ns`` first, without the
-        GIL, then sleeping on the eventfd); False once the peer is gone."""
-        if self.rx.spin(spin_ns) or not self.rx.prepare_sleep():
+        """Block until a frame may be waiting; False once the peer is gone.
+
+        Spinning (up to ``spin_ns``, without the GIL) saves a sleep and a wake-up when the
+        next frame follows within that time, and wastes the whole spin when it does not
+        (one request at a time: the next one is a client round trip away). So spin only
+        while it pays, as an adaptive mutex does: a spin that ran out turns spinning off,
+        a sleep shorter than the spin would have been turns it back on."""
+        if self._spinning and self.rx.spin(spin_ns):
+            return True
+        self._spinning = False
+        if not self.rx.prepare_sleep():
             return True
         if self._poll is None:
             self._poll = select.poll()
             self._poll.register(self.rx_wake, select.POLLIN)
             self._poll.register(self.sock.fileno(), select.POLLIN)
+        slept = time.monotonic_ns()
         events = self._poll.poll()
+        self._spinning = time.monotonic_ns() - slept < spin_ns
         self.rx.awake()
         self.clear_wake()
         if any(fd == self.sock.fileno() for fd, _ in events) and not self.rx.pending():

@@ -68,7 +68,8 @@ def _context(msg: dict[str, Any]) -> ModelContext:
 
 # After its last frame, the control thread waits this long for the next one before it
 # sleeps on its eventfd (without the GIL): the front-end's next request is usually that
-# close behind, and then it costs neither a wake-up nor a system call.
+# close behind, and then it costs neither a wake-up nor a system call (``Link.wait`` spins
+# only while that keeps being so: one request at a time, the spin is never won).
 SPIN_NS = int(os.environ.get("TRITON_SHM_WORKER_SPIN_US", "50")) * 1000
 RING_FULL_WAIT = 30.0  # s a sender waits for room in its ring before giving the front-end up
 

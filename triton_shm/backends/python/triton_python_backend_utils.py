@@ -298,6 +298,14 @@ def _compact_json(value) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def _parameters_json(parameters) -> str:
+    """Parameters as the JSON string ``parameters()`` returns; serialized when given, so a
+    value JSON cannot hold fails there, as in Triton. Most have none: no encoder run."""
+    if parameters is None or (isinstance(parameters, dict) and not parameters):
+        return "{}"
+    return parameters if isinstance(parameters, str) else _compact_json(parameters)
+
+
 class InferenceRequest:
     """A request handed to ``TritonPythonModel.execute``.
 
@@ -319,9 +327,7 @@ class InferenceRequest:
         self._model_version = model_version
         self._flags = flags
         self._timeout = timeout
-        if parameters is None:
-            parameters = {}
-        self._parameters = parameters if isinstance(parameters, str) else _compact_json(parameters)
+        self._parameters = _parameters_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._response_sender: InferenceResponseSender | None = None
         self._is_cancelled: Callable[[], bool] | None = None  # set by the server for decoupled requests
@@ -448,9 +454,7 @@ class InferenceResponse:
         if error is not None and not isinstance(error, TritonError):
             error = TritonError(str(error))
         self._error = error
-        if parameters is None:
-            parameters = {}
-        self._parameters = parameters if isinstance(parameters, str) else _compact_json(parameters)
+        self._parameters = _parameters_json(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors

@@ -62,6 +62,7 @@ class NativeServer:
         self.min_ping_interval = k.min_recv_ping_interval_without_data_ms / 1000
         self.max_ping_strikes = k.max_ping_strikes
         self.max_connection_age = None if k.max_connection_age_ms is None else k.max_connection_age_ms / 1000
+        self.max_connection_idle = None if k.max_connection_idle_ms is None else k.max_connection_idle_ms / 1000
         self.max_connection_age_grace = (None if k.max_connection_age_grace_ms is None
                                          else k.max_connection_age_grace_ms / 1000)
 

@@ -1,0 +1,138 @@
+"""Instructions executed per small request, in the front-end and in the worker (callgrind).
+
+    python bench/instructions.py [--protocol http|grpc] [--requests 500] [--warmup 100]
+
+CPU time per request on a shared 2-vCPU machine moves by ±30 % from run to run (other
+processes, wake-up placement, the hypervisor); the instructions a process executes for
+the same requests do not. This starts the real server under ``valgrind --tool=callgrind
+--trace-children=yes`` on the python ``add_sub`` model (two FP32[16] inputs), sends
+``--warmup`` requests with tritonclient, zeroes both processes' counters, sends
+``--requests`` more one at a time, dumps the counters and prints instructions per request
+for each process. Spinning shows up little here (a pause loop executes few instructions
+per microsecond): compare CPU time for that. Slow (the server runs ~50× slower under
+valgrind): a few minutes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from compare_triton import build_repository  # noqa: E402  (the same add_sub as the side-by-side runs)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def total_ir(path: Path) -> int:
+    for line in path.read_text(errors="replace").splitlines():
+        if line.startswith(("summary:", "totals:")):
+            return int(line.split()[1])
+    raise RuntimeError(f"no totals in {path}")
+
+
+def dump(pid: int, out_dir: Path, label: str) -> int:
+    """Dump ``pid``'s counters and return the instructions since the last zeroing."""
+    before = set(out_dir.glob(f"cg.{pid}*"))
+    subprocess.run(["callgrind_control", "-d", label, str(pid)], check=True, capture_output=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        new = [p for p in set(out_dir.glob(f"cg.{pid}*")) - before if p.stat().st_size]
+        if new:
+            time.sleep(0.5)  # let callgrind finish writing
+            return total_ir(new[0])
+        time.sleep(0.2)
+    raise RuntimeError(f"callgrind did not dump process {pid}")
+
+
+def send(protocol: str, port: int, n: int) -> None:
+    if protocol == "http":
+        import tritonclient.http as client
+        cl = client.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=120)
+    else:
+        import tritonclient.grpc as client
+        cl = client.InferenceServerClient(f"127.0.0.1:{port + 1}")
+    a = np.ones(16, np.float32)
+    inputs = [client.InferInput("INPUT0", [16], "FP32"), client.InferInput("INPUT1", [16], "FP32")]
+    for i in inputs:
+        i.set_data_from_numpy(a, **({"binary_data": True} if protocol == "http" else {}))
+    for _ in range(n):
+        cl.infer("add_sub", inputs)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
+    parser.add_argument("--requests", type=int, default=500)
+    parser.add_argument("--warmup", type=int, default=100)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="triton-shm-ir-") as tmp:
+        tmp_path = Path(tmp)
+        repo = tmp_path / "repo"
+        build_repository(repo)
+        port = free_port()
+        cmd = ["valgrind", "--tool=callgrind", "--trace-children=yes", "--collect-atstart=yes",
+               f"--callgrind-out-file={tmp_path}/cg.%p",
+               sys.executable, "-m", "triton_shm", "--model-repository", str(repo),
+               "--http-port", str(port), "--grpc-port", str(port + 1), "--allow-metrics", "false",
+               "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1"]
+        help_text = subprocess.run([sys.executable, "-m", "triton_shm", "--help"],
+                                   capture_output=True, text=True).stdout
+        if "--drain-secs" in help_text:  # stop at once (older trees, measured for a before/after, lack it)
+            cmd += ["--drain-secs", "0"]
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+        log = open(tmp_path / "server.log", "w")
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 600
+            while True:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/models/add_sub/ready", timeout=5):
+                        break
+                except OSError:
+                    if proc.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError("the server did not come up under valgrind:\n"
+                                           + (tmp_path / "server.log").read_text()[-3000:]) from None
+                    time.sleep(1)
+            send(args.protocol, port, args.warmup)
+            pids = {"front-end": proc.pid}
+            workers = children(proc.pid)
+            if len(workers) != 1:
+                raise RuntimeError(f"expected one worker process, found {workers}")
+            pids["worker"] = workers[0]
+            for pid in pids.values():
+                subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+            send(args.protocol, port, args.requests)
+            print(f"instructions per request, {args.protocol}, add_sub FP32[16], "
+                  f"{args.requests} sequential requests (after {args.warmup})")
+            for name, pid in pids.items():
+                ir = dump(pid, tmp_path, "measured")
+                print(f"  {name:10s} {ir / args.requests:12,.0f}")
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            log.close()
+
+
+if __name__ == "__main__":
+    main()
