@@ -32,7 +32,7 @@ def pb_serializer(message: Any, framed: bool) -> bytes:
     return _prefix(len(data)) + data if framed else data
 
 
-def _identity(data: bytes) -> bytes:
+def _identity(data: bytes | memoryview) -> bytes | memoryview:
     return data
 
 
@@ -43,7 +43,7 @@ class Method:
     messages itself builds each one with a single join)."""
     path: str  # "/package.Service/Name"
     handler: Callable[..., Any]  # async def (request) -> response, or async generator for streams
-    deserialize: Callable[[bytes], Any] = _identity
+    deserialize: Callable[[bytes | memoryview], Any] = _identity  # a message: bytes or a view of them
     serialize: Callable[[Any, bool], bytes] = pb_serializer
     streaming: bool = False  # bidirectional stream (the only streaming kind served)
     group: str | None = None  # its restricted-API group (frontend/restricted.py)

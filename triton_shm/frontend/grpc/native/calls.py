@@ -65,7 +65,7 @@ class CallRunner:
                 call.task.cancel()
             self._finish(call, DEADLINE_EXCEEDED, "Deadline Exceeded")
 
-    async def _run_unary(self, call: Call, data: bytes) -> None:
+    async def _run_unary(self, call: Call, data: bytes | memoryview) -> None:
         method = call.method
         try:
             response = await method.handler(method.deserialize(data))

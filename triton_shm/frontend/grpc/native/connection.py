@@ -343,7 +343,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         elif len(call.messages) != 1:
             self._finish(call, INTERNAL, "unary call ended without a request message")
         else:
-            call.task = self.loop.create_task(self._run_unary(call, bytes(call.messages.pop())))
+            call.task = self.loop.create_task(self._run_unary(call, call.messages.pop()))
 
     def _ack(self, sid: int, size: int) -> None:
         if size:
