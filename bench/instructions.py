@@ -82,6 +82,8 @@ def main() -> None:
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--idle-seconds", type=float, default=0,
+                        help="also count what each process executes while idle for this long (timers, polling)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="triton-shm-ir-") as tmp:
         tmp_path = Path(tmp)
@@ -124,6 +126,14 @@ def main() -> None:
             for name, pid in pids.items():
                 ir = dump(pid, tmp_path, "measured")
                 print(f"  {name:10s} {ir / args.requests:12,.0f}")
+            if args.idle_seconds:
+                for pid in pids.values():
+                    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+                time.sleep(args.idle_seconds)
+                print(f"instructions per second idle, over {args.idle_seconds:g} s")
+                for name, pid in pids.items():
+                    ir = dump(pid, tmp_path, "idle")
+                    print(f"  {name:10s} {ir / args.idle_seconds:12,.0f}")
         finally:
             proc.terminate()
             try:
