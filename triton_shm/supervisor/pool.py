@@ -158,6 +158,13 @@ class WorkerPool:
             if self.workers[w].alive:
                 await self.workers[w].call({"op": "unload", "key": mv.key})
 
+    async def open_cuda_region(self, region: "Region") -> None:
+        """A CUDA region being registered: the worker of its GPU opens the IPC handle."""
+        worker = self.gpu_workers.get(region.device_id)
+        if worker is None or not worker.alive:
+            raise Unavailable(f"the worker of GPU {region.device_id} is not running")
+        await worker.open_cuda_region(region)
+
     def drop_region(self, region: "Region") -> None:
         """A client region is gone for good: workers unmap it."""
         for worker in self.workers.values():
