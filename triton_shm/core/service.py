@@ -254,6 +254,8 @@ class InferenceService:
             if not (plan.shm_inputs or plan.shm_outputs or cached):
                 return await model.scheduler.submit(request, plan, {}, trace, stream)
             regions = self.shm.acquire_all(plan)
+            if cached and any(r.kind == "cuda" for r in regions.values()):
+                cached = False  # the cache reads and writes host regions only: CUDA ones bypass it
             try:
                 if cached:
                     return await infer_cached(self.cache, model, request, plan, regions, arrived,
