@@ -18,9 +18,9 @@ ModelConfig = mc.ModelConfig
 
 # Which file a backend loads when the config names none, and which platform string
 # the metadata reports for it.
-DEFAULT_MODEL_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py"}
-PLATFORM_TO_BACKEND = {"onnxruntime_onnx": "onnxruntime"}
-BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "python": "python"}
+DEFAULT_MODEL_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py", "tensorrt": "model.plan"}
+PLATFORM_TO_BACKEND = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
+BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "python": "python", "tensorrt": "tensorrt_plan"}
 SUPPORTED_BACKENDS = frozenset(DEFAULT_MODEL_FILENAME)
 ENSEMBLE = "ensemble"
 
