@@ -144,19 +144,21 @@ def test_grpc_keepalive_defaults_are_tritonservers():
     assert grpc_keepalive(parse_args(REPO)).options() == [
         ("grpc.keepalive_time_ms", 7_200_000), ("grpc.keepalive_timeout_ms", 20_000),
         ("grpc.keepalive_permit_without_calls", 0), ("grpc.http2.max_pings_without_data", 2),
-        ("grpc.http2.min_ping_interval_without_data_ms", 300_000), ("grpc.http2.max_ping_strikes", 2)]
+        ("grpc.http2.min_ping_interval_without_data_ms", 300_000), ("grpc.http2.max_ping_strikes", 2),
+        ("grpc.max_connection_idle_ms", 300_000)]
 
 
 def test_grpc_keepalive_flags_reach_the_server_options():
     options = parse_args(REPO + [
         "--grpc-keepalive-time=1000", "--grpc-keepalive-timeout", "500", "--grpc-keepalive-permit-without-calls=1",
         "--grpc-http2-max-pings-without-data=0", "--grpc-http2-min-recv-ping-interval-without-data=250",
-        "--grpc-http2-max-ping-strikes=5", "--grpc-max-connection-age=60000", "--grpc-max-connection-age-grace=30"])
+        "--grpc-http2-max-ping-strikes=5", "--grpc-max-connection-age=60000", "--grpc-max-connection-age-grace=30",
+        "--grpc-max-connection-idle=0"])
     keepalive = grpc_keepalive(options)
-    assert keepalive == Keepalive(1000, 500, True, 0, 250, 5, 60000, 30)
+    assert keepalive == Keepalive(1000, 500, True, 0, 250, 5, 60000, 30, None)
     assert server_options(keepalive, 1024) == [
         ("grpc.max_receive_message_length", 1024), ("grpc.max_send_message_length", 1024),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 0), ("grpc.server_handshake_timeout_ms", 10_000),
         ("grpc.keepalive_time_ms", 1000), ("grpc.keepalive_timeout_ms", 500),
         ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", 250), ("grpc.http2.max_ping_strikes", 5),
@@ -405,6 +407,18 @@ def test_config_less_model_exits_with_exit_on_error(tmp_path):
     srv.stop()
     assert "failed to load all models" in srv.log()
     assert os.path.basename(str(repo / "bare" / "config.pbtxt")) in srv.log()
+
+
+def test_connection_time_limits_and_external_links_flags():
+    defaults = parse_args(REPO)
+    assert (defaults.http_header_timeout_secs, defaults.http_idle_timeout_secs, defaults.grpc_max_connection_idle,
+            defaults.allow_external_model_links) == (30.0, 75.0, 300_000, False)
+    options = parse_args(REPO + ["--http-idle-timeout-secs=5", "--grpc-max-connection-idle", "2500",
+                                 "--allow-external-model-links=true"])
+    assert (options.http_idle_timeout_secs, options.allow_external_model_links) == (5.0, True)
+    assert ("grpc.max_connection_idle_ms", 2500) in grpc_keepalive(options).options()
+    with pytest.raises(SystemExit):
+        parse_args(REPO + ["--grpc-max-connection-idle=-1"])
 
 
 # -- response cache and rate limiter ----------------------------------------------------------------

@@ -403,6 +403,45 @@ def test_server_not_ready_while_models_reload_after_crash(slow_init_server):
         client.close()
 
 
+def test_requests_while_a_worker_restarts_are_unavailable(slow_init_server):
+    """Retryable UNAVAILABLE, not NOT_FOUND, from the kill until its models are back."""
+    srv = slow_init_server
+    _kill_worker_and_wait_for_new_one(srv)  # slow_init needs 2 s to initialize again
+    http = httpclient.InferenceServerClient(srv.http_url)
+    grpc_client = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        hi = httpclient.InferInput("INPUT0", [1], "INT32")
+        hi.set_data_from_numpy(np.array([0], dtype=np.int32))
+        with pytest.raises(InferenceServerException) as e:
+            http.infer("slow_init", [hi])
+        assert (e.value.status(), e.value.message()) == (
+            "503", "model 'slow_init' is not available: worker 'cpu' is restarting")
+        gi = grpcclient.InferInput("INPUT0", [1], "INT32")
+        gi.set_data_from_numpy(np.array([0], dtype=np.int32))
+        with pytest.raises(InferenceServerException) as e:
+            grpc_client.infer("slow_init", [gi], model_version="1")
+        assert (e.value.status(), e.value.message()) == (
+            "StatusCode.UNAVAILABLE", "model 'slow_init' version 1 is not available: worker 'cpu' is restarting")
+        wait_for(lambda: http.is_model_ready("slow_init"), 30, "slow_init to be reloaded")
+        np.testing.assert_array_equal(http.infer("slow_init", [hi]).as_numpy("OUTPUT0"), [7])
+    finally:
+        http.close()
+        grpc_client.close()
+
+
+def test_restart_backoff_starts_over_once_the_worker_is_back(slow_init_server):
+    srv = slow_init_server
+    client = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        for _ in range(3):
+            _kill_worker_and_wait_for_new_one(srv)
+            wait_for(lambda: client.is_server_ready(), 30, "the server to be ready again")
+    finally:
+        client.close()
+    restarts = re.findall(r"restarting worker 'cpu' in ([0-9.]+) s \(restart (\d+) in a row\)", srv.log())
+    assert restarts == [("0.1", "1")] * 3, restarts
+
+
 # --------------------------------------------------------------------------- graceful shutdown
 
 def test_sigterm_lets_in_flight_request_finish(own_server):

@@ -219,6 +219,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest HTTP request body accepted, after decompression (default 64 MiB)")
     add("--http-header-timeout-secs", type=float, default=30.0, metavar="SECONDS",
         help="close an HTTP connection whose request headers take longer than this to arrive (default 30)")
+    add("--http-idle-timeout-secs", type=float, default=75.0, metavar="SECONDS",
+        help="close an HTTP connection idle (or whose body or reader stalled) for this long (default 75)")
     add("--exit-timeout-secs", type=int, default=30, metavar="SECONDS",
         help="on SIGINT/SIGTERM, how long in-flight requests may take to finish (default 30)")
     add("--drain-secs", type=_seconds, default=5.0, metavar="SECONDS",
@@ -251,6 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="how many models load in parallel (default 4)")
     add("--allow-client-shm", type=parse_bool, default=False, metavar="BOOL",
         help="let clients register system/CUDA shared-memory regions (default false)")
+    add("--allow-external-model-links", type=parse_bool, default=False, metavar="BOOL",
+        help="load models whose directory is, or holds, a symbolic link leading outside the model "
+             "repository (default false: such a model fails to load)")
     add("--grpc-transport", choices=["native", "grpcio"], default=None,
         help="gRPC server: native (our HTTP/2 server on libnghttp2; the default) or grpcio (grpc.aio; "
              "the default with TRITON_SHM_NO_EXTENSIONS=1)")
@@ -375,6 +380,15 @@ def _add_grpc_transport(g: argparse._ArgumentGroup) -> None:
         help="longest a connection may live (default unlimited)")
     add("--grpc-max-connection-age-grace", type=int, default=k.max_connection_age_grace_ms, metavar="MS",
         help="grace period after --grpc-max-connection-age (default unlimited)")
+    add("--grpc-max-connection-idle", type=_ms_or_unlimited, default=k.max_connection_idle_ms, metavar="MS",
+        help="GOAWAY to a connection without calls for this long (0 = never; default %(default)s)")
+
+
+def _ms_or_unlimited(text: str) -> int | None:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 (unlimited) or a number of milliseconds, got {value}")
+    return value or None
 
 
 def _add_deprecated(g: argparse._ArgumentGroup) -> None:

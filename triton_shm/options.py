@@ -31,6 +31,7 @@ class ServerOptions:
     metrics_config: list[str] = field(default_factory=list)
     http_max_input_size: int = 64 * 1024 * 1024
     http_header_timeout_secs: float = 30.0
+    http_idle_timeout_secs: float = 75.0
     exit_timeout_secs: int = 30
     drain_secs: float = 5.0
     log_verbose: int = 0
@@ -42,6 +43,7 @@ class ServerOptions:
     trace_config: list[str] = field(default_factory=list)
     gpus: str | None = None
     allow_client_shm: bool = False
+    allow_external_model_links: bool = False
     repository_poll_secs: int = 15
     load_model: list[str] = field(default_factory=list)
     strict_readiness: bool = True
@@ -61,6 +63,7 @@ class ServerOptions:
     grpc_http2_max_ping_strikes: int = _KEEPALIVE.max_ping_strikes
     grpc_max_connection_age: int | None = _KEEPALIVE.max_connection_age_ms
     grpc_max_connection_age_grace: int | None = _KEEPALIVE.max_connection_age_grace_ms
+    grpc_max_connection_idle: int | None = _KEEPALIVE.max_connection_idle_ms
     grpc_transport: str | None = None  # None: native, or grpcio without C extensions
     cache_size: int | None = None      # --cache-config local,size=N / --response-cache-byte-size; None: no cache
     rate_limit: str = "off"            # --rate-limit: execution_count or off

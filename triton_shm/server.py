@@ -35,7 +35,7 @@ async def serve(options: ServerOptions) -> int:
                           load_threads=options.model_load_thread_count,
                           latency_summaries=options.allow_metrics and metrics_config.summary_latencies,
                           auto_complete=options.auto_complete_config, config_name=options.model_config_name,
-                          limiter=limiter)
+                          external_links=options.allow_external_model_links, limiter=limiter)
     service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
                                strict_readiness=options.strict_readiness, server_id=options.server_id, cache=cache)
     service.tracer = Tracer.from_config(options.trace_config)
@@ -79,6 +79,7 @@ async def serve(options: ServerOptions) -> int:
                                                      max_input_size=options.http_max_input_size,
                                                      shutdown_timeout=options.exit_timeout_secs,
                                                      header_timeout=options.http_header_timeout_secs,
+                                                     idle_timeout=options.http_idle_timeout_secs,
                                                      restrictions=security.http_restrictions,
                                                      ssl=security.context("http"))))
             log.info("Started HTTPService at %s:%d", options.http_address, options.http_port)
@@ -136,7 +137,8 @@ def grpc_keepalive(options: ServerOptions):
         min_recv_ping_interval_without_data_ms=options.grpc_http2_min_recv_ping_interval_without_data,
         max_ping_strikes=options.grpc_http2_max_ping_strikes,
         max_connection_age_ms=options.grpc_max_connection_age,
-        max_connection_age_grace_ms=options.grpc_max_connection_age_grace)
+        max_connection_age_grace_ms=options.grpc_max_connection_age_grace,
+        max_connection_idle_ms=options.grpc_max_connection_idle)
 
 
 async def _stop_frontends(runners, timeout: float) -> None:

@@ -42,8 +42,23 @@ def parse_pbtxt(text: str, source: str = "config.pbtxt") -> ModelConfig:
     try:
         text_format.Parse(text, config)
     except text_format.ParseError as e:
-        raise InvalidArgument(f"failed to parse {source}: {e}") from None
+        raise InvalidArgument(f"failed to parse {source}: {_parse_error_kind(e)}") from None
     return config
+
+
+def _parse_error_kind(error: text_format.ParseError) -> str:
+    """Where and what kind of error, never the text found there: the file may not be
+    the config it claims to be (a link to something secret), and its words must not
+    reach a client."""
+    message = str(error)
+    if "has no field named" in message:
+        kind = "unknown field"
+    elif "Expected" in message or "expected" in message:
+        kind = "syntax error"
+    else:
+        kind = "invalid value"
+    line, column = error.GetLine(), error.GetColumn()
+    return f"{kind} at line {line}, column {column}" if line else kind
 
 
 CONFIGS_DIR = "configs"  # alternative config files, chosen with --model-config-name

@@ -16,13 +16,14 @@ import logging
 import os
 import shutil
 import tempfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument, TritonShmError, Unavailable
 from . import model_config as mcfg
 from .repository import (LOADING, NOT_REQUESTED, READY, UNAVAILABLE, UNLOADED, UNLOADING, ModelEntry,
-                         ModelRepository, ModelVersion, select_versions, version_dirs)
+                         ModelRepository, ModelVersion, check_links_inside, select_versions,
+                         version_dirs)
 from .ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
 from .rate_limiter import Claim, RateLimiter, claim_for
 from .response_cache import check_cache_config
@@ -37,6 +38,7 @@ log = logging.getLogger("triton_shm.models")
 
 MODES = ("none", "poll", "explicit")
 FILE_PREFIX = "file:"
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's limits for one path component and a whole path
 
 
 def fingerprint(model_dir: Path) -> tuple:
@@ -53,31 +55,65 @@ def fingerprint(model_dir: Path) -> tuple:
     return tuple(items)
 
 
+def override_paths(files: dict[str, bytes]) -> dict[PurePosixPath, bytes]:
+    """The file-override paths, checked: relative, inside the model directory, each
+    component a legal file name, and no path that is both a file and a folder of another
+    (``file:1`` beside ``file:1/model.py``)."""
+    out: dict[PurePosixPath, bytes] = {}
+    for rel, data in files.items():
+        path = PurePosixPath(rel)
+        if (not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or ".." in path.parts
+                or path.parts in ((), (".",))):
+            raise InvalidArgument(f"invalid file override path '{rel}'")
+        if any(len(part.encode()) > NAME_MAX for part in path.parts) or len(rel.encode()) > PATH_MAX:
+            raise InvalidArgument(f"file override path '{rel[:64]}...' is too long")
+        if path in out:
+            raise InvalidArgument(f"file override '{rel}' is given twice")
+        out[path] = data
+    for path in out:
+        for parent in path.parents:
+            if parent in out:
+                raise InvalidArgument(f"file overrides conflict: '{parent}' is a file and the folder of '{path}'")
+    return out
+
+
 def write_override_files(name: str, files: dict[str, bytes]) -> Path:
     """A private model directory holding only the given files (``"1/model.onnx"`` → bytes).
-    Every path must stay inside it: no absolute paths, no ``..``."""
+    Every path must stay inside it: no absolute paths, no ``..``. Everything is checked
+    before the directory exists, and a failure removes it and names no server path."""
+    check_name_length(name)
+    paths = override_paths(files)
     root = Path(tempfile.mkdtemp(prefix="triton_shm_model_"))
-    model_dir = (root / name).resolve()
-    model_dir.mkdir()
     try:
-        for rel, data in files.items():
-            if not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or ".." in Path(rel).parts:
-                raise InvalidArgument(f"invalid file override path '{rel}'")
+        model_dir = (root / name).resolve()
+        model_dir.mkdir()
+        for rel, data in paths.items():
             target = (model_dir / rel).resolve()
             if model_dir not in target.parents:
                 raise InvalidArgument(f"invalid file override path '{rel}'")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(data)
+    except OSError as e:
+        shutil.rmtree(root, ignore_errors=True)
+        raise InvalidArgument(f"cannot write the file overrides of model '{name}': "
+                              f"{os.strerror(e.errno) if e.errno else type(e).__name__}") from None
     except BaseException:
         shutil.rmtree(root, ignore_errors=True)
         raise
     return model_dir
 
 
+def check_name_length(name: str) -> None:
+    """A model name is a directory name: at most NAME_MAX bytes."""
+    if len(name.encode(errors="surrogatepass")) > NAME_MAX:
+        raise InvalidArgument(f"model name '{name[:32]}...' is longer than {NAME_MAX} bytes")
+
+
 class ModelManager:
     def __init__(self, repository: ModelRepository, pool: "WorkerPool", *, mode: str = "none",
                  poll_secs: float = 15.0, load_threads: int = 4, latency_summaries: bool = False,
-                 auto_complete: bool = True, config_name: str = "", limiter: RateLimiter | None = None):
+                 auto_complete: bool = True, config_name: str = "", limiter: RateLimiter | None = None,
+                 external_links: bool = False):
         if mode not in MODES:
             raise ValueError(f"--model-control-mode must be one of {', '.join(MODES)}, got '{mode}'")
         self.repository, self.pool, self.mode = repository, pool, mode
@@ -86,6 +122,7 @@ class ModelManager:
         self.auto_complete = auto_complete  # complete configs from the model files (off: --disable-auto-complete-config)
         self.config_name = config_name      # --model-config-name: configs/<name>.pbtxt before config.pbtxt
         self.limiter = limiter              # --rate-limit execution_count (None: off)
+        self.external_links = external_links  # --allow-external-model-links: follow links out of the repository
         self._load_slots = asyncio.Semaphore(max(load_threads, 1))
         self._generations = itertools.count(1)
         self._poll_task: asyncio.Task | None = None
@@ -102,6 +139,7 @@ class ModelManager:
         for mv in self.pool.placed_on(worker):
             if mv.state == READY:
                 mv.state, mv.reason = LOADING, f"worker '{worker}' is restarting"
+                mv.recovering = True
 
     async def _worker_back(self, worker: str) -> None:
         """A restarted worker loads again what it hosted."""
@@ -109,9 +147,12 @@ class ModelManager:
             try:
                 await self.pool.load_on(worker, mv)
                 if mv.state == LOADING and self.pool.hosts_alive(mv):
-                    mv.state, mv.reason = READY, ""
+                    mv.state, mv.reason, mv.recovering = READY, "", False
             except TritonShmError as e:
+                if not self.pool.workers[worker].alive:  # died again: its next restart loads it
+                    return
                 mv.state, mv.reason = UNAVAILABLE, f"reload after worker restart failed: {e.message}"
+                mv.recovering = False
 
     # -- start-up and shutdown -----------------------------------------------------------
     async def start(self, load_models: list[str]) -> None:
@@ -158,6 +199,7 @@ class ModelManager:
         """Load or reload ``name``; raises with the reason when any chosen version fails.
         ``for_ensemble``: loaded as an ensemble's composing model, not on its own request."""
         mcfg.validate_model_name(name)
+        check_name_length(name)
         if for_ensemble:
             self._implicit.add(name)
         elif not self.repository.versions_of(name):  # a loaded model keeps how it came in
@@ -210,6 +252,8 @@ class ModelManager:
         name = entry.name
         snapshot = fingerprint(model_dir)
         try:
+            if not self.external_links:
+                check_links_inside(model_dir)
             base = self._base_config(name, model_dir, config_json)
             chosen = select_versions(base, version_dirs(model_dir))
             if not chosen:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidArgument, NotFound
+from ..errors import InvalidArgument, NotFound, Unavailable
 from . import model_config as mcfg
 from .datatypes import config_to_wire
 from .scheduler import Scheduler
@@ -46,6 +47,8 @@ class ModelVersion:
     scheduler: Scheduler | None = None
 
     generation: int = 0   # distinguishes a reload from the version it replaces
+    # its worker died and is being restarted: requests get UNAVAILABLE (retryable), not NOT_FOUND
+    recovering: bool = False
 
     @property
     def key(self) -> str:
@@ -95,6 +98,31 @@ class ModelEntry:
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for _, v in sorted(self.versions.items()) if v.ready]
+
+
+def check_links_inside(model_dir: Path) -> None:
+    """Refuse a model directory that is, or holds, a symbolic link leading outside the
+    folder it was found in (its model repository): model files come from the repository,
+    not from wherever a link points. Where a link leads is not said (it is the server's)."""
+    boundary = os.path.realpath(model_dir.parent)
+
+    def inside(path: str) -> bool:
+        real = os.path.realpath(path)
+        return real == boundary or real.startswith(boundary + os.sep)
+
+    if model_dir.is_symlink() and not inside(str(model_dir)):
+        raise InvalidArgument(f"model '{model_dir.name}' is a symbolic link that leads outside the model "
+                              f"repository ({EXTERNAL_LINKS_FLAG}=true allows it)")
+    for root, dirs, files in os.walk(model_dir):
+        for entry in dirs + files:
+            path = os.path.join(root, entry)
+            if os.path.islink(path) and not inside(path):
+                rel = os.path.relpath(path, model_dir)
+                raise InvalidArgument(f"'{rel}' in model '{model_dir.name}' is a symbolic link that leads outside "
+                                      f"the model repository ({EXTERNAL_LINKS_FLAG}=true allows it)")
+
+
+EXTERNAL_LINKS_FLAG = "--allow-external-model-links"
 
 
 def version_dirs(model_dir: Path) -> list[int]:
@@ -153,6 +181,8 @@ class ModelRepository:
             if not version.isdigit():
                 raise InvalidArgument(f"invalid model version '{version}'")
             mv = entry.versions.get(int(version))
+            if mv is not None and require_ready and mv.recovering:
+                raise Unavailable(f"model '{name}' version {version} is not available: {mv.reason}")
             if mv is None or (require_ready and not mv.ready):
                 raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
             return mv
@@ -160,6 +190,9 @@ class ModelRepository:
         if ready:
             return ready[-1]
         if require_ready:
+            recovering = [v for _, v in sorted(entry.versions.items()) if v.recovering]
+            if recovering:
+                raise Unavailable(f"model '{name}' is not available: {recovering[-1].reason}")
             raise NotFound(f"Request for unknown model: '{name}' has no available versions")
         if entry.versions:
             return entry.versions[max(entry.versions)]

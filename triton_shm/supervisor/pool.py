@@ -89,14 +89,20 @@ class WorkerPool:
         asyncio.get_running_loop().create_task(self._restart(worker))
 
     async def _restart(self, worker: WorkerHandle) -> None:
+        """Back-off grows with deaths in a row; it starts over once a restarted worker has
+        loaded again everything placed on it (a worker that dies while loading keeps growing it)."""
         n = self._restarts[worker.name]
         self._restarts[worker.name] = n + 1
-        await asyncio.sleep(RESTART_BACKOFF[min(n, len(RESTART_BACKOFF) - 1)])
+        delay = RESTART_BACKOFF[min(n, len(RESTART_BACKOFF) - 1)]
+        log.info("restarting worker '%s' in %.1f s (restart %d in a row)", worker.name, delay, n + 1)
+        await asyncio.sleep(delay)
         if self._closing:
             return
         worker.start()
         if self.on_worker_back is not None:
             await self.on_worker_back(worker.name)
+        if worker.alive:
+            self._restarts[worker.name] = 0
 
     def placed_on(self, worker: str) -> list["ModelVersion"]:
         """The model versions with instances in ``worker``."""

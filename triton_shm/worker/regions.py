@@ -7,7 +7,9 @@ object's current size is checked with ``fstat`` at use, so a client that truncat
 region after registering gets an error instead of the worker taking a SIGBUS. (A
 truncation after that check, during the copy, is the assembler's to survive: the C copies
 are guarded; with the pure-Python twin a view is a ``RegionSpan`` it reads and writes with
-``preadv``/``pwrite``, never through the mapping.)
+``preadv``/``pwrite``, never through the mapping.) The mapping is made at first use, not
+when the fd arrives: a region truncated before its first use is refused until the client
+restores its size, then maps and serves.
 """
 from __future__ import annotations
 
@@ -23,10 +25,9 @@ from .cuda import CudaRegion, DeviceSpan
 class ClientRegion:
     def __init__(self, fd: int, offset: int, size: int):
         self.fd, self.offset, self.size = fd, offset, size
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        self.delta = offset - start
-        self.mmap = mmap.mmap(fd, self.delta + size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE,
-                              offset=start) if size else None
+        self.start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        self.delta = offset - self.start
+        self.mmap: mmap.mmap | None = None  # mapped at first use (see the module's docstring)
 
     def view(self, offset: int, size: int) -> memoryview | RegionSpan:
         if offset < 0 or size < 0 or offset > self.size or size > self.size - offset:
@@ -37,6 +38,12 @@ class ClientRegion:
             raise InvalidArgument("the client's shared-memory region has shrunk since it was registered")
         if not USING_EXTENSION:
             return RegionSpan(self.fd, self.offset + offset, size, self.offset + self.size)
+        if self.mmap is None:
+            try:
+                self.mmap = mmap.mmap(self.fd, self.delta + self.size, mmap.MAP_SHARED,
+                                      mmap.PROT_READ | mmap.PROT_WRITE, offset=self.start)
+            except (OSError, ValueError) as e:
+                raise InvalidArgument(f"cannot map the client's shared-memory region: {e}") from None
         start = self.delta + offset
         return memoryview(self.mmap)[start:start + size]
 
@@ -62,11 +69,7 @@ class RegionMap:
         self._regions[rid] = region
 
     def add(self, rid: int, offset: int, size: int, fd: int) -> None:
-        try:
-            region = ClientRegion(fd, offset, size)
-        except (OSError, ValueError) as e:
-            os.close(fd)
-            raise InvalidArgument(f"cannot map the client's shared-memory region: {e}") from None
+        region = ClientRegion(fd, offset, size)
         old = self._regions.pop(rid, None)
         if old is not None:
             old.close()

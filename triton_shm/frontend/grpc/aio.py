@@ -85,7 +85,8 @@ def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate
         if not gate.enter():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         try:
-            return method.serialize(await method.handler(request), False)
+            # decoded here, not by grpcio, so a malformed message is answered like any bad input
+            return method.serialize(await method.handler(method.deserialize(request)), False)
         except grpc.aio.AbortError:
             raise
         except Exception as e:  # noqa: BLE001 - the client must get an answer
@@ -104,8 +105,9 @@ def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate
         if not gate.enter():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         try:
-            serialize = method.serialize
-            async for reply in method.handler(requests):
+            serialize, deserialize = method.serialize, method.deserialize
+            decoded = (deserialize(r) async for r in requests)
+            async for reply in method.handler(decoded):
                 yield serialize(reply, False)
         finally:
             gate.leave()
@@ -119,7 +121,7 @@ def generic_handlers(methods: list[Method], restrictions: Restrictions | None = 
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = defaultdict(dict)
     for m in methods:
         service, name = m.path[1:].split("/")
-        kwargs = dict(request_deserializer=m.deserialize, response_serializer=None)
+        kwargs = dict(request_deserializer=None, response_serializer=None)
         by_service[service][name] = (
             grpc.stream_stream_rpc_method_handler(_stream(m, restrictions, gate), **kwargs) if m.streaming
             else grpc.unary_unary_rpc_method_handler(_unary(m, restrictions, gate), **kwargs))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+HANDSHAKE_TIMEOUT_MS = 10_000  # a new connection's preface (and TLS handshake) must arrive within this
+
 
 @dataclass(frozen=True)
 class Keepalive:
@@ -16,6 +18,9 @@ class Keepalive:
     max_ping_strikes: int = 2
     max_connection_age_ms: int | None = None
     max_connection_age_grace_ms: int | None = None
+    # Beyond tritonserver (whose gRPC leaves idle connections open forever): a connection
+    # with no call for this long gets GOAWAY, so idle sockets cannot pile up.
+    max_connection_idle_ms: int | None = 300_000
 
     def options(self) -> list[tuple[str, int]]:
         """As gRPC channel arguments."""
@@ -32,4 +37,6 @@ class Keepalive:
             options.append(("grpc.max_connection_age_ms", self.max_connection_age_ms))
         if self.max_connection_age_grace_ms is not None:
             options.append(("grpc.max_connection_age_grace_ms", self.max_connection_age_grace_ms))
+        if self.max_connection_idle_ms is not None:
+            options.append(("grpc.max_connection_idle_ms", self.max_connection_idle_ms))
         return options

@@ -13,7 +13,7 @@ from typing import Any, Callable
 from google.protobuf.message import DecodeError
 
 from ...errors import GRPC_STATUS, TritonShmError
-from .native.framing import INTERNAL, STATUS_CODES, GrpcError
+from .native.framing import INTERNAL, INVALID_ARGUMENT, STATUS_CODES, GrpcError
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,8 @@ def rpc_status(exc: BaseException, path: str) -> tuple[int, str]:
         return STATUS_CODES[GRPC_STATUS[exc.code]], exc.message
     if isinstance(exc, GrpcError):
         return exc.code, exc.message
-    if isinstance(exc, DecodeError):  # the client's bytes, not our bug: no traceback
-        return INTERNAL, f"failed to parse the request message: {exc}"
+    if isinstance(exc, DecodeError):  # the client's bytes, not our bug: one line, no traceback
+        log.warning("gRPC %s: unparseable request message (%s)", path, exc)
+        return INVALID_ARGUMENT, f"failed to parse the request message: {exc}"
     log.error("gRPC %s failed", path, exc_info=exc)
     return INTERNAL, f"{type(exc).__name__}: {exc}"

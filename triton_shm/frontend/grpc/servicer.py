@@ -11,10 +11,12 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any, AsyncIterator
 
+from google.protobuf.message import DecodeError
+
 from ..._proto import grpc_service_pb2 as pb
 from ...errors import TritonShmError, Unsupported
 from .codec import encode_model_statistics, infer_response_bytes, parse_infer_request, stream_response_bytes
-from .rpc import Method, raw_bytes
+from .rpc import Method, raw_bytes, rpc_status
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
@@ -168,6 +170,8 @@ class InferenceRpcs:
                     out.put_nowait(pb.ModelStreamInferResponse(infer_response=reply).SerializeToString())
         except TritonShmError as e:
             out.put_nowait(error(e.message))
+        except DecodeError as e:  # answered; the stream goes on
+            out.put_nowait(error(rpc_status(e, "/inference.GRPCInferenceService/ModelStreamInfer")[1]))
         except Exception as e:  # noqa: BLE001 - the stream must get an answer
             log.exception("stream request failed")
             out.put_nowait(error(f"{type(e).__name__}: {e}"))

@@ -10,12 +10,15 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from ...core.codec import NO_EXTENSIONS
 from ...errors import TritonShmError
 from ..restricted import Restrictions
 from .api_groups import restriction_middleware
 from .handlers import HttpHandlers, build_routes
+
+KEEPALIVE_TIMEOUT = 75.0  # seconds: an idle connection, a stalled body, a client that stopped reading
 
 if TYPE_CHECKING:
     import ssl
@@ -25,6 +28,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_INPUT_SIZE = 64 * 2**20  # Triton's --http-max-input-size default
+
+
+class _ClientErrorsOnOneLine(logging.Filter):
+    """aiohttp logs a request it cannot parse at ERROR with a traceback; that is the
+    client's mistake, so it becomes one WARNING line (no log flood from bad clients)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+            record.args, record.exc_info, record.exc_text = (), None, None
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+        return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_ClientErrorsOnOneLine())
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -96,6 +115,7 @@ async def start_http(
     max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
     shutdown_timeout: float = 30.0,
     header_timeout: float | None = None,
+    idle_timeout: float | None = None,
     lean: bool | None = None,
     restrictions: Restrictions | None = None,
     ssl: "ssl.SSLContext | None" = None,
@@ -105,14 +125,16 @@ async def start_http(
 
     With ``lean`` (default: when available) the infer route runs on the lean path
     (:mod:`.lean_server`) and aiohttp serves the rest on the same port; else all of it is
-    aiohttp's. ``header_timeout`` bounds the wait for a request's headers (lean path only).
-    ``restrictions``: the restricted APIs (on both paths); ``ssl``: serve HTTPS.
+    aiohttp's. ``header_timeout`` bounds the wait for a request's headers (lean path only);
+    ``idle_timeout`` an idle connection (both). ``restrictions``: the restricted APIs (on both
+    paths); ``ssl``: serve HTTPS.
     """
     if lean is None:
         lean = lean_available()
     if not lean:
         app = create_app(service, max_input_size=max_input_size, restrictions=restrictions)
-        return await serve_app(app, host, port, ssl=ssl, auto_decompress=False, shutdown_timeout=shutdown_timeout)
+        return await serve_app(app, host, port, ssl=ssl, auto_decompress=False, shutdown_timeout=shutdown_timeout,
+                               keepalive_timeout=KEEPALIVE_TIMEOUT if idle_timeout is None else idle_timeout)
     from .bridge import completion_middleware
     from .lean_server import HEADER_TIMEOUT, start_lean_http
     app = create_app(service, max_input_size=max_input_size, middlewares=[completion_middleware],
@@ -120,6 +142,7 @@ async def start_http(
     return await start_lean_http(service, app, host, port, max_input_size=max_input_size,
                                  shutdown_timeout=shutdown_timeout,
                                  header_timeout=HEADER_TIMEOUT if header_timeout is None else header_timeout,
+                                 keepalive_timeout=KEEPALIVE_TIMEOUT if idle_timeout is None else idle_timeout,
                                  restrictions=restrictions, ssl=ssl)
 
 

@@ -105,10 +105,21 @@ def decode_infer_request(
     return request
 
 
-def _contains_bool(data: Any) -> bool:
-    if isinstance(data, list):
-        return any(_contains_bool(x) for x in data)
-    return type(data) is bool
+def _walk_numbers(data: list) -> bool:
+    """Bound the nesting of tensor ``data`` (it sits at level 4 of the document) and say
+    whether it holds a JSON boolean; iterative, so no depth reaches Python's recursion limit."""
+    has_bool = False
+    stack: list[tuple[Any, int]] = [(data, 4)]
+    while stack:
+        v, d = stack.pop()
+        if d > MAX_JSON_DEPTH:
+            raise InvalidArgument(f"JSON nesting depth exceeds the limit of {MAX_JSON_DEPTH}")
+        for x in v:
+            if isinstance(x, list):
+                stack.append((x, d + 1))
+            elif type(x) is bool:
+                has_bool = True
+    return has_bool
 
 
 def _exact_uint64(name: str, data: Any) -> np.ndarray:
@@ -232,7 +243,7 @@ def json_to_wire(
     if datatype in ("FP16", "BF16"):
         raise InvalidArgument(
             f"receiving {datatype} data via JSON is not supported. Please use the binary data format for input {name}")
-    if datatype != "BOOL" and _contains_bool(data):
+    if _walk_numbers(data) and datatype != "BOOL":
         # numpy would turn [true, 5] into [1, 5]; Triton rejects it, and so do we.
         raise InvalidArgument(f"input '{name}': 'data' elements do not match datatype {datatype}")
     try:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Callable
 from aiohttp import web
 
 from ..restricted import Restrictions
+from .app import KEEPALIVE_TIMEOUT
 from .lean import LeanConnection
 
 if TYPE_CHECKING:
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
     from ...core.service import InferenceService
 
 HEADER_TIMEOUT = 30.0     # seconds from a request's first byte to the end of its headers
-KEEPALIVE_TIMEOUT = 75.0  # an idle connection, a stalled body, a client that stopped reading
 _BRIDGE_KEEPALIVE = 10.0**9  # aiohttp never closes a bridged connection on its own
 
 

@@ -74,6 +74,8 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         self.ping_timeout: asyncio.TimerHandle | None = None
         self.idle_timer: asyncio.TimerHandle | None = None
         self.age_timer: asyncio.TimerHandle | None = None
+        self.unused_timer: asyncio.TimerHandle | None = None  # --grpc-max-connection-idle
+        self.unused_since = 0.0  # when the connection last had no call
         self.shutting_down = False  # GOAWAY sent: no new calls
         self.terminated = False  # final GOAWAY: the rest of the input is dropped
         self._dispatch: dict[type, Callable[[Any], None]] = {
@@ -103,6 +105,9 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         # A peer that never sends its preface (or anything) is dropped; keepalive
         # pings take over once it is talking.
         self.idle_timer = self.loop.call_later(self.server.handshake_timeout, self._handshake_check)
+        if self.server.max_connection_idle is not None:
+            self.unused_since = self.loop.time()
+            self.unused_timer = self.loop.call_later(self.server.max_connection_idle, self._unused_check)
         if self.server.max_connection_age is not None:  # +-10% so connections do not all age at once
             age = self.server.max_connection_age * random.uniform(0.9, 1.1)
             self.age_timer = self.loop.call_later(age, self._aged)
@@ -140,7 +145,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         if self not in self.server.connections:  # refused in connection_made
             return
         self.server.connections.discard(self)
-        for timer in (self.idle_timer, self.ping_timeout, self.age_timer):
+        for timer in (self.idle_timer, self.ping_timeout, self.age_timer, self.unused_timer):
             if timer is not None:
                 timer.cancel()
         for call in list(self.calls.values()):
@@ -348,11 +353,15 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         call = self.calls.pop(event.stream_id, None)
         if call is not None:
             self._drop(call)
+        if not self.calls:
+            self.unused_since = self.loop.time()
 
     def _on_stream_closed(self, event: ngh2.StreamClosed) -> None:
         call = self.calls.pop(event.stream_id, None)
         if call is not None:
             self._drop(call)
+        if not self.calls:
+            self.unused_since = self.loop.time()
         if self.shutting_down and not self.calls:
             self.schedule_flush()
 
@@ -461,6 +470,20 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
             self.ping_timeout = self.loop.call_later(self.server.keepalive_timeout, self._abort)
             self.flush()
         self.idle_timer = self.loop.call_later(self.server.keepalive_time, self._keepalive)
+
+    def _unused_check(self) -> None:
+        """--grpc-max-connection-idle: GOAWAY to a connection that had no call for that long."""
+        self.unused_timer = None
+        if self.closed or self.shutting_down:
+            return
+        limit = self.server.max_connection_idle
+        left = limit - (self.loop.time() - self.unused_since)
+        if self.calls or left > 0:
+            self.unused_timer = self.loop.call_later(left if not self.calls and left > 0 else limit,
+                                                     self._unused_check)
+            return
+        log.info("gRPC connection from %s closed: no call for %g s", self._peer(), limit)
+        self.begin_shutdown()
 
     def _aged(self) -> None:
         """--grpc-max-connection-age: GOAWAY; the open calls get the grace period, if any."""
