@@ -1,6 +1,6 @@
 """Faults and time: kill -9 of a worker under load, and a soak.
 
-    nice python bench/faults.py kill [--concurrency 16] [--seconds 20]
+    nice python bench/faults.py kill [--concurrency 16] [--seconds 20] [--perf-analyzer]
     nice python bench/faults.py soak [--concurrency 32] [--seconds 600]
 
 ``kill``: closed-loop gRPC clients (``--concurrency`` threads, each one request at a time, so
@@ -8,7 +8,9 @@ at most that many are in flight) drive ``add_sub`` (ONNX, the CPU worker); half-
 worker gets SIGKILL. Every request's outcome is recorded: the ones that fail must all be
 UNAVAILABLE (those in flight on the worker name the signal; those sent while it restarts
 say it is restarting), and it reports the time from the kill until the model is ready again
-and until the first success.
+and until the first success. With ``--perf-analyzer`` the load is the real perf_analyzer
+(gRPC, ``--concurrency-range``): it stops at the first failed request of each of its
+threads, so what it reports is each thread's one error, all checked to be UNAVAILABLE's.
 
 ``soak``: ``--concurrency`` clients split over four kinds (HTTP and gRPC, in-band tensors and
 system shared memory for inputs and outputs), each its own process, for ``--seconds``.
@@ -54,7 +56,46 @@ def vectors() -> tuple[np.ndarray, np.ndarray]:
 
 # --------------------------------------------------------------------------- kill -9
 
+def kill_under_perf_analyzer(args) -> int:
+    import subprocess
+
+    import tritonclient.grpc as grpcclient
+
+    from tests.perf_analyzer import ensure_perf_analyzer
+    pa = ensure_perf_analyzer()
+    with tempfile.TemporaryDirectory() as tmp:
+        srv = start_server(Path(tmp))
+        try:
+            proc = subprocess.Popen([str(pa.exe), "-m", MODEL, "-u", srv.grpc_url, "-i", "grpc",
+                                     "--concurrency-range", str(args.concurrency), "--measurement-interval", "2000"],
+                                    env=pa.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            time.sleep(args.seconds / 2)
+            (worker,) = children(srv.proc.pid)
+            killed_at = time.monotonic()
+            os.kill(worker, signal.SIGKILL)
+            probe = grpcclient.InferenceServerClient(srv.grpc_url)
+            time.sleep(0.05)
+            while not probe.is_model_ready(MODEL):
+                time.sleep(0.01)
+            ready_after = time.monotonic() - killed_at
+            probe.close()
+            out, _ = proc.communicate(timeout=120)
+        finally:
+            srv.stop()
+    errors = [line.split("had error: ", 1)[1] for line in out.splitlines() if "had error: " in line]
+    kinds = Counter("signal 9" if "signal 9" in e else "restarting" if "restarting" in e else e[:80] for e in errors)
+    print(f"perf_analyzer at concurrency {args.concurrency}: exit {proc.returncode}, {len(errors)} thread errors")
+    for what, n in sorted(kinds.items()):
+        print(f"  {n:>4}  {what}")
+    print(f"model ready again {ready_after * 1000:.0f} ms after the kill")
+    good = 0 < len(errors) <= args.concurrency and set(kinds) <= {"signal 9", "restarting"}
+    print("PASS" if good else "FAIL")
+    return 0 if good else 1
+
+
 def kill(args) -> int:
+    if args.perf_analyzer:
+        return kill_under_perf_analyzer(args)
     import tritonclient.grpc as grpcclient
     from tritonclient.utils import InferenceServerException
 
@@ -287,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     k = sub.add_parser("kill", help="kill -9 of the worker under load")
     k.add_argument("--concurrency", type=int, default=16)
     k.add_argument("--seconds", type=float, default=20.0, help="load duration; the kill is half-way")
+    k.add_argument("--perf-analyzer", action="store_true", help="drive the load with the real perf_analyzer")
     s = sub.add_parser("soak", help="RSS, fds and shm objects over a long run")
     s.add_argument("--concurrency", type=int, default=32)
     s.add_argument("--seconds", type=float, default=600.0)

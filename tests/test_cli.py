@@ -158,7 +158,7 @@ def test_grpc_keepalive_flags_reach_the_server_options():
     assert keepalive == Keepalive(1000, 500, True, 0, 250, 5, 60000, 30, None)
     assert server_options(keepalive, 1024) == [
         ("grpc.max_receive_message_length", 1024), ("grpc.max_send_message_length", 1024),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", 0), ("grpc.server_handshake_timeout_ms", 10_000),
         ("grpc.keepalive_time_ms", 1000), ("grpc.keepalive_timeout_ms", 500),
         ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", 250), ("grpc.http2.max_ping_strikes", 5),

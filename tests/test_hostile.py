@@ -368,9 +368,9 @@ def test_long_model_name_with_file_override(srv, proto):
 def test_file_override_paths_escaping_or_too_long(srv, proto, path):
     before = temp_dirs()
     status, message = load_over(proto, srv, f"escape_{proto}", {f"file:{path}": b"x", "file:1/model.py": b"x"})
-    assert status == BAD_STATUS[proto]
-    assert message.startswith(("invalid file override path", "file override path")), message
-    assert "/tmp/triton_shm_model_" not in message
+    expected = (f"file override path '{path[:64]}...' is too long" if len(path) > 255
+                else f"invalid file override path '{path}'")
+    assert (status, message) == (BAD_STATUS[proto], expected)
     assert temp_dirs() == before
     assert not Path("/tmp/escape.py").exists()
 
@@ -432,14 +432,23 @@ def shm_key(srv):
         shm.destroy_shared_memory_region(h)
 
 
-@pytest.mark.parametrize("key", ["/triton_shm_internal_x", "triton_shm_internal_x", "/../../etc/passwd",
-                                 "/a/b", "/", "..", "/dev/shm/x"])
-def test_shm_keys_reserved_or_path_tricks(srv, key):
+RESERVED = "uses a prefix reserved for the server"
+NO_SLASH = "a POSIX shared memory name has no '/' after its leading slash"
+
+
+@pytest.mark.parametrize("key, reason", [
+    ("/triton_shm_internal_x", RESERVED), ("triton_shm_internal_x", RESERVED), ("/../../etc/passwd", NO_SLASH),
+    ("/a/b", NO_SLASH), ("..", NO_SLASH), ("/dev/shm/x", NO_SLASH), ("/", "")])
+def test_shm_keys_reserved_or_path_tricks(srv, key, reason):
+    if reason == RESERVED:
+        expected = f"shared memory key '{key}' {reason}"
+    else:
+        expected = f"invalid shared memory key '{key}'" + (f": {reason}" if reason else "")
     client = httpclient.InferenceServerClient(srv.http_url)
     try:
         with pytest.raises(InferenceServerException) as info:
             client.register_system_shared_memory("trick", key, 64)
-        assert info.value.status() == "400"
+        assert (info.value.status(), info.value.message()) == ("400", expected)
         assert client.get_system_shared_memory_status() == []
     finally:
         client.close()
@@ -483,13 +492,21 @@ def test_output_requests_that_would_allocate_unbounded_memory(srv, shm_key):
             "shared_memory_region": "small", "shared_memory_byte_size": 2**62}}]),
          "Invalid offset + byte size for shared memory region: 'small'"),
         (infer_body(outputs=[{"name": "OUTPUT0"}] * 30_000),
-         "output 'OUTPUT0' already exists in request"),
-        ({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2**31, 2**31], "data": [1.0]}]}, ""),
+         "[request id: <id_unknown>] output 'OUTPUT0' already exists in request"),
+        ({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2**31, 2**31], "data": [1.0]}]},
+         "input 'INPUT0': 'data' has 1 elements but shape [2147483648, 2147483648] needs 4611686018427387904"),
     ]
     for body, message in cases:
         status, answer = post(srv, INFER_PATHS["lean"], json.dumps(body))
-        assert status == 400, answer
-        assert message in answer["error"]
+        assert (status, answer) == (400, {"error": message})
+    # the binary extension: the declared shape is checked against the bytes sent, not allocated
+    header = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2**62],
+                                     "parameters": {"binary_data_size": 4}}]}).encode()
+    status, answer = post(srv, INFER_PATHS["lean"], header + b"\x00" * 4,
+                          {"Inference-Header-Content-Length": str(len(header))})
+    assert (status, answer) == (400, {"error": "[request id: <id_unknown>] input byte size mismatch for input "
+                                               "'INPUT0' for model 'identity_fp32'. Expected more than "
+                                               f"{1 << 40}, got 4"})
     assert_serves(srv)
 
 

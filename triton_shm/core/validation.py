@@ -144,9 +144,10 @@ def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
         size = element_size(inp.datatype)
         if size:
             expected = count * size
-            if expected != nbytes:
+            if expected != nbytes:  # a shape past the cap was counted only up to it: say so
+                shown = f"more than {MAX_TENSOR_BYTES}" if count > MAX_TENSOR_BYTES else expected
                 raise InvalidArgument(f"{rid}input byte size mismatch for input '{inp.name}' for model "
-                                      f"'{name}'. Expected {expected}, got {nbytes}")
+                                      f"'{name}'. Expected {shown}, got {nbytes}")
         elif ref is None:  # BYTES in shared memory are walked by the worker that maps them
             if count * 4 > nbytes:  # every element needs at least its 4-byte length prefix
                 raise InvalidArgument(f"{rid}expected {count} string elements for inference input "

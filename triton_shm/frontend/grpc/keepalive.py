@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+HANDSHAKE_TIMEOUT_MS = 10_000  # a new connection's preface (and TLS handshake) must arrive within this
+
 
 @dataclass(frozen=True)
 class Keepalive:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from .keepalive import Keepalive
+from .keepalive import HANDSHAKE_TIMEOUT_MS, Keepalive
 from .servicer import methods
 
 if TYPE_CHECKING:
@@ -26,6 +26,8 @@ def server_options(keepalive: Keepalive, max_message_bytes: int = MAX_GRPC_MESSA
         ("grpc.max_send_message_length", max_message_bytes),
         # One server per port: without this a second process could silently share it.
         ("grpc.so_reuseport", 0),
+        # A connection that never completes its handshake is dropped, as the native transport does.
+        ("grpc.server_handshake_timeout_ms", HANDSHAKE_TIMEOUT_MS),
         *keepalive.options(),
     ]
 

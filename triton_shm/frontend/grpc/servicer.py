@@ -123,7 +123,7 @@ class InferenceRpcs:
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        self.service.register_cuda_shm(request.name, request.raw_handle, request.device_id, request.byte_size)
+        await self.service.register_cuda_shm(request.name, request.raw_handle, request.device_id, request.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(

@@ -8,7 +8,7 @@ import ssl as ssl_module
 import ngh2
 
 from ...restricted import Restrictions
-from ..keepalive import Keepalive
+from ..keepalive import HANDSHAKE_TIMEOUT_MS, Keepalive
 from ..rpc import Method
 from .connection import GrpcConnection
 
@@ -43,7 +43,7 @@ class NativeServer:
         self.h2_config = ngh2.Configuration(auto_window_update=False, max_outbound_ack=10_000,
                                             max_inbound_header_list_size=MAX_HEADER_LIST)
         self.control_frame_limit = (500.0, 100.0)  # PING/SETTINGS burst, then per second
-        self.handshake_timeout = 10.0  # seconds for a new connection to send anything
+        self.handshake_timeout = HANDSHAKE_TIMEOUT_MS / 1000  # for a new connection to send anything
         self.apply_keepalive(keepalive or Keepalive())
         self.connections: set[GrpcConnection] = set()
         self._server: asyncio.Server | None = None
