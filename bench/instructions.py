@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -82,6 +83,9 @@ def main() -> None:
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--keep", type=Path, help="copy the callgrind files here (for callgrind_annotate)")
+    parser.add_argument("--idle-seconds", type=float, default=0,
+                        help="also count what each process executes while idle for this long (timers, polling)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="triton-shm-ir-") as tmp:
         tmp_path = Path(tmp)
@@ -124,6 +128,18 @@ def main() -> None:
             for name, pid in pids.items():
                 ir = dump(pid, tmp_path, "measured")
                 print(f"  {name:10s} {ir / args.requests:12,.0f}")
+            if args.keep:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                for f in tmp_path.glob("cg.*"):
+                    shutil.copy(f, args.keep / f.name)
+            if args.idle_seconds:
+                for pid in pids.values():
+                    subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
+                time.sleep(args.idle_seconds)
+                print(f"instructions per second idle, over {args.idle_seconds:g} s")
+                for name, pid in pids.items():
+                    ir = dump(pid, tmp_path, "idle")
+                    print(f"  {name:10s} {ir / args.idle_seconds:12,.0f}")
         finally:
             proc.terminate()
             try:

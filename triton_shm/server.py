@@ -27,7 +27,7 @@ log = logging.getLogger("triton_shm.server")
 async def serve(options: ServerOptions) -> int:
     gpus = parse_gpus(options.gpus)
     pool = WorkerPool(gpus, options.log_verbose)
-    repository = ModelRepository(options.model_repositories, gpu_count=len(gpus))
+    repository = ModelRepository(options.model_repositories, gpus=gpus)
     metrics_config = MetricsConfig.parse(options.metrics_config)
     cache = ResponseCache(options.cache_size) if options.cache_size is not None else None
     limiter = RateLimiter(options.rate_limit_resources) if options.rate_limit == "execution_count" else None

@@ -9,6 +9,9 @@ def get_backend(name: str) -> type[Backend]:
     if name == "onnxruntime":
         from .onnxruntime import OnnxRuntimeBackend
         return OnnxRuntimeBackend
+    if name == "tensorrt":
+        from .tensorrt import TensorRTBackend
+        return TensorRTBackend
     if name == "python":
         from .python.backend import PythonBackend
         return PythonBackend

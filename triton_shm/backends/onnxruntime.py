@@ -1,13 +1,23 @@
-"""ONNX Runtime backend: CPU execution provider on KIND_CPU instances, CUDA on KIND_GPU."""
+"""ONNX Runtime backend: CPU execution provider on KIND_CPU instances, CUDA on KIND_GPU.
+
+A KIND_GPU instance runs with IOBinding: host inputs are bound as CPU inputs (ONNX Runtime
+copies each to the device once), CUDA inputs by their device address, and outputs are
+bound on the device and handed back as CuPy arrays over ONNX Runtime's buffers (a CUDA
+shared-memory output is then written device to device, any other one copied to the host
+once). Which providers and which bindings a request gets are pure functions
+(``execution_providers``, ``plan_binding``).
+"""
 from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import Internal, InvalidArgument, Unavailable
+from ..core.datatypes import numpy_dtype
+from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from .base import Backend, InstanceSpec, ModelContext, ModelInstance, WorkerRequest, WorkerResponse
 
 log = logging.getLogger("triton_shm.backends.onnxruntime")
@@ -22,6 +32,8 @@ _ORT_TO_CONFIG = {
     "tensor(float16)": "TYPE_FP16", "tensor(float)": "TYPE_FP32", "tensor(double)": "TYPE_FP64",
     "tensor(string)": "TYPE_STRING", "tensor(bfloat16)": "TYPE_BF16",
 }
+_NUMPY_OF_ORT = {ort: numpy_dtype(cfg.removeprefix("TYPE_")) for ort, cfg in _ORT_TO_CONFIG.items()
+                 if cfg not in ("TYPE_STRING", "TYPE_BF16")}
 
 
 def _import_ort():
@@ -116,16 +128,76 @@ class OnnxRuntimeBackend(Backend):
         return config
 
     def create_instance(self, spec: InstanceSpec) -> ModelInstance:
-        if spec.kind == "KIND_GPU":
-            ort = _import_ort()
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise Unavailable(f"instance '{spec.name}' of model '{self.context.name}' is KIND_GPU, but this "
-                                  "onnxruntime has no CUDA execution provider (pip install onnxruntime-gpu)")
-            # Each GPU worker sees only its own device, which is ordinal 0 inside it.
-            providers: list = [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+        providers = execution_providers(spec, self.context.name, _import_ort().get_available_providers())
+        return OnnxRuntimeInstance(self.context, _session(self.context, providers),
+                                   gpu=spec.kind == "KIND_GPU")
+
+
+def execution_providers(spec: InstanceSpec, model: str, available: list[str]) -> list:
+    """The providers of an instance: CUDA (ordinal 0: each GPU worker sees only its own
+    device) then CPU for KIND_GPU, CPU alone otherwise."""
+    if spec.kind != "KIND_GPU":
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" not in available:
+        raise Unavailable(f"instance '{spec.name}' of model '{model}' is KIND_GPU, but this "
+                          "onnxruntime has no CUDA execution provider (pip install onnxruntime-gpu)")
+    return [("CUDAExecutionProvider", {"device_id": 0}), "CPUExecutionProvider"]
+
+
+@dataclass(frozen=True)
+class BindStep:
+    """One IOBinding call: ``cpu_input`` (a host array), ``device_input`` (a CUDA
+    buffer: address, numpy dtype, shape) or ``device_output``."""
+    kind: str
+    name: str
+    array: Any = None
+    ptr: int = 0
+    dtype: Any = None
+    shape: tuple[int, ...] = ()
+
+
+def plan_binding(feed: dict[str, Any], outputs: list[str], string_outputs: set[str]) -> list[BindStep] | None:
+    """The bindings of one request on a CUDA instance, or None where IOBinding cannot
+    carry it (strings live on the host: the request runs with ``session.run``)."""
+    if string_outputs.intersection(outputs):
+        return None
+    steps = []
+    for name, array in feed.items():
+        cai = getattr(array, "__cuda_array_interface__", None)
+        if cai is not None:
+            steps.append(BindStep("device_input", name, array, int(cai["data"][0]), np.dtype(cai["typestr"]),
+                                  tuple(cai["shape"])))
+        elif array.dtype == np.object_:
+            return None
         else:
-            providers = ["CPUExecutionProvider"]
-        return OnnxRuntimeInstance(self.context, _session(self.context, providers))
+            steps.append(BindStep("cpu_input", name, np.ascontiguousarray(array)))
+    steps += [BindStep("device_output", name) for name in outputs]
+    return steps
+
+
+def _apply(binding: Any, steps: list[BindStep]) -> None:
+    for s in steps:
+        if s.kind == "cpu_input":
+            binding.bind_cpu_input(s.name, s.array)
+        elif s.kind == "device_input":
+            binding.bind_input(s.name, "cuda", 0, s.dtype, list(s.shape), s.ptr)
+        else:
+            binding.bind_output(s.name, "cuda", 0)
+
+
+def _device_output(value: Any) -> Any:
+    """An OrtValue on the device as a CuPy array over its buffer (kept alive by it); with
+    no CuPy in this worker, copied to the host."""
+    from ..worker import cuda
+    try:
+        cp = cuda.cupy()
+    except TritonShmError:
+        return value.numpy()
+    dtype = _NUMPY_OF_ORT[value.data_type()]
+    shape = tuple(value.shape())
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    memory = cp.cuda.UnownedMemory(value.data_ptr(), nbytes, value)
+    return cp.ndarray(shape, dtype=dtype, memptr=cp.cuda.MemoryPointer(memory, 0))
 
 
 def _scalar_output_shapes(config: dict[str, Any], names: set[str]) -> dict[str, list[int]]:
@@ -139,9 +211,11 @@ def _scalar_output_shapes(config: dict[str, Any], names: set[str]) -> dict[str, 
 
 
 class OnnxRuntimeInstance(ModelInstance):
-    def __init__(self, context: ModelContext, session):
+    def __init__(self, context: ModelContext, session, gpu: bool = False):
         self.context = context
         self.session = session
+        self.gpu = gpu  # bind inputs and outputs (IOBinding) on the CUDA provider
+        self.string_outputs = {o.name for o in session.get_outputs() if o.type == "tensor(string)"}
         self.output_names = [o.name for o in session.get_outputs()]
         # 0-d model tensors travel as the config's one-element shape (dims: [1])
         self.scalar_inputs = {i.name for i in session.get_inputs() if not i.shape}
@@ -163,14 +237,21 @@ class OnnxRuntimeInstance(ModelInstance):
                 array = array.reshape(())
             feed[name] = array
         names = request.requested_outputs or self.output_names
+        steps = plan_binding(feed, names, self.string_outputs) if self.gpu else None
         try:
-            results = self.session.run(names, feed)
+            if steps is not None:
+                binding = self.session.io_binding()
+                _apply(binding, steps)
+                self.session.run_with_iobinding(binding)
+                results = [_device_output(v) for v in binding.get_outputs()]
+            else:
+                results = self.session.run(names, feed)
         except Exception as e:
             # the request passed validation: a failure inside the runtime is INTERNAL, as in Triton
             raise Internal(f"onnxruntime failed to run model '{self.context.name}': {e}") from None
         outputs = {}
         for name, value in zip(names, results):
-            if value.dtype == np.object_:
+            if getattr(value, "dtype", None) == np.object_:
                 value = np.vectorize(lambda s: s.encode("utf-8") if isinstance(s, str) else bytes(s),
                                      otypes=[object])(value) if value.size else value
             if value.ndim == 0 and name in self.scalar_outputs:

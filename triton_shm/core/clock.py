@@ -34,3 +34,27 @@ class LoopClock:
 
     def call_at(self, when_ns: int, callback: Callable[[], None]) -> Timer:
         return self._loop.call_later(max(when_ns - time.monotonic_ns(), 0) / 1e9, callback)
+
+
+class Wakeup:
+    """One pending call of ``callback`` at the latest moment asked for: ``arm(when)``
+    replaces the previous one (``None`` cancels it). Schedulers keep one, for the next
+    moment their queue needs a look on its own."""
+
+    def __init__(self, clock: Clock, callback: Callable[[], None]):
+        self._clock, self._callback = clock, callback
+        self._timer: Timer | None = None
+        self._when_ns: int | None = None
+
+    def arm(self, when_ns: int | None) -> None:
+        if when_ns == self._when_ns:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._when_ns = None, when_ns
+        if when_ns is not None:
+            self._timer = self._clock.call_at(when_ns, self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._when_ns = None, None
+        self._callback()

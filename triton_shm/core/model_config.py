@@ -18,9 +18,9 @@ ModelConfig = mc.ModelConfig
 
 # Which file a backend loads when the config names none, and which platform string
 # the metadata reports for it.
-DEFAULT_MODEL_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py"}
-PLATFORM_TO_BACKEND = {"onnxruntime_onnx": "onnxruntime"}
-BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "python": "python"}
+DEFAULT_MODEL_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py", "tensorrt": "model.plan"}
+PLATFORM_TO_BACKEND = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
+BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "python": "python", "tensorrt": "tensorrt_plan"}
 SUPPORTED_BACKENDS = frozenset(DEFAULT_MODEL_FILENAME)
 ENSEMBLE = "ensemble"
 
@@ -156,7 +156,7 @@ def backend_of(config: ModelConfig, model_dir: Path) -> str:
     return backend
 
 
-def fill_defaults(config: ModelConfig, name: str, backend: str, gpu_count: int) -> None:
+def fill_defaults(config: ModelConfig, name: str, backend: str, gpus: list[int]) -> None:
     """Apply the defaults Triton applies before a model loads (and reports afterwards)."""
     if config.name and config.name != name:
         raise InvalidArgument(f"model name in config.pbtxt ('{config.name}') does not match the "
@@ -186,18 +186,18 @@ def fill_defaults(config: ModelConfig, name: str, backend: str, gpu_count: int) 
         if group.count < 1:
             group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
-            group.kind = mc.ModelInstanceGroup.KIND_GPU if gpu_count > 0 else mc.ModelInstanceGroup.KIND_CPU
+            group.kind = mc.ModelInstanceGroup.KIND_GPU if gpus else mc.ModelInstanceGroup.KIND_CPU
         if group.kind == mc.ModelInstanceGroup.KIND_GPU:
-            if gpu_count == 0:
-                raise InvalidArgument(
-                    f"instance group '{group.name}' of model '{name}' asks for KIND_GPU, but this "
-                    "server has no GPU (use KIND_CPU, or start with --gpus)")
+            if not gpus:  # Triton's words
+                raise InvalidArgument(f"instance group {group.name} of model {name} has kind KIND_GPU but no "
+                                      "GPUs are available")
             if not group.gpus:
-                group.gpus.extend(range(gpu_count))
-            bad = [g for g in group.gpus if g < 0 or g >= gpu_count]
+                group.gpus.extend(gpus)
+            bad = [g for g in group.gpus if g not in gpus]
             if bad:
-                raise InvalidArgument(f"instance group '{group.name}' of model '{name}' names GPU(s) "
-                                      f"{bad}, but this server serves GPUs 0..{gpu_count - 1}")
+                raise InvalidArgument(f"instance group {group.name} of model {name} specifies invalid or "
+                                      f"unsupported gpu id {bad[0]}. GPUs served (--gpus) are: "
+                                      f"{', '.join(map(str, gpus))}")
 
 
 def check_io(config: ModelConfig) -> None:

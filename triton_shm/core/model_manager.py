@@ -309,7 +309,7 @@ class ModelManager:
                         raise InvalidArgument(f"the config override changes the {field_name} of model '{name}' "
                                               f"from '{theirs}' to '{ours}'")
         backend = mcfg.backend_of(base, model_dir)
-        mcfg.fill_defaults(base, name, backend, self.repository.gpu_count)
+        mcfg.fill_defaults(base, name, backend, self.repository.gpus)
         return base
 
     def _read_config(self, name: str, model_dir: Path) -> mcfg.ModelConfig:

@@ -152,9 +152,9 @@ def select_versions(config: mcfg.ModelConfig, available: list[int]) -> list[int]
 
 
 class ModelRepository:
-    def __init__(self, paths: list[Path], gpu_count: int = 0):
+    def __init__(self, paths: list[Path], gpus: list[int] | None = None):
         self.paths = [Path(p) for p in paths]
-        self.gpu_count = gpu_count
+        self.gpus = list(gpus or [])  # the GPU ids the server serves (--gpus), one worker each
         self.models: dict[str, ModelEntry] = {}
 
     # -- discovery -----------------------------------------------------------------------

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
-from .clock import Clock, LoopClock, Timer
+from .clock import Clock, LoopClock, Wakeup
 from .model_config import mc
 from .rate_limiter import IDLE, STAGED, Claim, RateLimiter
 from .statistics import ModelStats
@@ -118,8 +118,7 @@ class Scheduler:
         self._seq = 0
         self._released = 0                      # preserve_ordering: next seq to answer
         self._held: dict[int, Pending] = {}     # finished, waiting for earlier ones
-        self._timer: Timer | None = None
-        self._timer_ns: int | None = None
+        self._wakeup = Wakeup(self.clock, self._pump)
         self._closing = False
 
     # -- admission -----------------------------------------------------------------------
@@ -272,7 +271,7 @@ class Scheduler:
         deadlines = [p.deadline_ns for q in self.queues.values() for p in q if p.deadline_ns is not None]
         if deadlines:  # timeouts fire while every instance is busy
             wake_ns = min(deadlines) if wake_ns is None else min(wake_ns, *deadlines)
-        self._arm(wake_ns)
+        self._wakeup.arm(wake_ns)
 
     def _take_slot(self) -> tuple[str, int]:
         """A free slot, on an instance with nothing to do if there is one."""
@@ -315,19 +314,6 @@ class Scheduler:
                 self._start(batch, instance)
                 return
         self.limiter.give_back(claim)
-
-    def _arm(self, when_ns: int | None) -> None:
-        if when_ns == self._timer_ns:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer, self._timer_ns = None, when_ns
-        if when_ns is not None:
-            self._timer = self.clock.call_at(when_ns, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer, self._timer_ns = None, None
-        self._pump()
 
     def _start(self, batch: list[Pending], instance: tuple[str, int]) -> None:
         start = self.clock.now()
@@ -376,7 +362,7 @@ class Scheduler:
         while len(self.idle) < len(self.model.instances) * self.depth or any(self.queues.values()):
             self._pump()
             await asyncio.sleep(0.001)
-        self._arm(None)
+        self._wakeup.arm(None)
 
 
 def _resolve(p: Pending, result: Any) -> None:

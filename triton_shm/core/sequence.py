@@ -41,7 +41,7 @@ import numpy as np
 from ..errors import InvalidArgument, TritonShmError, Unavailable, Unsupported
 from .datatypes import config_to_wire, element_size, numpy_dtype
 from .model_config import data_type_name, mc
-from .clock import Clock, LoopClock, Timer
+from .clock import Clock, LoopClock, Wakeup
 from .rate_limiter import IDLE, Claim, RateLimiter
 from .scheduler import Pending, _resolve
 from .statistics import ModelStats
@@ -453,8 +453,7 @@ class SequenceScheduler:
         self.book = SequenceBook(self.cfg, model.instances)
         self.state_outputs = {st.output_name: st.datatype for st in self.cfg.states}
         self._state_input = {st.output_name: st.input_name for st in self.cfg.states}
-        self._timer: Timer | None = None
-        self._timer_ns: int | None = None
+        self._wakeup = Wakeup(self.clock, self._pump)
         self._closing = False
 
     @property
@@ -506,7 +505,7 @@ class SequenceScheduler:
             if ready and claim.state == IDLE:
                 self.limiter.stage(claim)  # may be granted (and start the batch) right here
         wakes = [w for w in wakes if w is not None]
-        self._arm(min(wakes) if wakes else None)
+        self._wakeup.arm(min(wakes) if wakes else None)
 
     def _granted(self, claim: Claim) -> None:
         """The limiter lets ``claim``'s instance run: one batch, if one is still ready."""
@@ -515,19 +514,6 @@ class SequenceScheduler:
             self._start(claim.instance, rows)
         else:
             self.limiter.give_back(claim)
-
-    def _arm(self, when_ns: int | None) -> None:
-        if when_ns == self._timer_ns:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer, self._timer_ns = None, when_ns
-        if when_ns is not None:
-            self._timer = self.clock.call_at(when_ns, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer, self._timer_ns = None, None
-        self._pump()
 
     @functools.cached_property
     def _null(self) -> BatchRequest:
@@ -621,4 +607,4 @@ class SequenceScheduler:
         while not self.book.empty():
             self._pump()
             await asyncio.sleep(0.001)
-        self._arm(None)
+        self._wakeup.arm(None)

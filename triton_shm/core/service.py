@@ -17,6 +17,7 @@ from .model_config import config_to_json, validate_model_name
 from .model_manager import ModelManager, decode_load_parameters
 from .response_cache import ResponseCache
 from .shm_registry import SharedMemoryRegistry
+from ..worker.devices import cuda_available
 from .tracing import Tracer
 from .types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
 from .validation import validate_request
@@ -64,14 +65,24 @@ class InferenceService:
         extensions = list(EXTENSIONS)
         if self.shm.enabled:
             extensions.append("system_shared_memory")
+            if self.shm.gpus and cuda_available():
+                extensions.append("cuda_shared_memory")
         return {"name": self.server_id, "version": TRITON_PROTOCOL_VERSION, "extensions": extensions}
 
     # -- shared memory -------------------------------------------------------------------
     def register_system_shm(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.shm.register_system(name, key, offset, byte_size)
 
-    def register_cuda_shm(self, name: str, raw_handle: bytes | str, device_id: int, byte_size: int) -> None:
-        self.shm.register_cuda(name, raw_handle, device_id, byte_size)
+    async def register_cuda_shm(self, name: str, raw_handle: bytes | str, device_id: int, byte_size: int) -> None:
+        """Checked here, opened by the worker of ``device_id`` (its error is the client's),
+        listed once open."""
+        region = self.shm.prepare_cuda(name, raw_handle, device_id, byte_size)
+        await self.workers.open_cuda_region(region)
+        try:
+            self.shm.add_cuda(region)
+        except BaseException:
+            self.workers.drop_region(region)
+            raise
 
     def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
         """kind "system" → ``[{"name","key","offset","byte_size"}]``; "cuda" → ``[{"name","device_id","byte_size"}]``."""
@@ -243,6 +254,8 @@ class InferenceService:
             if not (plan.shm_inputs or plan.shm_outputs or cached):
                 return await model.scheduler.submit(request, plan, {}, trace, stream)
             regions = self.shm.acquire_all(plan)
+            if cached and any(r.kind == "cuda" for r in regions.values()):
+                cached = False  # the cache reads and writes host regions only: CUDA ones bypass it
             try:
                 if cached:
                     return await infer_cached(self.cache, model, request, plan, regions, arrived,

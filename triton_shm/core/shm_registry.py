@@ -26,6 +26,8 @@ RESERVED_KEY_PREFIXES = (INTERNAL_PREFIX, "triton_python_backend_shm_region_")
 CUDA_IPC_HANDLE_SIZE = 64  # sizeof(cudaIpcMemHandle_t)
 DISABLED_MESSAGE = ("Client shared memory is disabled. Start the server with '--allow-client-shm=true' "
                     "to enable.")
+NO_GPU_MESSAGE = ("CUDA shared memory needs a GPU and CuPy (pip install 'triton-shm[gpu]'); this server "
+                  "runs no GPU")
 
 
 @dataclass(eq=False)
@@ -35,11 +37,16 @@ class Region:
     key: str
     offset: int
     byte_size: int
-    fd: int
+    fd: int  # -1 for a CUDA region
     users: int = 0
     registered: bool = True
+    kind: str = "system"  # or "cuda"
+    device_id: int = 0  # CUDA regions: the GPU the memory lives on
+    raw_handle: bytes = b""  # CUDA regions: the cudaIpcMemHandle_t, opened by the worker of device_id
 
     def status(self) -> dict:
+        if self.kind == "cuda":
+            return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
 
@@ -101,7 +108,9 @@ class SharedMemoryRegistry:
             raise
         self._regions[name] = Region(next(self._ids), name, key, offset, byte_size, fd)
 
-    def register_cuda(self, name: str, raw_handle: bytes | str, device_id: int, byte_size: int) -> None:
+    def prepare_cuda(self, name: str, raw_handle: bytes | str, device_id: int, byte_size: int) -> Region:
+        """A checked CUDA region, not yet registered: the worker of its device opens the
+        handle first (``add_cuda``), so a handle that does not open is never listed."""
         self._require_enabled()
         self._check_name(name)
         if isinstance(raw_handle, str):
@@ -113,12 +122,17 @@ class SharedMemoryRegistry:
             raise InvalidArgument(f"'raw_handle' must be a {CUDA_IPC_HANDLE_SIZE}-byte cudaIpcMemHandle_t, "
                                   f"got {len(raw_handle)} bytes")
         _check_extent(0, byte_size, f"shared memory region '{name}'")
-        if not self.gpus:
-            raise Unsupported("CUDA shared memory needs a GPU, and this server runs none")
+        if not self.gpus:  # INVALID_ARGUMENT, as Triton's CPU build answers
+            raise InvalidArgument(f"failed to register CUDA shared memory region '{name}': {NO_GPU_MESSAGE}")
         if isinstance(device_id, bool) or not isinstance(device_id, int) or device_id not in self.gpus:
-            raise InvalidArgument(f"device_id {device_id} is not a GPU this server runs (it runs {self.gpus})")
-        raise Unsupported("CUDA shared-memory tensors are not available in this build yet; use system "
-                          "shared memory")
+            raise InvalidArgument(f"failed to register CUDA shared memory region '{name}': device_id "
+                                  f"{device_id} is not a GPU this server runs (it runs {self.gpus})")
+        return Region(next(self._ids), name, "", 0, byte_size, -1, kind="cuda", device_id=device_id,
+                      raw_handle=bytes(raw_handle))
+
+    def add_cuda(self, region: Region) -> None:
+        self._check_name(region.name)  # a registration of the same name may have won meanwhile
+        self._regions[region.name] = region
 
     def _check_name(self, name: str) -> None:
         if not isinstance(name, str) or not name or "\x00" in name:
@@ -128,9 +142,8 @@ class SharedMemoryRegistry:
 
     # -- status and removal --------------------------------------------------------------
     def status(self, kind: str, name: str = "") -> list[dict]:
-        """Registered regions of ``kind`` ("system" or "cuda"; no CUDA region can be
-        registered in this build, so that list is empty)."""
-        regions = self._regions if kind == "system" else {}
+        """Registered regions of ``kind`` ("system" or "cuda"; names are shared by both)."""
+        regions = {n: r for n, r in self._regions.items() if r.kind == kind}
         if name:
             if name not in regions:
                 raise NotFound(f"Unable to find {kind} shared memory region: '{name}'")
@@ -140,11 +153,9 @@ class SharedMemoryRegistry:
     def unregister(self, kind: str, name: str = "") -> None:
         """One region, or every region of ``kind``; an unknown name is not an error (as Triton)."""
         self._require_enabled()
-        if kind != "system":
-            return
         for n in [name] if name else list(self._regions):
             region = self._regions.get(n)
-            if region is None:
+            if region is None or region.kind != kind:
                 continue
             del self._regions[n]
             region.registered = False

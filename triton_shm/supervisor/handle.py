@@ -20,12 +20,13 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..errors import Internal, TritonShmError, Unavailable
+from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..ipc import channel, protocol
 from ..ipc.protocol import Op
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
 from ..ipc.link import Link
 from ..ipc.ring import RingCorrupt
+from ..worker.devices import visible_device
 
 if TYPE_CHECKING:
     from ..core.shm_registry import Region
@@ -73,8 +74,8 @@ class WorkerHandle:
         self._loop = asyncio.get_running_loop()
         link, theirs, link_fds = Link.create()
         env = dict(os.environ)
-        if self.gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)  # each GPU worker sees only its device
+        if self.gpu is not None:  # each GPU worker sees only its device
+            env["CUDA_VISIBLE_DEVICES"] = visible_device(self.gpu, os.environ.get("CUDA_VISIBLE_DEVICES"))
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "triton_shm.worker", "--fd", str(theirs.fileno()), "--name", self.name,
@@ -103,11 +104,35 @@ class WorkerHandle:
         self.send({"op": "drop", "seg": seg_id})
 
     def share_region(self, region: "Region") -> None:
-        """Pass a client region's fd to the worker the first time a request uses it."""
+        """Pass a client region's fd (a CUDA region's IPC handle) to the worker the first
+        time a request uses it."""
         if region.id not in self.regions:
-            self.send({"op": "region", "rid": region.id, "offset": region.offset, "size": region.byte_size},
-                       [region.fd])
+            if region.kind == "cuda":
+                self.send(self.cuda_region_message(region))
+            else:
+                self.send({"op": "region", "rid": region.id, "offset": region.offset, "size": region.byte_size},
+                          [region.fd])
             self.regions.add(region.id)
+
+    def cuda_ordinal(self, device_id: int) -> int:
+        """The CUDA ordinal of GPU ``device_id`` inside this worker: a GPU worker sees only
+        its own device (ordinal 0); the CPU worker sees the server's devices."""
+        if self.gpu is None:
+            return device_id
+        if device_id != self.gpu:
+            raise InvalidArgument(f"CUDA shared memory on GPU {device_id} cannot be used by a model instance "
+                                  f"on GPU {self.gpu}")
+        return 0
+
+    def cuda_region_message(self, region: "Region") -> dict[str, Any]:
+        return {"op": "cuda_region", "rid": region.id, "handle": region.raw_handle.hex(),
+                "device": self.cuda_ordinal(region.device_id), "size": region.byte_size}
+
+    async def open_cuda_region(self, region: "Region") -> None:
+        """Open a CUDA region's IPC handle in this worker now (registration), so that a bad
+        handle is the client's error at once."""
+        await self.call(self.cuda_region_message(region))
+        self.regions.add(region.id)
 
     def drop_region(self, region: "Region") -> None:
         if region.id in self.regions:

@@ -17,7 +17,7 @@ from ..core import codec
 from ..core.datatypes import element_size
 from ..core.model_config import config_to_json, mc
 from ..core.types import BatchRequest, InferResponse, OutputTensor
-from ..errors import Internal, TritonShmError, Unavailable
+from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..ipc import protocol
 from ..ipc.arena import Block
 from ..ipc.protocol import PLACE_ARENA, PLACE_NONE, PLACE_REGION
@@ -119,7 +119,13 @@ class WorkerPool:
                 "config": config}
 
     async def auto_complete(self, mv: "ModelVersion", config: dict[str, Any]) -> dict[str, Any]:
-        reply = await self.cpu.call(self._model_message("auto_complete", mv, config))
+        worker = self.cpu
+        if config.get("backend") == "tensorrt":  # reading a plan needs a GPU: the first GPU worker's
+            if not self.gpu_workers:
+                raise InvalidArgument(f"model '{mv.name}' is a TensorRT plan, which needs a GPU; this server "
+                                      "runs none")
+            worker = next(iter(self.gpu_workers.values()))
+        reply = await worker.call(self._model_message("auto_complete", mv, config))
         return reply["config"]
 
     def placements(self, mv: "ModelVersion") -> list[tuple[tuple[str, int], Any, int | None]]:
@@ -163,6 +169,13 @@ class WorkerPool:
                 self._placements[w].remove(mv)
             if self.workers[w].alive:
                 await self.workers[w].call({"op": "unload", "key": mv.key})
+
+    async def open_cuda_region(self, region: "Region") -> None:
+        """A CUDA region being registered: the worker of its GPU opens the IPC handle."""
+        worker = self.gpu_workers.get(region.device_id)
+        if worker is None or not worker.alive:
+            raise Unavailable(f"the worker of GPU {region.device_id} is not running")
+        await worker.open_cuda_region(region)
 
     def drop_region(self, region: "Region") -> None:
         """A client region is gone for good: workers unmap it."""

@@ -58,7 +58,8 @@ class BlsClient:
             inputs = []
             for t in request.inputs():
                 datatype = pb_utils._ENUM_TO_WIRE[t.triton_dtype()]
-                shape, block = encode_output(self.worker.arena, t.name(), datatype, t.as_numpy())
+                shape, block = encode_output(self.worker.arena, t.name(), datatype,
+                                             t.as_numpy() if t.is_cpu() else t.device_array())
                 blocks.append(block)
                 inputs.append([t.name(), datatype, shape, block.descriptor()])
             version = request._model_version

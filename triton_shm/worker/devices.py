@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import os
 
 
@@ -35,3 +36,22 @@ def parse_gpus(spec: str | None) -> list[int]:
     if bad:
         raise ValueError(f"--gpus names GPU(s) {bad}, but {available} GPU(s) are visible")
     return ids
+
+
+def visible_device(gpu: int, parent_visible: str | None) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for the worker of GPU ``gpu`` (an ordinal among the
+    devices the server sees): the server's own list, if it has one, names the device."""
+    if parent_visible:
+        names = [n.strip() for n in parent_visible.split(",") if n.strip()]
+        if 0 <= gpu < len(names):
+            return names[gpu]
+    return str(gpu)
+
+
+def cuda_available() -> bool:
+    """CuPy is installed (GPU workers need it for CUDA shared memory and GPU tensors);
+    checked without importing it."""
+    try:
+        return importlib.util.find_spec("cupy") is not None
+    except (ImportError, ValueError):
+        return False

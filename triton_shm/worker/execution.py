@@ -25,7 +25,8 @@ from ..core.datatypes import element_size
 from ..errors import Internal, InvalidArgument, TritonShmError
 from ..ipc.arena import Block
 from . import assembler
-from .tensors import decode_input, encode_output, encode_output_into, wire_bytes
+from .cuda import DeviceSpan
+from .tensors import decode_input, encode_output, encode_output_into, wire_bytes, write_device_output
 
 if TYPE_CHECKING:
     from .process import LoadedModel, Worker
@@ -170,8 +171,11 @@ class InstanceRunner:
             for name in names:
                 if name in in_shm:  # straight into the client's region
                     rid, offset, size = in_shm[name]
-                    shape, written = encode_output_into(self.worker.regions.view(rid, offset, size), name,
-                                                        specs[name], outputs[name])
+                    target = self.worker.regions.view(rid, offset, size)
+                    if isinstance(target, DeviceSpan):
+                        shape, written = write_device_output(target, name, specs[name], outputs[name])
+                    else:
+                        shape, written = encode_output_into(target, name, specs[name], outputs[name])
                     shape = reshapes.output_shape(name, shape)
                     encoded.append([name, specs[name], shape, ["r", rid, offset, written]])
                     continue
@@ -235,6 +239,7 @@ class InstanceRunner:
         else:
             sizes = [n * per_row * element_size(datatype) for n in rows]
         targets = []
+        staged: list[tuple[DeviceSpan, memoryview]] = []
         for r, n, size, result in zip(requests, rows, sizes, results):
             ref = (r.get("shm_outputs") or {}).get(name)
             if ref is not None:
@@ -242,7 +247,11 @@ class InstanceRunner:
                 if size > limit:
                     raise InvalidArgument(f"shared memory size specified with the request for output '{name}' "
                                           f"({limit} bytes) should be at least {size} bytes to hold the results")
-                targets.append(self.worker.regions.view(rid, offset, size))
+                target = self.worker.regions.view(rid, offset, size)
+                if isinstance(target, DeviceSpan):  # staged on the host, then one copy to the device
+                    staged.append((target, memoryview(bytearray(size))))
+                    target = staged[-1][1]
+                targets.append(target)
                 result["outputs"].append([name, datatype, [n, *row_shape], ["r", rid, offset, size]])
             else:
                 block = self.worker.arena.alloc(size)
@@ -250,6 +259,8 @@ class InstanceRunner:
                 targets.append(block.view)
                 result["outputs"].append([name, datatype, [n, *row_shape], block.descriptor()])
         assembler.scatter(data, targets)
+        for span, host in staged:
+            span.write_host(host)
 
 
 def _uniform(requests: list[dict[str, Any]]) -> bool:

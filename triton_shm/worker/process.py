@@ -34,6 +34,7 @@ from . import assembler
 from .bls import BlsClient
 from .execution import InstanceRunner
 from .assembler_py import RegionSpan
+from .cuda import DeviceSpan
 from .regions import RegionMap
 from .tensors import Reshapes
 
@@ -126,7 +127,8 @@ class Worker:
         ``["r", region, offset, size]`` in a client region."""
         if desc and desc[0] == "r":
             _, rid, offset, size = desc
-            return self.regions.view(int(rid), int(offset), int(size))
+            view = self.regions.view(int(rid), int(offset), int(size))
+            return view.to_host() if isinstance(view, DeviceSpan) else view  # CUDA: one device-to-host copy
         return self.inputs.view(desc)
 
     def input_bytes(self, desc: list, scratch: list[Block] | None) -> memoryview:
@@ -136,6 +138,10 @@ class Worker:
         ``scratch`` (pages already mapped; the caller frees it once the batch is answered),
         or, without ``scratch``, into memory of its own that lives as long as the model
         holds it (decoupled models answer after execute returns)."""
+        if desc and desc[0] == "r":
+            span = self.regions.view(int(desc[1]), int(desc[2]), int(desc[3]))
+            if isinstance(span, DeviceSpan):
+                return span.to_host()  # already private memory
         view = self.view(desc)
         if not desc or desc[0] != "r":
             return view
@@ -229,6 +235,11 @@ class Worker:
             if len(fds) != 1:
                 raise Internal("region message without exactly one fd")
             self.regions.add(int(msg["rid"]), int(msg["offset"]), int(msg["size"]), fds[0])
+        elif op == "cuda_region":
+            self.regions.add_cuda(int(msg["rid"]), bytes.fromhex(msg["handle"]), int(msg["device"]),
+                                  int(msg["size"]))
+            if msg["id"]:  # registration waits for the handle to open
+                self.reply(msg["id"], {})
         elif op == "region_drop":
             self.regions.drop(int(msg["rid"]))
         elif op == "cancel":

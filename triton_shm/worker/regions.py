@@ -19,6 +19,7 @@ import os
 from ..errors import Internal, InvalidArgument
 from .assembler import USING_EXTENSION
 from .assembler_py import RegionSpan
+from .cuda import CudaRegion, DeviceSpan
 
 
 class ClientRegion:
@@ -57,7 +58,15 @@ class ClientRegion:
 
 class RegionMap:
     def __init__(self) -> None:
-        self._regions: dict[int, ClientRegion] = {}
+        self._regions: dict[int, ClientRegion | CudaRegion] = {}
+
+    def add_cuda(self, rid: int, handle: bytes, device: int, size: int) -> None:
+        """A client's CUDA IPC region (opened here; a bad handle raises InvalidArgument)."""
+        region = CudaRegion(handle, device, size)
+        old = self._regions.pop(rid, None)
+        if old is not None:
+            old.close()
+        self._regions[rid] = region
 
     def add(self, rid: int, offset: int, size: int, fd: int) -> None:
         region = ClientRegion(fd, offset, size)
@@ -71,7 +80,8 @@ class RegionMap:
         if region is not None:
             region.close()
 
-    def view(self, rid: int, offset: int, size: int) -> memoryview | RegionSpan:
+    def view(self, rid: int, offset: int, size: int) -> memoryview | RegionSpan | DeviceSpan:
+        """Bytes of a system region, or a ``DeviceSpan`` of a CUDA region."""
         region = self._regions.get(rid)
         if region is None:
             raise Internal(f"shared-memory region {rid} is not mapped in this worker")

@@ -12,6 +12,7 @@ from ..core.datatypes import element_size, from_numpy, numpy_dtype
 from ..errors import Internal, InvalidArgument
 from ..ipc.arena import Arena, Block
 from . import assembler
+from .cuda import DeviceSpan, as_cupy, is_device_array, to_host_array
 
 
 def _fill(template: list[int], variable: list[int]) -> list[int]:
@@ -89,7 +90,10 @@ def _coerce(name: str, array, datatype: str) -> np.ndarray:
 
 
 def wire_bytes(name: str, datatype: str, array) -> tuple[list[int], memoryview]:
-    """An output's shape and its wire-encoded bytes (no copy for fixed-size types)."""
+    """An output's shape and its wire-encoded bytes (no copy for fixed-size types; a
+    CUDA tensor is copied to the host once)."""
+    if is_device_array(array):
+        array = to_host_array(array)
     array = _coerce(name, array, datatype)
     if datatype == "BYTES":
         return list(array.shape), memoryview(codec.serialize_bytes(array))
@@ -115,3 +119,25 @@ def encode_output_into(target: memoryview, name: str, datatype: str, array) -> t
                               f"({target.nbytes} bytes) should be at least {data.nbytes} bytes to hold the results")
     assembler.copy(target, data)  # guarded: the client may shrink its region meanwhile
     return shape, data.nbytes
+
+
+def write_device_output(target: DeviceSpan, name: str, datatype: str, array) -> tuple[list[int], int]:
+    """Write one output into a client's CUDA shared-memory slice: a CUDA tensor device to
+    device, a host one with one host-to-device copy; returns its shape and size."""
+    if is_device_array(array) and datatype != "BYTES":
+        device_array = as_cupy(array)
+        got = from_numpy(device_array.dtype)
+        if got != datatype:
+            raise InvalidArgument(f"output '{name}' of type {got} does not match the config's {datatype}")
+        _check_fits(name, target.nbytes, int(device_array.nbytes))
+        return list(device_array.shape), target.write_device(device_array)
+    shape, data = wire_bytes(name, datatype, array)
+    _check_fits(name, target.nbytes, data.nbytes)
+    target.write_host(data)
+    return shape, data.nbytes
+
+
+def _check_fits(name: str, room: int, size: int) -> None:
+    if size > room:
+        raise InvalidArgument(f"shared memory size specified with the request for output '{name}' "
+                              f"({room} bytes) should be at least {size} bytes to hold the results")

@@ -338,7 +338,10 @@ class PythonModelInstance(ModelInstance):
 
 
 def _output_array(t: pb_utils.Tensor) -> np.ndarray:
-    """The array to send: numpy ``U``/``S`` arrays become object arrays of ``bytes``."""
+    """The array to send: numpy ``U``/``S`` arrays become object arrays of ``bytes``; a
+    GPU tensor goes as its CuPy array (copied where it is bound for)."""
+    if not t.is_cpu():
+        return t.device_array()
     arr = t.as_numpy()
     kind = arr.dtype.kind
     if kind == "U":

@@ -12,8 +12,9 @@ helpers of ``triton_python_backend_utils.py`` plus the classes its C++ stub bind
 
 Differences from Triton, by design or not yet done:
 
-* Tensors always live in CPU memory (``is_cpu()`` is True); ``to_dlpack`` /
-  ``from_dlpack`` go through numpy's DLPack support.
+* Inputs live in CPU memory (``is_cpu()`` is True). ``from_dlpack`` of a CUDA tensor
+  (CuPy, torch on GPU) keeps it on the GPU (``is_cpu()`` False, CuPy needed): an output
+  bound for CUDA shared memory is copied device to device, otherwise to the host once.
 * BF16 has no numpy type: BF16 tensors hold their raw ``uint16`` words (``as_numpy``
   returns ``uint16``; ``triton_dtype()`` still says BF16). ``triton_string_to_numpy``
   has no ``TYPE_BF16`` entry, as in Triton.
@@ -31,7 +32,8 @@ from typing import Any, Iterable
 import numpy as np
 
 from ...core.codec import count_bytes, deserialize_bytes, serialize_bytes
-from ...errors import InvalidArgument
+from ...errors import InvalidArgument, TritonShmError
+from ...worker import cuda as _cuda
 
 # --------------------------------------------------------------------------- constants
 
@@ -235,27 +237,46 @@ class Tensor:
         self._name = name
         self._array = numpy_array
         self._triton_dtype = int(triton_dtype)
+        self._device_array = None  # a CuPy array for a tensor on the GPU
+
+    @classmethod
+    def _on_gpu(cls, name: str, device_array) -> "Tensor":
+        triton_dtype = numpy_to_triton_type(device_array.dtype)
+        if triton_dtype is None:
+            raise TritonModelException(f"Tensor '{name}': dtype '{device_array.dtype}' is not supported by "
+                                       "the Python backend")
+        t = cls(name, np.empty(0, dtype=device_array.dtype), triton_dtype)
+        t._device_array = device_array
+        return t
+
+    def device_array(self):
+        """The CuPy array of a GPU tensor (None on the CPU); not part of Triton's API."""
+        return self._device_array
 
     # Triton's accessors ------------------------------------------------------------
     def name(self) -> str:
         return self._name
 
     def as_numpy(self) -> np.ndarray:
+        if self._device_array is not None:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
         return self._array
 
     def triton_dtype(self) -> int:
         return self._triton_dtype
 
     def shape(self) -> list[int]:
-        return list(self._array.shape)
+        return list((self._array if self._device_array is None else self._device_array).shape)
 
     def is_cpu(self) -> bool:
-        return True
+        return self._device_array is None
 
     def to_dlpack(self):
         """A DLPack capsule over the data (CPU). BYTES tensors cannot be exported."""
         if self._triton_dtype == TYPE_BYTES:
             raise TritonModelException("TYPE_BYTES tensors cannot be converted to DLPack.")
+        if self._device_array is not None:
+            return self._device_array.toDlpack()
         arr = self._array
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
@@ -264,17 +285,27 @@ class Tensor:
     def __dlpack__(self, *args, **kwargs):
         if self._triton_dtype == TYPE_BYTES:
             raise TritonModelException("TYPE_BYTES tensors cannot be converted to DLPack.")
+        if self._device_array is not None:
+            return self._device_array.__dlpack__(*args, **kwargs)
         return np.ascontiguousarray(self._array).__dlpack__(*args, **kwargs)
 
     def __dlpack_device__(self):
+        if self._device_array is not None:
+            return self._device_array.__dlpack_device__()
         return (1, 0)
 
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor) -> "Tensor":
-        """Tensor from a DLPack capsule or any object with ``__dlpack__`` (CPU only)."""
+        """Tensor from a DLPack capsule or any object with ``__dlpack__``; a CUDA tensor
+        stays on the GPU (a bare capsule is taken as a CPU one)."""
         obj = dlpack_tensor
         if type(obj).__name__ == "PyCapsule":
             obj = _CapsuleHolder(obj)
+        elif _cuda.is_device_array(obj):
+            try:
+                return Tensor._on_gpu(name, _cuda.as_cupy(obj))
+            except TritonShmError as e:  # no CuPy: a clear message, not an ImportError
+                raise TritonModelException(f"Tensor '{name}' is on the GPU: {e.message}") from None
         try:
             array = np.from_dlpack(obj)
         except (BufferError, TypeError, RuntimeError, ValueError) as e:
@@ -288,7 +319,8 @@ class Tensor:
 
     def __repr__(self) -> str:
         dt = _ENUM_TO_WIRE.get(self._triton_dtype, str(self._triton_dtype))
-        return f"Tensor(name={self._name!r}, datatype={dt}, shape={self.shape()})"
+        where = "" if self._device_array is None else ", device=GPU"
+        return f"Tensor(name={self._name!r}, datatype={dt}, shape={self.shape()}{where})"
 
 
 # --------------------------------------------------------------------------- requests

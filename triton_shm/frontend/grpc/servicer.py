@@ -113,7 +113,7 @@ class InferenceRpcs:
         return self._shm_status(pb.CudaSharedMemoryStatusResponse, "cuda", request.name)
 
     async def CudaSharedMemoryRegister(self, request: pb.CudaSharedMemoryRegisterRequest) -> pb.CudaSharedMemoryRegisterResponse:
-        self.service.register_cuda_shm(request.name, request.raw_handle, request.device_id, request.byte_size)
+        await self.service.register_cuda_shm(request.name, request.raw_handle, request.device_id, request.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request: pb.CudaSharedMemoryUnregisterRequest) -> pb.CudaSharedMemoryUnregisterResponse:

@@ -141,7 +141,7 @@ class HttpHandlers:
             b64 = handle.get("b64") if isinstance(handle, dict) else None
             if not isinstance(b64, str):
                 raise InvalidArgument("'raw_handle' must be an object with a base64 'b64' string")
-            self.service.register_cuda_shm(name, b64, doc.get("device_id", 0), doc.get("byte_size"))
+            await self.service.register_cuda_shm(name, b64, doc.get("device_id", 0), doc.get("byte_size"))
         return web.Response(status=200)
 
     async def shm_unregister(self, request: web.Request) -> web.Response:

@@ -1,0 +1,150 @@
+"""GPU benchmarks (a CUDA device and CuPy needed; bench/gpu/run.sh runs this):
+
+1. 16 MiB and 64 MiB through an identity model: in-band vs system shared memory vs CUDA
+   shared memory, client latency and throughput, against one device memcpy of that size.
+2. A GPU python model (CuPy, y = 2x) at batch 1 through triton-shm vs the same computation
+   in-process (the limit).
+
+    python bench/gpu/cuda_shm.py [--n 20]
+
+Prints markdown tables.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from tests.harness import ServerProcess  # noqa: E402
+from tests.models import python_identity, write_model  # noqa: E402
+from tests.test_gpu import CUPY_DOUBLE_PY, _missing  # noqa: E402
+
+
+def _timed(fn, n: int) -> float:
+    """Median seconds of ``fn()`` over ``n`` runs after two warm-ups."""
+    fn()
+    fn()
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def transfer_table(url: str, n: int) -> None:
+    import cupy as cp
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+
+    cl = httpclient.InferenceServerClient(url, network_timeout=300, connection_timeout=300)
+    print("| size | in-band | system shm | CUDA shm | one device memcpy |")
+    print("| --- | --- | --- | --- | --- |")
+    for mib in (16, 64):
+        nbytes = mib << 20
+        values = np.ones(nbytes // 4, np.float32)
+        results = {}
+
+        inp = httpclient.InferInput("INPUT0", [values.size], "FP32")
+        inp.set_data_from_numpy(values, binary_data=True)
+        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+        results["inband"] = _timed(lambda: cl.infer("identity_fp32", [inp], outputs=[out]), n)
+
+        key = f"/bench_gpu_{mib}"
+        sin = shm.create_shared_memory_region(f"sin{mib}", key + "_in", nbytes)
+        sout = shm.create_shared_memory_region(f"sout{mib}", key + "_out", nbytes)
+        shm.set_shared_memory_region(sin, [values])
+        cl.register_system_shared_memory(f"sin{mib}", key + "_in", nbytes)
+        cl.register_system_shared_memory(f"sout{mib}", key + "_out", nbytes)
+        sinp = httpclient.InferInput("INPUT0", [values.size], "FP32")
+        sinp.set_shared_memory(f"sin{mib}", nbytes)
+        sout_r = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+        sout_r.set_shared_memory(f"sout{mib}", nbytes)
+        results["system"] = _timed(lambda: cl.infer("identity_fp32", [sinp], outputs=[sout_r]), n)
+        cl.unregister_system_shared_memory()
+        shm.destroy_shared_memory_region(sin)
+        shm.destroy_shared_memory_region(sout)
+
+        dev_in, dev_out = cp.asarray(values), cp.empty(values.size, cp.float32)
+        for name, arr in ((f"cin{mib}", dev_in), (f"cout{mib}", dev_out)):
+            handle = base64.b64encode(cp.cuda.runtime.ipcGetMemHandle(arr.data.ptr))
+            cl.register_cuda_shared_memory(name, handle, 0, nbytes)
+        cinp = httpclient.InferInput("INPUT0", [values.size], "FP32")
+        cinp.set_shared_memory(f"cin{mib}", nbytes)
+        cout_r = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+        cout_r.set_shared_memory(f"cout{mib}", nbytes)
+        results["cuda"] = _timed(lambda: cl.infer("identity_fp32", [cinp], outputs=[cout_r]), n)
+        assert bool((dev_out == dev_in).all()), "CUDA shared-memory output differs from its input"
+        cl.unregister_cuda_shared_memory()
+
+        scratch = cp.empty_like(dev_in)
+
+        def memcpy() -> None:
+            scratch[...] = dev_in
+            cp.cuda.Device().synchronize()
+        results["memcpy"] = _timed(memcpy, n)
+
+        cells = [f"{results[k] * 1e3:.2f} ms ({nbytes / results[k] / 1e9:.1f} GB/s)"
+                 for k in ("inband", "system", "cuda", "memcpy")]
+        print(f"| {mib} MiB | " + " | ".join(cells) + " |", flush=True)
+    cl.close()
+
+
+def python_model_table(url: str, n: int) -> None:
+    import cupy as cp
+    import tritonclient.http as httpclient
+
+    cl = httpclient.InferenceServerClient(url)
+    x = np.arange(1024, dtype=np.float32)
+    inp = httpclient.InferInput("INPUT0", [x.size], "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    server = _timed(lambda: cl.infer("cupy_double", [inp]), n * 10)
+
+    def in_process() -> None:
+        cp.asnumpy(cp.asarray(x) * 2)
+    limit = _timed(in_process, n * 10)
+    print("\n| GPU python model, batch 1, 1024 FP32 | median latency |")
+    print("| --- | --- |")
+    print(f"| through triton-shm (HTTP) | {server * 1e6:.0f} µs |")
+    print(f"| in-process, no server (the limit) | {limit * 1e6:.0f} µs |", flush=True)
+    cl.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--n", type=int, default=20)
+    args = parser.parse_args()
+    if _missing():
+        raise SystemExit(f"bench/gpu/cuda_shm.py needs a GPU: {_missing()}")
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = Path(tmp) / "models"
+        python_identity(repo, "identity_fp32", "FP32")
+        write_model(repo, "cupy_double", config="""
+            name: "cupy_double"
+            backend: "python"
+            input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+            output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+            instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
+            """, model_py=CUPY_DOUBLE_PY)
+        srv = ServerProcess(repo, Path(tmp) / "server.log",
+                            extra_args=["--allow-client-shm=true", "--gpus", "0",
+                                        "--http-max-input-size", str(256 << 20)]).start()
+        try:
+            transfer_table(srv.http_url, args.n)
+            python_model_table(srv.http_url, args.n)
+        finally:
+            srv.stop()
+            print("\n<details><summary>server log tail</summary>\n\n```\n" + srv.log()[-3000:] + "\n```\n</details>")
+
+
+if __name__ == "__main__":
+    main()

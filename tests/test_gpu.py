@@ -1,0 +1,210 @@
+"""GPU end to end: CUDA shared memory through CUDA IPC (client buffers made with CuPy,
+and with tritonclient's cuda_shared_memory utilities where they import), GPU tensors in
+Python models, one worker per GPU, NVML metrics. Every test needs a CUDA device and CuPy
+and is skipped, with the reason, on a machine without them (the CPU side is
+tests/test_cuda_shm.py). bench/gpu/run.sh runs this file on a GPU machine."""
+from __future__ import annotations
+
+import base64
+import importlib.util
+import urllib.request
+
+import numpy as np
+import pytest
+
+from triton_shm.worker.devices import visible_gpu_count
+
+from .harness import ServerProcess, children, free_port
+from .helpers import connect, expect_error
+from .models import python_identity, write_model
+
+
+def _missing() -> str | None:
+    if importlib.util.find_spec("cupy") is None:
+        return "CuPy is not installed (pip install 'triton-shm[gpu]')"
+    if visible_gpu_count() == 0:
+        return "no CUDA device is visible"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+
+# A Python model on the GPU: OUTPUT0 = 2 * INPUT0, computed with CuPy, handed back as a
+# GPU tensor through DLPack (so an output bound for CUDA shared memory goes device to device).
+CUPY_DOUBLE_PY = """
+import cupy as cp
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            y = cp.asarray(x.as_numpy()) * 2
+            t = pb_utils.Tensor.from_dlpack("OUTPUT0", y)
+            assert not t.is_cpu()
+            out.append(pb_utils.InferenceResponse([t]))
+        return out
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> ServerProcess:
+    root = tmp_path_factory.mktemp("gpu")
+    repo = root / "models"
+    python_identity(repo, "identity_fp32", "FP32")
+    write_model(repo, "cupy_double", config="""
+        name: "cupy_double"
+        backend: "python"
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
+        """, model_py=CUPY_DOUBLE_PY)
+    srv = ServerProcess(repo, root / "server.log",
+                        extra_args=["--allow-client-shm=true", "--gpus", "0"]).start()
+    yield srv
+    srv.stop_cleanly()
+
+
+@pytest.fixture(params=["http", "grpc"])
+def proto(request) -> str:
+    return request.param
+
+
+class DeviceBuffer:
+    """A client's CUDA buffer with its IPC handle (base64, as tritonclient passes it)."""
+
+    def __init__(self, nbytes: int):
+        import cupy as cp
+        self.cp = cp
+        self.array = cp.zeros(nbytes, dtype=cp.uint8)
+        self.raw_handle = base64.b64encode(cp.cuda.runtime.ipcGetMemHandle(self.array.data.ptr))
+
+    def put(self, values: np.ndarray) -> None:
+        self.array[:values.nbytes] = self.cp.asarray(values.reshape(-1).view(np.uint8))
+
+    def get(self, dtype, count: int) -> np.ndarray:
+        return self.cp.asnumpy(self.array[:count * np.dtype(dtype).itemsize]).view(dtype)
+
+
+def _infer_in_cuda_shm(proto, cl, model: str, values: np.ndarray, prefix: str) -> np.ndarray:
+    mod = __import__(f"tritonclient.{proto}", fromlist=["InferInput"])
+    src, dst = DeviceBuffer(values.nbytes), DeviceBuffer(values.nbytes)
+    src.put(values)
+    cl.register_cuda_shared_memory(f"{prefix}_in", src.raw_handle, 0, values.nbytes)
+    cl.register_cuda_shared_memory(f"{prefix}_out", dst.raw_handle, 0, values.nbytes)
+    try:
+        inp = mod.InferInput("INPUT0", list(values.shape), "FP32")
+        inp.set_shared_memory(f"{prefix}_in", values.nbytes)
+        out = mod.InferRequestedOutput("OUTPUT0")
+        out.set_shared_memory(f"{prefix}_out", values.nbytes)
+        result = cl.infer(model, [inp], outputs=[out])
+        assert result.as_numpy("OUTPUT0") is None  # the data went to the device buffer
+        return dst.get(np.float32, values.size)
+    finally:
+        cl.unregister_cuda_shared_memory(f"{prefix}_in")
+        cl.unregister_cuda_shared_memory(f"{prefix}_out")
+
+
+def test_cuda_shared_memory_round_trip(proto, server):
+    cl = connect(server, proto)
+    try:
+        values = np.arange(1024, dtype=np.float32)
+        got = _infer_in_cuda_shm(proto, cl, "identity_fp32", values, f"rt_{proto}")
+        np.testing.assert_array_equal(got, values)
+        status = cl.get_cuda_shared_memory_status()
+        assert (status if proto == "http" else list(status.regions)) == []
+    finally:
+        cl.close()
+
+
+def test_gpu_python_model_writes_device_to_device(proto, server):
+    cl = connect(server, proto)
+    try:
+        values = np.arange(4096, dtype=np.float32)
+        np.testing.assert_array_equal(_infer_in_cuda_shm(proto, cl, "cupy_double", values, f"d2d_{proto}"),
+                                      values * 2)
+        mod = __import__(f"tritonclient.{proto}", fromlist=["InferInput"])
+        inp = mod.InferInput("INPUT0", [3], "FP32")
+        inp.set_data_from_numpy(np.array([1, 2, 3], dtype=np.float32))
+        np.testing.assert_array_equal(cl.infer("cupy_double", [inp]).as_numpy("OUTPUT0"), [2, 4, 6])
+    finally:
+        cl.close()
+
+
+def test_cuda_registration_status_and_errors(proto, server):
+    cl = connect(server, proto)
+    buf = DeviceBuffer(256)
+    try:
+        cl.register_cuda_shared_memory("st", buf.raw_handle, 0, 256)
+        status = cl.get_cuda_shared_memory_status("st")
+        if proto == "http":
+            assert status == [{"name": "st", "device_id": 0, "byte_size": 256}]
+        else:
+            assert (status.regions["st"].device_id, status.regions["st"].byte_size) == (0, 256)
+        expect_error(proto, lambda: cl.register_cuda_shared_memory("st", buf.raw_handle, 0, 256),
+                     "ALREADY_EXISTS", "shared memory region 'st' already in manager")
+        expect_error(proto, lambda: cl.register_cuda_shared_memory("bad", base64.b64encode(bytes(64)), 0, 64),
+                     "INVALID_ARGUMENT", "failed to open CUDA IPC memory handle")
+        expect_error(proto, lambda: cl.register_cuda_shared_memory("far", buf.raw_handle, 7, 256),
+                     "INVALID_ARGUMENT", "device_id 7 is not a GPU this server runs")
+        md = cl.get_server_metadata()
+        assert "cuda_shared_memory" in (md["extensions"] if proto == "http" else list(md.extensions))
+    finally:
+        cl.unregister_cuda_shared_memory()
+        cl.close()
+
+
+def test_tritonclient_cuda_shared_memory_utilities(server):
+    try:
+        import tritonclient.utils.cuda_shared_memory as cudashm
+    except Exception as e:  # noqa: BLE001 - it needs cuda-python
+        pytest.skip(f"tritonclient.utils.cuda_shared_memory does not import here: {e}")
+    import tritonclient.http as httpclient
+    cl = httpclient.InferenceServerClient(server.http_url)
+    values = np.arange(64, dtype=np.float32)
+    src = cudashm.create_shared_memory_region("tc_in", values.nbytes, 0)
+    dst = cudashm.create_shared_memory_region("tc_out", values.nbytes, 0)
+    try:
+        cudashm.set_shared_memory_region(src, [values])
+        cl.register_cuda_shared_memory("tc_in", cudashm.get_raw_handle(src), 0, values.nbytes)
+        cl.register_cuda_shared_memory("tc_out", cudashm.get_raw_handle(dst), 0, values.nbytes)
+        inp = httpclient.InferInput("INPUT0", [64], "FP32")
+        inp.set_shared_memory("tc_in", values.nbytes)
+        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
+        out.set_shared_memory("tc_out", values.nbytes)
+        cl.infer("identity_fp32", [inp], outputs=[out])
+        np.testing.assert_array_equal(cudashm.get_contents_as_numpy(dst, "FP32", [64]), values)
+    finally:
+        cl.unregister_cuda_shared_memory()
+        cudashm.destroy_shared_memory_region(src)
+        cudashm.destroy_shared_memory_region(dst)
+        cl.close()
+
+
+def test_one_worker_per_gpu_and_placement(server):
+    import tritonclient.http as httpclient
+    cl = httpclient.InferenceServerClient(server.http_url)
+    try:
+        (group,) = cl.get_model_config("cupy_double")["instance_group"]
+        assert (group["kind"], group["gpus"]) == ("KIND_GPU", [0])
+    finally:
+        cl.close()
+    assert len(children(server.proc.pid)) == 2  # the CPU worker and the worker of GPU 0
+
+
+def test_nvml_metrics_carry_the_gpu_uuid(tmp_path):
+    repo = tmp_path / "models"
+    python_identity(repo, "identity_fp32", "FP32")
+    port = free_port()
+    srv = ServerProcess(repo, tmp_path / "server.log",
+                        extra_args=["--allow-metrics", "true", "--metrics-port", str(port), "--gpus", "0"]).start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+    finally:
+        srv.stop_cleanly()
+    for name in ("nv_gpu_utilization", "nv_gpu_memory_total_bytes", "nv_gpu_memory_used_bytes",
+                 "nv_gpu_power_usage", "nv_gpu_power_limit", "nv_energy_consumption"):
+        lines = [ln for ln in text.splitlines() if ln.startswith(name + "{")]
+        assert len(lines) == 1 and 'gpu_uuid="GPU-' in lines[0], (name, lines)
