@@ -114,7 +114,7 @@ def config_pbtxt(data: bytes) -> object:
         config = mcfg.parse_pbtxt(text)
         if not (config.backend or config.platform):  # else the model's files would say
             config.backend = "python"
-        mcfg.fill_defaults(config, config.name or "m", mcfg.backend_of(config, Path("/nonexistent")), 0)
+        mcfg.fill_defaults(config, config.name or "m", mcfg.backend_of(config, Path("/nonexistent")), [])
         mcfg.check_io(config)
         return config
     return _allowed("config_pbtxt", data, load, (TritonShmError,))

@@ -216,12 +216,13 @@ def shm_listing() -> set[str]:
     return set(os.listdir(SHM_DIR))
 
 
-_OTHERS = re.compile(r"tshm_(\d+)_.*|triton_python_backend_shm_region_[0-9a-f-]{36}|psm_[0-9a-f]+|sem\..*")
+_OTHERS = re.compile(r"tshm_(\d+)_.*|triton_python_backend_shm_region_[0-9a-f-]{36}|psm_[0-9a-f]+|sem\..*|soak_\w+_\d+_.*")
 
 
 def new_shm_objects(before: set[str]) -> set[str]:
     """What appeared in /dev/shm since ``before``, less what concurrent processes make
-    (other runs of this file, a real Triton's python backend, multiprocessing)."""
+    (other runs of this file, a real Triton's python backend, multiprocessing, the
+    soak of bench/faults.py)."""
     def ours(n: str) -> bool:
         m = _OTHERS.fullmatch(n)
         return m is None or (m.group(1) is not None and int(m.group(1)) == os.getpid())
