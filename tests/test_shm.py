@@ -216,7 +216,8 @@ def shm_listing() -> set[str]:
     return set(os.listdir(SHM_DIR))
 
 
-_OTHERS = re.compile(r"tshm_(\d+)_.*|triton_python_backend_shm_region_[0-9a-f-]{36}|psm_[0-9a-f]+|sem\..*|soak_\w+_\d+_.*")
+_OTHERS = re.compile(r"tshm_(\d+)_.*|triton_python_backend_shm_region_[0-9a-f-]{36}|psm_[0-9a-f]+|sem\..*"
+                     r"|soak_\w+_\d+_.*")
 
 
 def new_shm_objects(before: set[str]) -> set[str]:
