@@ -56,10 +56,26 @@ def vectors() -> tuple[np.ndarray, np.ndarray]:
 
 # --------------------------------------------------------------------------- kill -9
 
+def kill_worker(srv: ServerProcess) -> tuple[float, float]:
+    """kill -9 the server's worker: the moment (monotonic) and the seconds until its
+    model is ready again."""
+    import tritonclient.grpc as grpcclient
+
+    (worker,) = children(srv.proc.pid)
+    killed_at = time.monotonic()
+    os.kill(worker, signal.SIGKILL)
+    probe = grpcclient.InferenceServerClient(srv.grpc_url)
+    try:
+        time.sleep(0.05)
+        while not probe.is_model_ready(MODEL):
+            time.sleep(0.01)
+        return killed_at, time.monotonic() - killed_at
+    finally:
+        probe.close()
+
+
 def kill_under_perf_analyzer(args) -> int:
     import subprocess
-
-    import tritonclient.grpc as grpcclient
 
     from tests.perf_analyzer import ensure_perf_analyzer
     pa = ensure_perf_analyzer()
@@ -70,15 +86,7 @@ def kill_under_perf_analyzer(args) -> int:
                                      "--concurrency-range", str(args.concurrency), "--measurement-interval", "2000"],
                                     env=pa.env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             time.sleep(args.seconds / 2)
-            (worker,) = children(srv.proc.pid)
-            killed_at = time.monotonic()
-            os.kill(worker, signal.SIGKILL)
-            probe = grpcclient.InferenceServerClient(srv.grpc_url)
-            time.sleep(0.05)
-            while not probe.is_model_ready(MODEL):
-                time.sleep(0.01)
-            ready_after = time.monotonic() - killed_at
-            probe.close()
+            killed_at, ready_after = kill_worker(srv)
             out, _ = proc.communicate(timeout=120)
         finally:
             srv.stop()
@@ -129,15 +137,7 @@ def kill(args) -> int:
             for t in threads:
                 t.start()
             time.sleep(args.seconds / 2)
-            (worker,) = children(srv.proc.pid)
-            killed_at = time.monotonic()
-            os.kill(worker, signal.SIGKILL)
-            probe = grpcclient.InferenceServerClient(srv.grpc_url)
-            time.sleep(0.05)
-            while not probe.is_model_ready(MODEL):
-                time.sleep(0.01)
-            ready_after = time.monotonic() - killed_at
-            probe.close()
+            killed_at, ready_after = kill_worker(srv)
             time.sleep(args.seconds / 2)
             stop.set()
             for t in threads:

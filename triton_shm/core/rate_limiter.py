@@ -206,3 +206,11 @@ def _limits(claims: list[Claim], explicit: list[ResourceLimit]) -> dict[tuple[in
                                   f"{n}")
         limits[(device, name)] = available
     return limits
+
+
+def bind_claims(claims: list[Claim] | None, on_grant: Callable[[Claim], None]) -> dict[tuple[str, int], Claim]:
+    """A scheduler's claims by instance, each granted through ``on_grant``."""
+    by_instance = {c.instance: c for c in claims or ()}
+    for claim in by_instance.values():
+        claim.on_grant = on_grant
+    return by_instance

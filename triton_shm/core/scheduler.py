@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from .clock import Clock, LoopClock, Wakeup
 from .model_config import mc
-from .rate_limiter import IDLE, STAGED, Claim, RateLimiter
+from .rate_limiter import IDLE, STAGED, Claim, RateLimiter, bind_claims
 from .statistics import ModelStats
 from .types import BatchRequest, InferRequest, InferResponse, ResponseStream
 
@@ -92,10 +92,8 @@ class Scheduler:
                  limiter: RateLimiter | None = None, claims: list[Claim] | None = None):
         self.model, self.pool, self.stats = model, pool, stats
         self.clock: Clock = clock or LoopClock()
-        # --rate-limit: an instance with a claim runs only when the limiter grants it
-        self.limiter, self.claims = limiter, {c.instance: c for c in claims or ()}
-        for claim in self.claims.values():
-            claim.on_grant = self._granted
+        # --rate-limit: an instance with a claim runs a batch only when the limiter grants it
+        self.limiter, self.claims = limiter, bind_claims(claims, self._granted)
         config = model.config
         self.dynamic = config.HasField("dynamic_batching") and config.max_batch_size > 0
         db = config.dynamic_batching

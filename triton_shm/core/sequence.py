@@ -42,7 +42,7 @@ from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Uns
 from .datatypes import config_to_wire, element_size, numpy_dtype
 from .model_config import data_type_name, mc
 from .clock import Clock, LoopClock, Wakeup
-from .rate_limiter import IDLE, Claim, RateLimiter
+from .rate_limiter import IDLE, Claim, RateLimiter, bind_claims
 from .scheduler import Pending, _resolve
 from .statistics import ModelStats
 from .types import BatchRequest, InferRequest, InferResponse, InputTensor, ResponseStream
@@ -448,9 +448,7 @@ class SequenceScheduler:
         self.model, self.pool, self.stats = model, pool, stats
         self.clock: Clock = clock or LoopClock()
         # --rate-limit: an instance with a claim runs a batch only when the limiter grants it
-        self.limiter, self.claims = limiter, {c.instance: c for c in claims or ()}
-        for claim in self.claims.values():
-            claim.on_grant = self._granted
+        self.limiter, self.claims = limiter, bind_claims(claims, self._granted)
         self.cfg = sequence_config(model.config, model.model_dir)
         self.book = SequenceBook(self.cfg, model.instances)
         self.state_outputs = {st.output_name: st.datatype for st in self.cfg.states}
