@@ -350,7 +350,8 @@ class WorkerPool:
         descriptors: list[list[int]] = []
         outputs: list[OutputTensor] = []
         names = [e[0] for e in encoded]
-        asked = [n for n in names if n not in plan.state_outputs]  # a model may leave its state as it was
+        # a model may leave its state as it was; only a sequence model has any
+        asked = [n for n in names if n not in plan.state_outputs] if plan.state_outputs else names
         if len(set(names)) != len(names) or (complete and sorted(asked) != sorted(plan.outputs)):
             raise Internal(f"worker returned outputs {names} for model '{mv.name}' where {plan.outputs} were asked")
         try:
