@@ -29,6 +29,120 @@ def test_arena_reuses_and_coalesces_freed_space():
     arena.close()
 
 
+def _free_list_twins() -> list:
+    from triton_shm.ipc import arena_py
+    twins = [arena_py]
+    try:
+        from triton_shm.ipc import _arena
+        twins.append(_arena)
+    except ImportError:  # not built
+        pass
+    return twins
+
+
+@pytest.mark.parametrize("impl", _free_list_twins(), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_free_lists_place_blocks_like_the_reference_first_fit(impl):
+    """Random allocs and frees: every block lands where a plain first-fit over sorted
+    holes puts it, blocks never overlap, and freeing all coalesces back to one hole."""
+    import random
+
+    class Seg:
+        def __init__(self, seg_id, size):
+            self.id, self.size, self.view = seg_id, size, memoryview(bytearray(size))
+
+    rng = random.Random(7)
+    lists = impl.FreeLists()
+    segs = [Seg(1, 1 << 14), Seg(2, 1 << 14)]
+    live = [lists.add(segs[0], False, 100), lists.add(segs[1], False, 1)]  # each segment's first block
+    assert [(b.segment.id, b.offset, b.size) for b in live] == [(1, 0, 100), (2, 0, 1)]
+    model = {1: [[128, (1 << 14) - 128]], 2: [[64, (1 << 14) - 64]]}  # holes [start, size] per segment
+
+    def model_take(n):
+        for sid in (1, 2):
+            for hole in model[sid]:
+                if hole[1] >= n:
+                    start = hole[0]
+                    hole[0] += n
+                    hole[1] -= n
+                    model[sid] = [h for h in model[sid] if h[1]]
+                    return sid, start
+        return None
+
+    def model_give(sid, start, n):
+        holes = sorted(model[sid] + [[start, n]])
+        merged = []
+        for h in holes:
+            if merged and merged[-1][0] + merged[-1][1] == h[0]:
+                merged[-1][1] += h[1]
+            else:
+                merged.append(h)
+        model[sid] = merged
+
+    for _ in range(3000):
+        if live and rng.random() < 0.45:
+            b = live.pop(rng.randrange(len(live)))
+            assert lists.give(b.segment.id, b.offset, b.size) is None
+            model_give(b.segment.id, b.offset, impl.reserved(b.size))
+        else:
+            n = rng.choice([0, 1, 63, 64, 65, 200, 1000, 3000])
+            b = lists.put(bytes([len(live) % 256]) * n) if n % 2 else lists.take(n)
+            expected = model_take(impl.reserved(n))
+            assert (b.segment.id, b.offset) == expected if b is not None else expected is None
+            if b is not None:
+                assert b.size == n and b.descriptor() == [b.segment.id, b.offset, n]
+                if n % 2:
+                    assert bytes(b.view) == bytes([len(live) % 256]) * n
+                live.append(b)
+    for b in live:
+        assert lists.give(b.segment.id, b.offset, b.size) is None
+        model_give(b.segment.id, b.offset, impl.reserved(b.size))
+    assert model == {1: [[0, 1 << 14]], 2: [[0, 1 << 14]]}
+    assert lists.take(1 << 14).offset == 0 and lists.take(1 << 14).segment.id == 2
+    with pytest.raises(KeyError):
+        lists.give(3, 0, 1)
+
+
+@pytest.mark.parametrize("impl", _free_list_twins(), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_free_lists_drop_an_oversized_segment_once_empty(impl):
+    class Seg:
+        id, size, view = 5, 4096, memoryview(bytearray(4096))
+
+    lists = impl.FreeLists()
+    a = lists.add(Seg, True, 1000)
+    b = lists.take(1000)
+    assert (a.offset, b.offset) == (0, 1024)
+    assert lists.give(5, a.offset, a.size) is None
+    assert lists.give(5, b.offset, b.size) is Seg
+    assert lists.take(1) is None
+    with pytest.raises(KeyError):
+        lists.give(5, 0, 1)
+
+
+def test_arena_blocks_never_overlap_across_threads():
+    """Threads allocating and freeing at once (a worker's instances and its control
+    thread) never get overlapping blocks."""
+    import threading
+
+    arena = Arena(1 << 16)
+    errors: list[str] = []
+
+    def churn(tag: int) -> None:
+        for i in range(2000):
+            block = arena.put(bytes([tag]) * (1 + i % 300))
+            if bytes(block.view) != bytes([tag]) * block.size:
+                errors.append(f"thread {tag} saw its block overwritten")
+            arena.free(block.segment.id, block.offset, block.size)
+
+    threads = [threading.Thread(target=churn, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(arena.segments) == 1
+    arena.close()
+
+
 def test_segment_map_rejects_out_of_bounds_descriptors():
     arena = Arena(4096)
     block = arena.alloc(16)

@@ -11,18 +11,25 @@ The peer never trusts a descriptor: :meth:`SegmentMap.view` bounds-checks every 
 """
 from __future__ import annotations
 
-import bisect
 import mmap
 import os
 import secrets
 import threading
-from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable
 
 from ..errors import Internal, Unavailable
 
-ALIGN = 64
 INTERNAL_PREFIX = "triton_shm_internal_"
+
+from .arena_py import ALIGN, Block, FreeLists, reserved  # noqa: E402
+
+USING_EXTENSION = False
+if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
+    try:
+        from ._arena import Block, FreeLists, reserved  # type: ignore  # noqa: F811
+        USING_EXTENSION = True
+    except ImportError:  # not built: the pure-Python twin serves
+        pass
 
 
 def _align(n: int) -> int:
@@ -51,60 +58,14 @@ class Segment:
         os.close(self.fd)
 
 
-@dataclass(slots=True)
-class Block:
-    segment: Segment
-    offset: int
-    size: int  # bytes requested (the reservation is aligned up)
-
-    @property
-    def view(self) -> memoryview:
-        return self.segment.view[self.offset:self.offset + self.size]
-
-    def descriptor(self) -> list[int]:
-        return [self.segment.id, self.offset, self.size]
-
-
-class _FreeList:
-    """First-fit free list of one segment with coalescing of neighbours."""
-
-    def __init__(self, size: int):
-        self.starts: list[int] = [0]
-        self.sizes: list[int] = [size]
-        self.used = 0
-
-    def take(self, n: int) -> int | None:
-        for i, free in enumerate(self.sizes):
-            if free >= n:
-                start = self.starts[i]
-                if free == n:
-                    del self.starts[i], self.sizes[i]
-                else:
-                    self.starts[i] += n
-                    self.sizes[i] -= n
-                self.used += n
-                return start
-        return None
-
-    def give(self, start: int, n: int) -> None:
-        i = bisect.bisect_left(self.starts, start)
-        self.starts.insert(i, start)
-        self.sizes.insert(i, n)
-        self.used -= n
-        if i + 1 < len(self.starts) and self.starts[i] + self.sizes[i] == self.starts[i + 1]:
-            self.sizes[i] += self.sizes.pop(i + 1)
-            self.starts.pop(i + 1)
-        if i > 0 and self.starts[i - 1] + self.sizes[i - 1] == self.starts[i]:
-            self.sizes[i - 1] += self.sizes.pop(i)
-            self.starts.pop(i)
-
-
 class Arena:
     """Allocator over a growing set of segments. Thread-safe.
 
     ``on_new_segment(segment)`` is called (under the lock) when a segment is created so
     the owner can pass its fd to the peer before any descriptor naming it is sent.
     ``on_drop_segment(segment_id)`` is called when an oversized segment is released.
+    Blocks come from ``FreeLists`` (C, atomic per call); the lock serializes only what
+    changes the set of segments.
     """
 
     def __init__(self, chunk_size: int, *, id_base: int = 1, max_bytes: int = 1 << 40,
@@ -114,7 +75,7 @@ class Arena:
         self.max_bytes = max_bytes
         self._next_id = id_base
         self._segments: dict[int, Segment] = {}
-        self._free: dict[int, _FreeList] = {}
+        self._free = FreeLists()
         self._lock = threading.Lock()
         self._on_new = on_new_segment
         self._on_drop = on_drop_segment
@@ -127,13 +88,25 @@ class Arena:
         return sum(s.size for s in self._segments.values())
 
     def alloc(self, nbytes: int) -> Block:
-        need = _align(max(nbytes, 1))
+        block = self._free.take(nbytes)
+        return block if block is not None else self._grow(nbytes)
+
+    def put(self, data) -> Block:
+        """A block holding a copy of ``data`` (a contiguous buffer): ``alloc`` and the copy
+        in one call."""
+        block = self._free.put(data)
+        if block is None:
+            block = self._grow(memoryview(data).nbytes)
+            block.view[:] = data
+        return block
+
+    def _grow(self, nbytes: int) -> Block:
+        """``alloc`` when no segment has room: a new segment."""
         with self._lock:
-            for seg_id, free in self._free.items():
-                start = free.take(need)
-                if start is not None:
-                    return Block(self._segments[seg_id], start, nbytes)
-            size = max(self.chunk_size, need)
+            block = self._free.take(nbytes)  # another thread may have added one meanwhile
+            if block is not None:
+                return block
+            size = max(self.chunk_size, reserved(nbytes))
             if self.mapped_bytes() + size > self.max_bytes:
                 raise Unavailable(f"shared-memory arena is full ({self.max_bytes} bytes in use or reserved)")
             try:
@@ -142,27 +115,25 @@ class Arena:
                 raise Unavailable(f"cannot allocate {size} bytes of shared memory: {e.strerror}") from None
             self._next_id += 1
             self._segments[seg.id] = seg
-            free = _FreeList(size)
-            self._free[seg.id] = free
-            if self._on_new is not None:
+            if self._on_new is not None:  # the peer knows the segment before any block of it is used
                 self._on_new(seg)
-            start = free.take(need)
-            assert start is not None
-            return Block(seg, start, nbytes)
+            return self._free.add(seg, size > self.chunk_size, nbytes)
 
     def free(self, segment_id: int, offset: int, nbytes: int) -> None:
-        with self._lock:
-            free = self._free.get(segment_id)
-            if free is None:
-                raise Internal(f"free of a block in unknown segment {segment_id}")
-            free.give(offset, _align(max(nbytes, 1)))
-            seg = self._segments[segment_id]
-            # Oversized one-off segments go back to the OS once empty.
-            if free.used == 0 and seg.size > self.chunk_size:
-                del self._segments[segment_id], self._free[segment_id]
+        try:
+            dropped = self._free.give(segment_id, offset, nbytes)
+        except KeyError:
+            raise Internal(f"free of a block in unknown segment {segment_id}") from None
+        if dropped is not None:  # oversized one-off segments go back to the OS once empty
+            with self._lock:
+                del self._segments[segment_id]
                 if self._on_drop is not None:
                     self._on_drop(segment_id)
-                seg.close()
+                dropped.close()
+
+    def free_blocks(self, blocks: Iterable[Block]) -> None:
+        for b in blocks:
+            self.free(b.segment.id, b.offset, b.size)
 
     def close(self) -> None:
         with self._lock:
@@ -195,7 +166,9 @@ class SegmentMap:
     def view(self, descriptor) -> memoryview:
         """Bounds-checked view of ``[segment id, offset, size]`` from an untrusted peer."""
         try:
-            seg_id, offset, size = (int(x) for x in descriptor)
+            seg_id, offset, size = descriptor
+            if type(seg_id) is not int or type(offset) is not int or type(size) is not int:  # decoded: ints
+                seg_id, offset, size = int(seg_id), int(offset), int(size)
         except (TypeError, ValueError):
             raise Internal("malformed shared-memory descriptor from peer") from None
         seg = self._segments.get(seg_id)

@@ -1,0 +1,201 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""An arena's blocks and the free lists of its segments in C. Twin of ``arena_py``; same
+API, results and errors.
+
+Thread-safe without a lock: every method runs holding the GIL and calls no Python code
+while the lists are inconsistent (objects are made only before or after a change)."""
+from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.stdint cimport uint64_t
+from libc.stdlib cimport free, malloc, realloc
+from libc.string cimport memcpy, memmove
+
+cdef enum:
+    ALIGN = 64
+
+
+cdef inline uint64_t _reserved(uint64_t nbytes):
+    return ((nbytes if nbytes > 1 else 1) + ALIGN - 1) & ~<uint64_t>(ALIGN - 1)
+
+
+def reserved(nbytes) -> int:
+    """Bytes a block of ``nbytes`` reserves: at least one, aligned up to ALIGN."""
+    return (max(nbytes, 1) + ALIGN - 1) & ~(ALIGN - 1)
+
+
+cdef class Block:
+    """``size`` bytes requested at ``offset`` of ``segment`` (the reservation is aligned up)."""
+    cdef public object segment
+    cdef public object offset
+    cdef public object size
+
+    def __init__(self, segment, offset, size):
+        self.segment, self.offset, self.size = segment, offset, size
+
+    @property
+    def view(self):
+        return self.segment.view[self.offset:self.offset + self.size]
+
+    def descriptor(self):
+        return [self.segment.id, self.offset, self.size]
+
+    def __repr__(self):
+        return f"Block(segment={self.segment!r}, offset={self.offset!r}, size={self.size!r})"
+
+    def __eq__(self, other):
+        if not isinstance(other, Block):
+            return NotImplemented
+        return (self.segment, self.offset, self.size) == ((<Block>other).segment, (<Block>other).offset,
+                                                          (<Block>other).size)
+
+    __hash__ = None
+
+
+cdef Block _block(object segment, uint64_t offset, uint64_t size):
+    cdef Block b = Block.__new__(Block)
+    b.segment, b.offset, b.size = segment, offset, size
+    return b
+
+
+cdef class _SegmentFree:
+    """First-fit free list of one segment with coalescing of neighbours: ``n`` holes,
+    sorted by start."""
+    cdef object segment
+    cdef bint oversized
+    cdef uint64_t *starts
+    cdef uint64_t *sizes
+    cdef Py_ssize_t n, cap
+    cdef uint64_t used
+
+    def __cinit__(self, segment, bint oversized):
+        self.segment, self.oversized = segment, oversized
+        self.starts = <uint64_t *>malloc(8 * sizeof(uint64_t))
+        self.sizes = <uint64_t *>malloc(8 * sizeof(uint64_t))
+        if self.starts == NULL or self.sizes == NULL:
+            raise MemoryError()
+        self.cap, self.n, self.used = 8, 1, 0
+        self.starts[0], self.sizes[0] = 0, <uint64_t>segment.size
+
+    def __dealloc__(self):
+        free(self.starts)
+        free(self.sizes)
+
+    cdef int _remove(self, Py_ssize_t i):
+        memmove(&self.starts[i], &self.starts[i + 1], (self.n - i - 1) * sizeof(uint64_t))
+        memmove(&self.sizes[i], &self.sizes[i + 1], (self.n - i - 1) * sizeof(uint64_t))
+        self.n -= 1
+        return 0
+
+    cdef int take(self, uint64_t need, uint64_t *start):
+        """1 and ``*start`` set, or 0 when no hole fits."""
+        cdef Py_ssize_t i
+        for i in range(self.n):
+            if self.sizes[i] >= need:
+                start[0] = self.starts[i]
+                if self.sizes[i] == need:
+                    self._remove(i)
+                else:
+                    self.starts[i] += need
+                    self.sizes[i] -= need
+                self.used += need
+                return 1
+        return 0
+
+    cdef int give(self, uint64_t start, uint64_t size) except -1:
+        cdef Py_ssize_t lo = 0, hi = self.n, mid, i
+        cdef uint64_t *p
+        while lo < hi:  # bisect_left
+            mid = (lo + hi) // 2
+            if self.starts[mid] < start:
+                lo = mid + 1
+            else:
+                hi = mid
+        i = lo
+        if self.n == self.cap:
+            p = <uint64_t *>realloc(self.starts, 2 * self.cap * sizeof(uint64_t))
+            if p == NULL:
+                raise MemoryError()
+            self.starts = p
+            p = <uint64_t *>realloc(self.sizes, 2 * self.cap * sizeof(uint64_t))
+            if p == NULL:
+                raise MemoryError()
+            self.sizes = p
+            self.cap *= 2
+        memmove(&self.starts[i + 1], &self.starts[i], (self.n - i) * sizeof(uint64_t))
+        memmove(&self.sizes[i + 1], &self.sizes[i], (self.n - i) * sizeof(uint64_t))
+        self.starts[i], self.sizes[i] = start, size
+        self.n += 1
+        self.used -= size
+        if i + 1 < self.n and self.starts[i] + self.sizes[i] == self.starts[i + 1]:
+            self.sizes[i] += self.sizes[i + 1]
+            self._remove(i + 1)
+        if i > 0 and self.starts[i - 1] + self.sizes[i - 1] == self.starts[i]:
+            self.sizes[i - 1] += self.sizes[i]
+            self._remove(i)
+        return 0
+
+
+cdef class FreeLists:
+    """The free space of every segment of one arena, first fit in the order segments
+    were added. Thread-safe: each call is atomic."""
+    cdef list _order   # _SegmentFree, in the order added
+    cdef dict _by_id   # segment id -> _SegmentFree
+
+    def __init__(self):
+        self._order, self._by_id = [], {}
+
+    def add(self, segment, bint oversized, nbytes):
+        """A new segment (at least ``nbytes`` large) and its first block, of ``nbytes``;
+        an ``oversized`` segment is removed once empty again."""
+        cdef uint64_t start
+        cdef _SegmentFree free = _SegmentFree(segment, oversized)
+        if not free.take(_reserved(nbytes), &start):
+            raise ValueError("segment smaller than its first block")
+        self._by_id[segment.id] = free
+        self._order.append(free)
+        return _block(segment, start, nbytes)
+
+    cdef _SegmentFree _find(self, uint64_t need, uint64_t *start):
+        cdef _SegmentFree free
+        for free in self._order:
+            if free.take(need, start):
+                return free
+        return None
+
+    def take(self, nbytes):
+        """A block of ``nbytes``, or None when no segment has room."""
+        cdef uint64_t start
+        cdef _SegmentFree free = self._find(_reserved(nbytes), &start)
+        return None if free is None else _block(free.segment, start, nbytes)
+
+    def put(self, data):
+        """A block holding a copy of ``data`` (a contiguous buffer), or None when no
+        segment has room."""
+        cdef Py_buffer src, dst
+        cdef uint64_t start
+        cdef _SegmentFree free
+        PyObject_GetBuffer(data, &src, PyBUF_SIMPLE)
+        try:
+            free = self._find(_reserved(<uint64_t>src.len), &start)
+            if free is None:
+                return None
+            PyObject_GetBuffer(free.segment.view, &dst, PyBUF_SIMPLE | PyBUF_WRITABLE)
+            memcpy(<char *>dst.buf + start, src.buf, src.len)
+            PyBuffer_Release(&dst)
+            return _block(free.segment, start, <uint64_t>src.len)
+        finally:
+            PyBuffer_Release(&src)
+
+    def give(self, segment_id, uint64_t offset, uint64_t nbytes):
+        """Return a block. None, or the segment when it was an oversized one and is now
+        empty (removed here: the caller closes it). KeyError for an unknown segment."""
+        cdef _SegmentFree free = self._by_id[segment_id]
+        free.give(offset, _reserved(nbytes))
+        if free.used == 0 and free.oversized:
+            del self._by_id[segment_id]
+            self._order.remove(free)
+            return free.segment
+        return None
+
+    def clear(self):
+        self._order.clear()
+        self._by_id.clear()
