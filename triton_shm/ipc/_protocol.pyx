@@ -179,8 +179,12 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
                 _str(&b, corrid, 2)
             for name, datatype, shape, place, seg, offset, size in inputs:
                 _tensor(&b, name, datatype, shape, place, seg, offset, size)
-            for name, place, region, offset, size in outputs:
-                _output(&b, name, place, region, offset, size)
+            for o in outputs:
+                if type(o) is str:  # the common case: into the worker's arena
+                    _output(&b, o, 0, 0, 0, 0)
+                else:
+                    name, place, region, offset, size = o
+                    _output(&b, name, place, region, offset, size)
     except BaseException:
         free(b.data)
         raise

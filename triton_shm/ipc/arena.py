@@ -124,16 +124,28 @@ class Arena:
             dropped = self._free.give(segment_id, offset, nbytes)
         except KeyError:
             raise Internal(f"free of a block in unknown segment {segment_id}") from None
-        if dropped is not None:  # oversized one-off segments go back to the OS once empty
-            with self._lock:
-                del self._segments[segment_id]
-                if self._on_drop is not None:
-                    self._on_drop(segment_id)
-                dropped.close()
+        if dropped is not None:
+            self._drop(dropped)
 
     def free_blocks(self, blocks: Iterable[Block]) -> None:
+        """``free`` of each block, in one call."""
+        give = self._free.give
         for b in blocks:
-            self.free(b.segment.id, b.offset, b.size)
+            seg_id = b.segment.id
+            try:
+                dropped = give(seg_id, b.offset, b.size)
+            except KeyError:
+                raise Internal(f"free of a block in unknown segment {seg_id}") from None
+            if dropped is not None:
+                self._drop(dropped)
+
+    def _drop(self, seg: Segment) -> None:
+        """Oversized one-off segments go back to the OS once empty."""
+        with self._lock:
+            del self._segments[seg.id]
+            if self._on_drop is not None:
+                self._on_drop(seg.id)
+            seg.close()
 
     def close(self) -> None:
         with self._lock:

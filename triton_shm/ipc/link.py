@@ -42,6 +42,8 @@ class Link:
             os.close(fd)
         self.tx, self.rx = Ring(self._maps[0], RING_CAPACITY), Ring(self._maps[1], RING_CAPACITY)
         self.tx_wake, self.rx_wake = tx_wake, rx_wake
+        self._max_record = self.tx.max_record
+        self._sock_fd = sock.fileno()
         self._receiver = channel.Receiver(sock)
         self._poll: select.poll | None = None
         self._spinning = True  # whether ``wait`` spins first: see there
@@ -68,7 +70,7 @@ class Link:
     def send(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
         """Raises BlockingIOError when the ring (or the socket) is full."""
         flags = 0
-        if fds or len(frame) > self.tx.max_record:
+        if fds or len(frame) > self._max_record:
             if self.tx.room() < 8:  # the record that keeps its place must fit once it is sent
                 raise BlockingIOError("ring full")
             channel.send(self.sock, frame, fds)
@@ -129,14 +131,15 @@ class Link:
         if self._poll is None:
             self._poll = select.poll()
             self._poll.register(self.rx_wake, select.POLLIN)
-            self._poll.register(self.sock.fileno(), select.POLLIN)
+            self._poll.register(self._sock_fd, select.POLLIN)
         slept = time.monotonic_ns()
         events = self._poll.poll()
         self._spinning = time.monotonic_ns() - slept < spin_ns
         self.rx.awake()
         self.clear_wake()
-        if any(fd == self.sock.fileno() for fd, _ in events) and not self.rx.pending():
-            return not self.peer_gone()
+        for fd, _ in events:  # the socket is readable: a frame of its own, or the peer's end-of-file
+            if fd == self._sock_fd and not self.rx.pending():
+                return not self.peer_gone()
         return True
 
     def close(self) -> None:

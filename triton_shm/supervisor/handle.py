@@ -249,6 +249,26 @@ class WorkerHandle:
             raise
         return msg_id
 
+    def send_infer(self, msg_id: int, key: str, instance: int, requests: list[tuple],
+                   on_reply: Callable[[Any], None],
+                   on_stream: Callable[[dict[str, Any] | None], None] | None = None) -> None:
+        """``request`` for an INFER frame (``protocol.encode_infer``'s arguments), encoded
+        here with the frees that wait: no build callback per batch."""
+        if self.link is None:
+            raise Unavailable(f"worker '{self.name}' is not running")
+        self._pending[msg_id] = on_reply
+        if on_stream is not None:
+            self._streams[msg_id] = on_stream
+        frees = self._releases
+        if frees:
+            self._releases, self._release_bytes = [], 0
+        try:
+            self._send_frame(protocol.encode_infer(msg_id, key, instance, requests, frees))
+        except BaseException:
+            self._pending.pop(msg_id, None)
+            self._streams.pop(msg_id, None)
+            raise
+
     def end_stream(self, msg_id: int) -> None:
         self._streams.pop(msg_id, None)
 
@@ -351,7 +371,8 @@ class WorkerHandle:
             on_reply = self._pending.pop(msg.id, None)
             if on_reply is not None:
                 _deliver(on_reply, msg.body if msg.body is not None else {})
-            channel.close_fds(fds)
+            if fds:
+                channel.close_fds(fds)
         elif op == Op.FAIL:
             on_reply = self._pending.pop(msg.id, None)
             if on_reply is not None:
@@ -430,7 +451,8 @@ class WorkerHandle:
         if not self.alive:
             return
         self._releases.extend(descriptors)
-        self._release_bytes += sum(int(d[2]) for d in descriptors)  # checked by SegmentMap.view
+        for d in descriptors:  # ints, checked by SegmentMap.view
+            self._release_bytes += d[2]
         if self._release_bytes >= RELEASE_BYTES:
             self._flush_releases()
         elif not self._flush_scheduled:  # when no other message goes soon, send them alone
