@@ -30,6 +30,7 @@ def test_arena_reuses_and_coalesces_freed_space():
 
 
 def _free_list_twins() -> list:
+    """The allocator's implementations: the pure-Python twin, and C when built."""
     from triton_shm.ipc import arena_py
     twins = [arena_py]
     try:
@@ -40,20 +41,35 @@ def _free_list_twins() -> list:
     return twins
 
 
+class _Seg:
+    def __init__(self, seg_id: int, size: int):
+        self.id, self.size, self.view = seg_id, size, memoryview(bytearray(size))
+
+
+def _allocator(impl):
+    """``impl``'s BlockAllocator over segments the test adds: no room is an error, drops
+    are recorded."""
+    class Allocator(impl.BlockAllocator):
+        dropped: list = []
+
+        def _grow(self, nbytes):
+            raise MemoryError(f"no room for {nbytes}")
+
+        def _drop(self, segment):
+            self.dropped.append(segment)
+
+    return Allocator()
+
+
 @pytest.mark.parametrize("impl", _free_list_twins(), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
-def test_free_lists_place_blocks_like_the_reference_first_fit(impl):
+def test_allocator_places_blocks_like_the_reference_first_fit(impl):
     """Random allocs and frees: every block lands where a plain first-fit over sorted
     holes puts it, blocks never overlap, and freeing all coalesces back to one hole."""
     import random
 
-    class Seg:
-        def __init__(self, seg_id, size):
-            self.id, self.size, self.view = seg_id, size, memoryview(bytearray(size))
-
     rng = random.Random(7)
-    lists = impl.FreeLists()
-    segs = [Seg(1, 1 << 14), Seg(2, 1 << 14)]
-    live = [lists.add(segs[0], False, 100), lists.add(segs[1], False, 1)]  # each segment's first block
+    alloc = _allocator(impl)
+    live = [alloc._add_segment(_Seg(1, 1 << 14), False, 100), alloc._add_segment(_Seg(2, 1 << 14), False, 1)]
     assert [(b.segment.id, b.offset, b.size) for b in live] == [(1, 0, 100), (2, 0, 1)]
     model = {1: [[128, (1 << 14) - 128]], 2: [[64, (1 << 14) - 64]]}  # holes [start, size] per segment
 
@@ -81,41 +97,45 @@ def test_free_lists_place_blocks_like_the_reference_first_fit(impl):
     for _ in range(3000):
         if live and rng.random() < 0.45:
             b = live.pop(rng.randrange(len(live)))
-            assert lists.give(b.segment.id, b.offset, b.size) is None
+            if rng.random() < 0.5:
+                alloc.free(b.segment.id, b.offset, b.size)
+            else:
+                alloc.free_blocks([b])
             model_give(b.segment.id, b.offset, impl.reserved(b.size))
         else:
             n = rng.choice([0, 1, 63, 64, 65, 200, 1000, 3000])
-            b = lists.put(bytes([len(live) % 256]) * n) if n % 2 else lists.take(n)
             expected = model_take(impl.reserved(n))
-            assert (b.segment.id, b.offset) == expected if b is not None else expected is None
-            if b is not None:
-                assert b.size == n and b.descriptor() == [b.segment.id, b.offset, n]
-                if n % 2:
-                    assert bytes(b.view) == bytes([len(live) % 256]) * n
-                live.append(b)
-    for b in live:
-        assert lists.give(b.segment.id, b.offset, b.size) is None
-        model_give(b.segment.id, b.offset, impl.reserved(b.size))
-    assert model == {1: [[0, 1 << 14]], 2: [[0, 1 << 14]]}
-    assert lists.take(1 << 14).offset == 0 and lists.take(1 << 14).segment.id == 2
-    with pytest.raises(KeyError):
-        lists.give(3, 0, 1)
+            if expected is None:
+                with pytest.raises(MemoryError):
+                    alloc.alloc(n)
+                continue
+            b = alloc.put(bytes([len(live) % 256]) * n) if n % 2 else alloc.alloc(n)
+            assert (b.segment.id, b.offset) == expected
+            assert b.size == n and b.descriptor() == [b.segment.id, b.offset, n]
+            if n % 2:
+                assert bytes(b.view) == bytes([len(live) % 256]) * n
+            live.append(b)
+    alloc.free_blocks(live)
+    assert alloc.alloc(1 << 14).offset == 0 and alloc.alloc(1 << 14).segment.id == 2
+    assert alloc.dropped == []
+    with pytest.raises(Internal, match="free of a block in unknown segment 3"):
+        alloc.free(3, 0, 1)
 
 
 @pytest.mark.parametrize("impl", _free_list_twins(), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
-def test_free_lists_drop_an_oversized_segment_once_empty(impl):
-    class Seg:
-        id, size, view = 5, 4096, memoryview(bytearray(4096))
-
-    lists = impl.FreeLists()
-    a = lists.add(Seg, True, 1000)
-    b = lists.take(1000)
+def test_allocator_drops_an_oversized_segment_once_empty(impl):
+    alloc, seg = _allocator(impl), _Seg(5, 4096)
+    a = alloc._add_segment(seg, True, 1000)
+    b = alloc.alloc(1000)
     assert (a.offset, b.offset) == (0, 1024)
-    assert lists.give(5, a.offset, a.size) is None
-    assert lists.give(5, b.offset, b.size) is Seg
-    assert lists.take(1) is None
-    with pytest.raises(KeyError):
-        lists.give(5, 0, 1)
+    alloc.free(5, a.offset, a.size)
+    assert alloc.dropped == []
+    alloc.free(5, b.offset, b.size)
+    assert alloc.dropped == [seg]
+    with pytest.raises(MemoryError):
+        alloc.alloc(1)
+    with pytest.raises(Internal):
+        alloc.free(5, 0, 1)
 
 
 def test_arena_blocks_never_overlap_across_threads():

@@ -9,6 +9,8 @@ from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memmove
 
+from ..errors import Internal
+
 cdef enum:
     ALIGN = 64
 
@@ -134,18 +136,83 @@ cdef class _SegmentFree:
         return 0
 
 
-cdef class FreeLists:
-    """The free space of every segment of one arena, first fit in the order segments
-    were added. Thread-safe: each call is atomic."""
+cdef class BlockAllocator:
+    """Blocks from the free space of a set of segments, first fit in the order segments
+    were added: the per-request part of ``arena.Arena``, its base class. Thread-safe:
+    each call is atomic. A subclass provides ``_grow(nbytes)``, the block when no
+    segment has room (it adds one with ``_add_segment``), and ``_drop(segment)``, called
+    once an oversized segment is empty again (removed here already)."""
     cdef list _order   # _SegmentFree, in the order added
     cdef dict _by_id   # segment id -> _SegmentFree
 
-    def __init__(self):
+    def __cinit__(self, *args, **kwargs):
         self._order, self._by_id = [], {}
 
-    def add(self, segment, bint oversized, nbytes):
+    cdef _SegmentFree _take(self, uint64_t need, uint64_t *start):
+        cdef _SegmentFree free
+        for free in self._order:
+            if free.take(need, start):
+                return free
+        return None
+
+    def alloc(self, nbytes):
+        cdef uint64_t start
+        cdef _SegmentFree free = self._take(_reserved(nbytes), &start)
+        if free is None:
+            return self._grow(nbytes)
+        return _block(free.segment, start, nbytes)
+
+    def put(self, data):
+        """A block holding a copy of ``data`` (a contiguous buffer): ``alloc`` and the copy
+        in one call."""
+        cdef Py_buffer src, dst
+        cdef uint64_t start
+        cdef _SegmentFree free
+        cdef Block block
+        PyObject_GetBuffer(data, &src, PyBUF_SIMPLE)
+        try:
+            free = self._take(_reserved(<uint64_t>src.len), &start)
+            if free is None:
+                block = self._grow(src.len)
+                segment, start = block.segment, block.offset
+            else:
+                segment = free.segment
+                block = _block(segment, start, <uint64_t>src.len)
+            PyObject_GetBuffer(segment.view, &dst, PyBUF_SIMPLE | PyBUF_WRITABLE)
+            if <uint64_t>dst.len < start + <uint64_t>src.len:
+                PyBuffer_Release(&dst)
+                raise ValueError("block outside its segment")
+            memcpy(<char *>dst.buf + start, src.buf, src.len)
+            PyBuffer_Release(&dst)
+            return block
+        finally:
+            PyBuffer_Release(&src)
+
+    def free(self, segment_id, uint64_t offset, uint64_t nbytes):
+        cdef _SegmentFree free = self._by_id.get(segment_id)
+        if free is None:
+            raise Internal(f"free of a block in unknown segment {segment_id}")
+        free.give(offset, _reserved(nbytes))
+        if free.used == 0 and free.oversized:
+            del self._by_id[segment_id]
+            self._order.remove(free)
+            self._drop(free.segment)
+
+    def free_blocks(self, blocks):
+        """``free`` of each block, in one call."""
+        cdef Block b
+        for b in blocks:
+            self.free(b.segment.id, b.offset, b.size)
+
+    def _find(self, nbytes):
+        """A block of ``nbytes``, or None when no segment has room."""
+        cdef uint64_t start
+        cdef _SegmentFree free = self._take(_reserved(nbytes), &start)
+        return None if free is None else _block(free.segment, start, nbytes)
+
+    def _add_segment(self, segment, bint oversized, nbytes):
         """A new segment (at least ``nbytes`` large) and its first block, of ``nbytes``;
-        an ``oversized`` segment is removed once empty again."""
+        an ``oversized`` segment is dropped once empty again."""
         cdef uint64_t start
         cdef _SegmentFree free = _SegmentFree(segment, oversized)
         if not free.take(_reserved(nbytes), &start):
@@ -154,48 +221,12 @@ cdef class FreeLists:
         self._order.append(free)
         return _block(segment, start, nbytes)
 
-    cdef _SegmentFree _find(self, uint64_t need, uint64_t *start):
-        cdef _SegmentFree free
-        for free in self._order:
-            if free.take(need, start):
-                return free
-        return None
-
-    def take(self, nbytes):
-        """A block of ``nbytes``, or None when no segment has room."""
-        cdef uint64_t start
-        cdef _SegmentFree free = self._find(_reserved(nbytes), &start)
-        return None if free is None else _block(free.segment, start, nbytes)
-
-    def put(self, data):
-        """A block holding a copy of ``data`` (a contiguous buffer), or None when no
-        segment has room."""
-        cdef Py_buffer src, dst
-        cdef uint64_t start
-        cdef _SegmentFree free
-        PyObject_GetBuffer(data, &src, PyBUF_SIMPLE)
-        try:
-            free = self._find(_reserved(<uint64_t>src.len), &start)
-            if free is None:
-                return None
-            PyObject_GetBuffer(free.segment.view, &dst, PyBUF_SIMPLE | PyBUF_WRITABLE)
-            memcpy(<char *>dst.buf + start, src.buf, src.len)
-            PyBuffer_Release(&dst)
-            return _block(free.segment, start, <uint64_t>src.len)
-        finally:
-            PyBuffer_Release(&src)
-
-    def give(self, segment_id, uint64_t offset, uint64_t nbytes):
-        """Return a block. None, or the segment when it was an oversized one and is now
-        empty (removed here: the caller closes it). KeyError for an unknown segment."""
-        cdef _SegmentFree free = self._by_id[segment_id]
-        free.give(offset, _reserved(nbytes))
-        if free.used == 0 and free.oversized:
-            del self._by_id[segment_id]
-            self._order.remove(free)
-            return free.segment
-        return None
-
-    def clear(self):
+    def _clear(self):
         self._order.clear()
         self._by_id.clear()
+
+    def _grow(self, nbytes):
+        raise NotImplementedError
+
+    def _drop(self, segment):
+        raise NotImplementedError

@@ -387,6 +387,7 @@ cdef dict _request_rec(Reader *r):
 
 
 _OPS = {int(op): op for op in Op}
+_new_tuple = tuple.__new__  # a Message made in C: namedtuple's own __new__ is Python code
 
 
 def decode(data):
@@ -440,6 +441,6 @@ def decode(data):
                 raise _fail(&r, "control message is not an object with an op")
         if r.p != r.end:
             raise _fail(&r, "trailing bytes")
-        return Message(_OPS[op], r.msg_id, frees, body)
+        return _new_tuple(Message, (_OPS[op], r.msg_id, frees, body))
     finally:
         PyBuffer_Release(&view)

@@ -15,18 +15,18 @@ import mmap
 import os
 import secrets
 import threading
-from typing import Callable, Iterable
+from typing import Callable
 
 from ..errors import Internal, Unavailable
 
 INTERNAL_PREFIX = "triton_shm_internal_"
 
-from .arena_py import ALIGN, Block, FreeLists, reserved  # noqa: E402
+from .arena_py import ALIGN, Block, BlockAllocator, reserved  # noqa: E402
 
 USING_EXTENSION = False
 if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
     try:
-        from ._arena import Block, FreeLists, reserved  # type: ignore  # noqa: F811
+        from ._arena import Block, BlockAllocator, reserved  # type: ignore  # noqa: F811
         USING_EXTENSION = True
     except ImportError:  # not built: the pure-Python twin serves
         pass
@@ -58,25 +58,26 @@ class Segment:
         os.close(self.fd)
 
 
-class Arena:
+class Arena(BlockAllocator):
     """Allocator over a growing set of segments. Thread-safe.
 
+    ``alloc(nbytes)``, ``put(data)`` (alloc and copy), ``free(segment id, offset,
+    nbytes)`` and ``free_blocks(blocks)`` are ``BlockAllocator``'s (C: no Python code
+    runs per block while a segment has room); this class adds and drops segments.
     ``on_new_segment(segment)`` is called (under the lock) when a segment is created so
     the owner can pass its fd to the peer before any descriptor naming it is sent.
     ``on_drop_segment(segment_id)`` is called when an oversized segment is released.
-    Blocks come from ``FreeLists`` (C, atomic per call); the lock serializes only what
-    changes the set of segments.
     """
 
     def __init__(self, chunk_size: int, *, id_base: int = 1, max_bytes: int = 1 << 40,
                  on_new_segment: Callable[[Segment], None] | None = None,
                  on_drop_segment: Callable[[int], None] | None = None):
+        super().__init__()
         self.chunk_size = _align(chunk_size)
         self.max_bytes = max_bytes
         self._next_id = id_base
         self._segments: dict[int, Segment] = {}
-        self._free = FreeLists()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # serializes changes to the set of segments
         self._on_new = on_new_segment
         self._on_drop = on_drop_segment
 
@@ -87,23 +88,10 @@ class Arena:
     def mapped_bytes(self) -> int:
         return sum(s.size for s in self._segments.values())
 
-    def alloc(self, nbytes: int) -> Block:
-        block = self._free.take(nbytes)
-        return block if block is not None else self._grow(nbytes)
-
-    def put(self, data) -> Block:
-        """A block holding a copy of ``data`` (a contiguous buffer): ``alloc`` and the copy
-        in one call."""
-        block = self._free.put(data)
-        if block is None:
-            block = self._grow(memoryview(data).nbytes)
-            block.view[:] = data
-        return block
-
     def _grow(self, nbytes: int) -> Block:
         """``alloc`` when no segment has room: a new segment."""
         with self._lock:
-            block = self._free.take(nbytes)  # another thread may have added one meanwhile
+            block = self._find(nbytes)  # another thread may have added one meanwhile
             if block is not None:
                 return block
             size = max(self.chunk_size, reserved(nbytes))
@@ -117,30 +105,10 @@ class Arena:
             self._segments[seg.id] = seg
             if self._on_new is not None:  # the peer knows the segment before any block of it is used
                 self._on_new(seg)
-            return self._free.add(seg, size > self.chunk_size, nbytes)
-
-    def free(self, segment_id: int, offset: int, nbytes: int) -> None:
-        try:
-            dropped = self._free.give(segment_id, offset, nbytes)
-        except KeyError:
-            raise Internal(f"free of a block in unknown segment {segment_id}") from None
-        if dropped is not None:
-            self._drop(dropped)
-
-    def free_blocks(self, blocks: Iterable[Block]) -> None:
-        """``free`` of each block, in one call."""
-        give = self._free.give
-        for b in blocks:
-            seg_id = b.segment.id
-            try:
-                dropped = give(seg_id, b.offset, b.size)
-            except KeyError:
-                raise Internal(f"free of a block in unknown segment {seg_id}") from None
-            if dropped is not None:
-                self._drop(dropped)
+            return self._add_segment(seg, size > self.chunk_size, nbytes)
 
     def _drop(self, seg: Segment) -> None:
-        """Oversized one-off segments go back to the OS once empty."""
+        """An oversized one-off segment, empty again, goes back to the OS."""
         with self._lock:
             del self._segments[seg.id]
             if self._on_drop is not None:
@@ -152,7 +120,7 @@ class Arena:
             for seg in self._segments.values():
                 seg.close()
             self._segments.clear()
-            self._free.clear()
+            self._clear()
 
 
 class SegmentMap:

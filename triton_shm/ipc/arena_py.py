@@ -5,7 +5,9 @@ from __future__ import annotations
 import bisect
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
+
+from ..errors import Internal
 
 ALIGN = 64
 
@@ -66,54 +68,73 @@ class _SegmentFree:
             self.starts.pop(i)
 
 
-class FreeLists:
-    """The free space of every segment of one arena, first fit in the order segments
-    were added. Thread-safe: each call is atomic."""
+class BlockAllocator:
+    """Blocks from the free space of a set of segments, first fit in the order segments
+    were added: the per-request part of ``arena.Arena``, its base class. Thread-safe:
+    each call is atomic. A subclass provides ``_grow(nbytes)``, the block when no
+    segment has room (it adds one with ``_add_segment``), and ``_drop(segment)``, called
+    once an oversized segment is empty again (removed here already)."""
 
     def __init__(self) -> None:
         self._free: dict[int, _SegmentFree] = {}
-        self._lock = threading.Lock()
+        self._free_lock = threading.Lock()
 
-    def add(self, segment: Any, oversized: bool, nbytes: int) -> Block:
-        """A new segment (at least ``nbytes`` large) and its first block, of ``nbytes``;
-        an ``oversized`` segment is removed once empty again."""
-        free = _SegmentFree(segment, oversized)
-        start = free.take(reserved(nbytes))
-        assert start is not None
-        with self._lock:
-            self._free[segment.id] = free
-        return Block(segment, start, nbytes)
+    def alloc(self, nbytes: int) -> Block:
+        block = self._find(nbytes)
+        return block if block is not None else self._grow(nbytes)
 
-    def take(self, nbytes: int) -> Block | None:
+    def put(self, data: Any) -> Block:
+        """A block holding a copy of ``data`` (a contiguous buffer): ``alloc`` and the copy
+        in one call."""
+        view = memoryview(data)
+        block = self.alloc(view.nbytes)
+        block.view[:] = view
+        return block
+
+    def free(self, segment_id: int, offset: int, nbytes: int) -> None:
+        with self._free_lock:
+            free = self._free.get(segment_id)
+            if free is None:
+                raise Internal(f"free of a block in unknown segment {segment_id}")
+            free.give(offset, reserved(nbytes))
+            dropped = free.used == 0 and free.oversized
+            if dropped:
+                del self._free[segment_id]
+        if dropped:
+            self._drop(free.segment)
+
+    def free_blocks(self, blocks: Iterable[Block]) -> None:
+        """``free`` of each block, in one call."""
+        for b in blocks:
+            self.free(b.segment.id, b.offset, b.size)
+
+    def _find(self, nbytes: int) -> Block | None:
         """A block of ``nbytes``, or None when no segment has room."""
         need = reserved(nbytes)
-        with self._lock:
+        with self._free_lock:
             for free in self._free.values():
                 start = free.take(need)
                 if start is not None:
                     return Block(free.segment, start, nbytes)
         return None
 
-    def put(self, data: Any) -> Block | None:
-        """A block holding a copy of ``data`` (a contiguous buffer), or None when no
-        segment has room."""
-        view = memoryview(data)
-        block = self.take(view.nbytes)
-        if block is not None:
-            block.view[:] = view
-        return block
+    def _add_segment(self, segment: Any, oversized: bool, nbytes: int) -> Block:
+        """A new segment (at least ``nbytes`` large) and its first block, of ``nbytes``;
+        an ``oversized`` segment is dropped once empty again."""
+        free = _SegmentFree(segment, oversized)
+        start = free.take(reserved(nbytes))
+        if start is None:
+            raise ValueError("segment smaller than its first block")
+        with self._free_lock:
+            self._free[segment.id] = free
+        return Block(segment, start, nbytes)
 
-    def give(self, segment_id: int, offset: int, nbytes: int) -> Any:
-        """Return a block. None, or the segment when it was an oversized one and is now
-        empty (removed here: the caller closes it). KeyError for an unknown segment."""
-        with self._lock:
-            free = self._free[segment_id]
-            free.give(offset, reserved(nbytes))
-            if free.used == 0 and free.oversized:
-                del self._free[segment_id]
-                return free.segment
-        return None
-
-    def clear(self) -> None:
-        with self._lock:
+    def _clear(self) -> None:
+        with self._free_lock:
             self._free.clear()
+
+    def _grow(self, nbytes: int) -> Block:
+        raise NotImplementedError
+
+    def _drop(self, segment: Any) -> None:
+        raise NotImplementedError
