@@ -21,12 +21,12 @@ from ..errors import Internal, Unavailable
 
 INTERNAL_PREFIX = "triton_shm_internal_"
 
-from .arena_py import ALIGN, Block, BlockAllocator, reserved  # noqa: E402
+from .arena_py import ALIGN, Block, BlockAllocator, SegmentViews, reserved  # noqa: E402
 
 USING_EXTENSION = False
 if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
     try:
-        from ._arena import Block, BlockAllocator, reserved  # type: ignore  # noqa: F811
+        from ._arena import Block, BlockAllocator, SegmentViews, reserved  # type: ignore  # noqa: F811
         USING_EXTENSION = True
     except ImportError:  # not built: the pure-Python twin serves
         pass
@@ -123,11 +123,9 @@ class Arena(BlockAllocator):
             self._clear()
 
 
-class SegmentMap:
-    """The peer's view of an arena: segments received by fd, looked up by id."""
-
-    def __init__(self) -> None:
-        self._segments: dict[int, Segment] = {}
+class SegmentMap(SegmentViews):
+    """The peer's view of an arena: segments received by fd, looked up by id
+    (``view(descriptor)``, bounds-checked, is ``SegmentViews``'s: C when built)."""
 
     def add(self, seg_id: int, size: int, fd: int) -> None:
         if size <= 0 or os.fstat(fd).st_size < size:
@@ -142,19 +140,6 @@ class SegmentMap:
         seg = self._segments.pop(seg_id, None)
         if seg is not None:
             seg.close()
-
-    def view(self, descriptor) -> memoryview:
-        """Bounds-checked view of ``[segment id, offset, size]`` from an untrusted peer."""
-        try:
-            seg_id, offset, size = descriptor
-            if type(seg_id) is not int or type(offset) is not int or type(size) is not int:  # decoded: ints
-                seg_id, offset, size = int(seg_id), int(offset), int(size)
-        except (TypeError, ValueError):
-            raise Internal("malformed shared-memory descriptor from peer") from None
-        seg = self._segments.get(seg_id)
-        if seg is None or offset < 0 or size < 0 or offset > seg.size or size > seg.size - offset:
-            raise Internal("shared-memory descriptor from peer is out of bounds")
-        return seg.view[offset:offset + size]
 
     def close(self) -> None:
         for seg in self._segments.values():

@@ -138,3 +138,24 @@ class BlockAllocator:
 
     def _drop(self, segment: Any) -> None:
         raise NotImplementedError
+
+
+class SegmentViews:
+    """The lookup half of ``arena.SegmentMap`` (its base class): ``_segments`` maps a
+    segment id to its ``arena.Segment``."""
+
+    def __init__(self) -> None:
+        self._segments: dict[int, Any] = {}
+
+    def view(self, descriptor) -> memoryview:
+        """Bounds-checked view of ``[segment id, offset, size]`` from an untrusted peer."""
+        try:
+            seg_id, offset, size = descriptor
+            if type(seg_id) is not int or type(offset) is not int or type(size) is not int:  # decoded: ints
+                seg_id, offset, size = int(seg_id), int(offset), int(size)
+        except (TypeError, ValueError):
+            raise Internal("malformed shared-memory descriptor from peer") from None
+        seg = self._segments.get(seg_id)
+        if seg is None or offset < 0 or size < 0 or offset > seg.size or size > seg.size - offset:
+            raise Internal("shared-memory descriptor from peer is out of bounds")
+        return seg.view[offset:offset + size]

@@ -225,7 +225,9 @@ class WorkerPool:
                 if p.stream is not None:
                     p.stream.cancel = functools.partial(worker.cancel, msg_id, i)
         try:
-            requests = [self._request_record(worker, arena, p, blocks) for p in batch]
+            requests = []
+            for p in batch:  # a loop, not a comprehension: no frame of its own (one request, mostly)
+                requests.append(self._request_record(worker, arena, p, blocks))
             worker.send_infer(msg_id, mv.key, index, requests, on_reply, on_stream)
         except BaseException:
             if worker.arena is arena:
