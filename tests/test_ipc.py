@@ -115,7 +115,10 @@ def test_allocator_places_blocks_like_the_reference_first_fit(impl):
             if n % 2:
                 assert bytes(b.view) == bytes([len(live) % 256]) * n
             live.append(b)
-    alloc.free_blocks(live)
+    strided = memoryview(bytes(range(10)))[::2]  # not contiguous: copied all the same
+    block = alloc.put(strided)
+    assert bytes(block.view) == bytes([0, 2, 4, 6, 8])
+    alloc.free_blocks([*live, block])
     assert alloc.alloc(1 << 14).offset == 0 and alloc.alloc(1 << 14).segment.id == 2
     assert alloc.dropped == []
     with pytest.raises(Internal, match="free of a block in unknown segment 3"):

@@ -169,7 +169,13 @@ cdef class BlockAllocator:
         cdef uint64_t start
         cdef _SegmentFree free
         cdef Block block
-        PyObject_GetBuffer(data, &src, PyBUF_SIMPLE)
+        try:
+            PyObject_GetBuffer(data, &src, PyBUF_SIMPLE)
+        except BufferError:  # not contiguous: memoryview copies it, as the twin does
+            view = memoryview(data)
+            block = self.alloc(view.nbytes)
+            block.view[:] = view
+            return block
         try:
             free = self._take(_reserved(<uint64_t>src.len), &start)
             if free is None:

@@ -434,8 +434,7 @@ class WorkerHandle:
         view = memoryview(data).cast("B")
         if self.arena is None:
             raise Unavailable(f"worker '{self.name}' is not running")
-        block = self.arena.alloc(view.nbytes)
-        block.view[:] = view
+        block = self.arena.put(view)
         desc = block.descriptor()
         self._staged[tuple(desc)] = block
         return desc
