@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Any
 
 from ..errors import Internal
 from . import channel
@@ -118,6 +119,13 @@ class LinkCore:
     """The per-frame half of ``link.Link`` (its base class; documented there): sending
     and receiving a frame, and clearing the wake-up. ``Link`` sets ``sock``, ``tx``,
     ``rx``, ``tx_wake``, ``rx_wake`` and ``_receiver`` (a ``channel.Receiver``)."""
+
+    sock: Any  # socket.socket
+    tx: Ring
+    rx: Ring
+    tx_wake: int
+    rx_wake: int
+    _receiver: Any  # channel.Receiver
 
     def send(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
         """Raises BlockingIOError when the ring (or the socket) is full."""

@@ -20,7 +20,7 @@ from ..core.types import BatchRequest, InferResponse, OutputTensor
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..ipc import protocol
 from ..ipc.arena import Arena, Block
-from ..ipc.protocol import PLACE_ARENA, PLACE_NONE, PLACE_REGION
+from ..ipc.protocol import PLACE_ARENA, PLACE_REGION
 from .handle import WorkerHandle
 
 if TYPE_CHECKING:
