@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument, NotFound, Unavailable
 from . import model_config as mcfg
-from .datatypes import config_to_wire
+from .datatypes import config_to_wire, element_size
 from .scheduler import Scheduler
 from .statistics import ModelStats
 
@@ -32,6 +32,19 @@ class TensorSpec:
     datatype: str        # wire spelling, e.g. "FP32"
     dims: list[int]      # without the batch dimension
     optional: bool = False
+    # Bytes of one tensor (one batch row with batching) when the datatype has a fixed size
+    # and every dimension is known and non-zero; 0 otherwise. Lets validation check a
+    # plain request's sizes with one comparison (validation.py's _plain_plan).
+    fixed_bytes: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        count = 1
+        for d in self.dims:
+            count *= d if d > 0 else 0
+        try:
+            self.fixed_bytes = count * element_size(self.datatype)  # BYTES: 0
+        except InvalidArgument:  # not a datatype: every request takes the full checks, which say so
+            self.fixed_bytes = 0
 
 
 @dataclass(eq=False)
@@ -53,6 +66,14 @@ class ModelVersion:
     generation: int = 0   # distinguishes a reload from the version it replaces
     # its worker died and is being restarted: requests get UNAVAILABLE (retryable), not NOT_FOUND
     recovering: bool = False
+
+    # Fixed per config, computed by set_config so a request reads them instead of the
+    # protobuf config: how many inputs are required, the outputs in config order, and
+    # which optional features a request may need.
+    required_inputs: int = 0
+    output_names: tuple[str, ...] = ()
+    is_decoupled: bool = False
+    caches_responses: bool = False
 
     @property
     def key(self) -> str:
@@ -78,11 +99,16 @@ class ModelVersion:
         return self.config.model_transaction_policy.decoupled
 
     def set_config(self, config: mcfg.ModelConfig) -> None:
+        """Set the config (fixed from here on) and what requests read of it."""
         self.config = config
         self.inputs = {t.name: TensorSpec(t.name, config_to_wire(mcfg.data_type_name(t.data_type)),
                                           list(t.dims), t.optional) for t in config.input}
         self.outputs = {t.name: TensorSpec(t.name, config_to_wire(mcfg.data_type_name(t.data_type)),
                                            list(t.dims)) for t in config.output}
+        self.required_inputs = sum(not spec.optional for spec in self.inputs.values())
+        self.output_names = tuple(self.outputs)
+        self.is_decoupled = config.model_transaction_policy.decoupled
+        self.caches_responses = config.response_cache.enable
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         batch = [-1] if self.max_batch_size > 0 else []
@@ -108,6 +134,16 @@ class ModelEntry:
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for _, v in sorted(self.versions.items()) if v.ready]
+
+
+def _latest_ready(entry: ModelEntry) -> ModelVersion | None:
+    """``entry.ready_versions()[-1]`` (or None) without sorting: every request without a
+    version asks for it."""
+    latest, latest_version = None, -1
+    for version, mv in entry.versions.items():
+        if version > latest_version and mv.state == READY:
+            latest, latest_version = mv, version
+    return latest
 
 
 def check_links_inside(model_dir: Path) -> None:
@@ -196,9 +232,9 @@ class ModelRepository:
             if mv is None or (require_ready and not mv.ready):
                 raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
             return mv
-        ready = entry.ready_versions()
-        if ready:
-            return ready[-1]
+        latest = _latest_ready(entry)
+        if latest is not None:
+            return latest
         if require_ready:
             recovering = [v for _, v in sorted(entry.versions.items()) if v.recovering]
             if recovering:
