@@ -34,7 +34,7 @@ class TensorSpec:
     optional: bool = False
     # Bytes of one tensor (one batch row with batching) when the datatype has a fixed size
     # and every dimension is known and non-zero; 0 otherwise. Lets validation check a
-    # plain request's sizes with one comparison (validation.py's _plain_plan).
+    # plain request's sizes with one comparison (validation.plain_plan).
     fixed_bytes: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
@@ -43,7 +43,7 @@ class TensorSpec:
             count *= d if d > 0 else 0
         try:
             self.fixed_bytes = count * element_size(self.datatype)  # BYTES: 0
-        except InvalidArgument:  # not a datatype: every request takes the full checks, which say so
+        except InvalidArgument:  # not a datatype: every request takes validation.checked_plan, which says so
             self.fixed_bytes = 0
 
 

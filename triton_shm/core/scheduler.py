@@ -136,8 +136,7 @@ class Scheduler:
         return value
 
     def _timeout_ns(self, request: InferRequest, policy: _Policy) -> int | None:
-        if "timeout" not in request.parameters:
-            return policy.default_timeout_ns
+        """The deadline offset of a request that names a timeout."""
         timeout_us = policy.default_timeout_us
         value = request.parameters["timeout"]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -152,15 +151,17 @@ class Scheduler:
         decoupled model None: its responses go to ``stream``."""
         if self._closing:
             raise Unavailable(f"model '{self.model.name}' version {self.model.version} is unloading")
-        # Most requests name no priority: _priority would give the default level.
-        level = self._priority(request) if "priority" in request.parameters else self.default_level
+        # Most requests name neither a priority nor a timeout: the level and the deadline
+        # are then the defaults.
+        params = request.parameters
+        level = self._priority(request) if "priority" in params else self.default_level
         policy = self.policies[level]
         queue = self.queues[level]
         if policy.max_queue_size and len(queue) >= policy.max_queue_size:
             self.stats.record_failure(0, "REJECTED")
             raise Unavailable(f"Exceeds maximum queue size for model '{self.model.name}'")
         now = self.clock.now()
-        timeout = self._timeout_ns(request, policy)
+        timeout = self._timeout_ns(request, policy) if "timeout" in params else policy.default_timeout_ns
         pending = Pending(request, plan, regions, stream, plan.batch_size or 1, level, now,
                           now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq, trace=trace)
         if trace is not None:
@@ -266,7 +267,8 @@ class Scheduler:
             if self.idle and len(queue) == 1 and queue[0].deadline_ns is None:
                 self._start([queue.popleft()], self._take_slot())
             if not queue:
-                self._wakeup.arm(None)
+                if self._wakeup.when_ns is not None:
+                    self._wakeup.arm(None)
                 return
         now = self.clock.now()
         self._expire(now)

@@ -178,7 +178,7 @@ class InferenceService:
         """Whether the request's model may send any number of responses; False when it
         can not be served (``infer_stream`` raises why)."""
         try:
-            return self._model_for(request).decoupled
+            return self._model_for(request).is_decoupled
         except TritonShmError:
             return False
 
@@ -189,7 +189,7 @@ class InferenceService:
         the model runs are raised. Works for every model; the caller releases each
         response."""
         model = self._model_for(request)
-        if not model.decoupled:
+        if not model.is_decoupled:
             yield await self._infer(model, request), True
             return
         stream = ResponseStream(asyncio.Queue())

@@ -76,8 +76,8 @@ _SHM_KEYS = frozenset(SHM_PARAMETERS)
 _NOT_PLAIN_OUTPUT_KEYS = _SHM_KEYS | {"classification"}
 
 
-def _plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | None:
-    """The plan of a plain request, or None for any other (the full checks decide those).
+def plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | None:
+    """The plan of a plain request, or None for any other (checked_plan decides those).
 
     Plain: unique known input names covering every required one, each input with the
     model's datatype, in-band data of exactly the size its shape gives, a shape equal to
@@ -86,7 +86,7 @@ def _plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | Non
     (``TensorSpec.fixed_bytes``), no shared memory, unique known outputs without
     classification. For such a request every check of ``validate_request`` passes and
     its plan is this one, so skipping them changes nothing; anything else returns None
-    without raising, and the full checks run and word the error."""
+    without raising, and ``checked_plan`` runs every check and words the error."""
     specs, max_batch = model.inputs, model.config.max_batch_size
     batch_size = required = 0
     names = set()
@@ -106,7 +106,7 @@ def _plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | Non
             batch_size = b
         elif shape != spec.dims or nbytes != spec.fixed_bytes:
             return None
-        if nbytes > MAX_TENSOR_BYTES:  # its element count is capped in the full checks' message
+        if nbytes > MAX_TENSOR_BYTES:  # its element count is capped in checked_plan's message
             return None
         required += not spec.optional
         names.add(inp.name)
@@ -124,9 +124,12 @@ def _plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | Non
 
 
 def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
-    plan = _plain_plan(model, request)
-    if plan is not None:
-        return plan
+    """The request's plan; raises what is wrong with it (the first problem found)."""
+    return plain_plan(model, request) or checked_plan(model, request)
+
+
+def checked_plan(model: ModelVersion, request: InferRequest) -> RequestPlan:
+    """Every check, in order: what ``validate_request`` does for a request that is not plain."""
     rid, name = request_id_prefix(request.id), model.name
     seen: set[str] = set()
     for inp in request.inputs:
