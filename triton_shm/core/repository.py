@@ -67,18 +67,29 @@ class ModelVersion:
     # its worker died and is being restarted: requests get UNAVAILABLE (retryable), not NOT_FOUND
     recovering: bool = False
 
-    # Fixed per config, computed by set_config so a request reads them instead of the
-    # protobuf config: how many inputs are required, the outputs in config order, and
-    # which optional features a request may need.
-    required_inputs: int = 0
-    output_names: tuple[str, ...] = ()
-    is_decoupled: bool = False
-    caches_responses: bool = False
+    # Derived from the fields above, which are fixed once set (``config`` only changes
+    # through set_config): plain attributes, because every request reads them.
+    key: str = field(init=False)             # the name workers know this load by: a reload runs
+                                             # beside the old one until it is ready
+    version_name: str = field(init=False)    # the version as the protocols spell it
+    max_batch_size: int = field(init=False)
+    decoupled: bool = field(init=False)      # may send any number of responses per request
+    caches_responses: bool = field(init=False)  # response_cache.enable
+    required_inputs: int = field(init=False)     # inputs that are not optional
+    output_names: tuple[str, ...] = field(init=False)  # in config order
 
-    @property
-    def key(self) -> str:
-        """The name workers know this load by: a reload runs beside the old one until it is ready."""
-        return f"{self.name}/{self.version}#{self.generation}"
+    def __post_init__(self) -> None:
+        self.key = f"{self.name}/{self.version}#{self.generation}"
+        self.version_name = str(self.version)
+        self._derive_from_config()
+
+    def _derive_from_config(self) -> None:
+        config = self.config
+        self.max_batch_size = config.max_batch_size
+        self.decoupled = config.model_transaction_policy.decoupled
+        self.caches_responses = config.response_cache.enable
+        self.required_inputs = sum(not spec.optional for spec in self.inputs.values())
+        self.output_names = tuple(self.outputs)
 
     def queue(self) -> "Scheduler | EnsembleScheduler | SequenceScheduler":
         """Where this version's requests go (it has one once loaded)."""
@@ -90,14 +101,6 @@ class ModelVersion:
     def ready(self) -> bool:
         return self.state == READY
 
-    @property
-    def max_batch_size(self) -> int:
-        return self.config.max_batch_size
-
-    @property
-    def decoupled(self) -> bool:
-        return self.config.model_transaction_policy.decoupled
-
     def set_config(self, config: mcfg.ModelConfig) -> None:
         """Set the config (fixed from here on) and what requests read of it."""
         self.config = config
@@ -105,10 +108,7 @@ class ModelVersion:
                                           list(t.dims), t.optional) for t in config.input}
         self.outputs = {t.name: TensorSpec(t.name, config_to_wire(mcfg.data_type_name(t.data_type)),
                                            list(t.dims)) for t in config.output}
-        self.required_inputs = sum(not spec.optional for spec in self.inputs.values())
-        self.output_names = tuple(self.outputs)
-        self.is_decoupled = config.model_transaction_policy.decoupled
-        self.caches_responses = config.response_cache.enable
+        self._derive_from_config()
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         batch = [-1] if self.max_batch_size > 0 else []

@@ -163,7 +163,8 @@ class Scheduler:
         now = self.clock.now()
         timeout = self._timeout_ns(request, policy) if "timeout" in params else policy.default_timeout_ns
         pending = Pending(request, plan, regions, stream, plan.batch_size or 1, level, now,
-                          now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq, trace=trace)
+                          now + timeout if timeout else None, policy.reject_on_timeout,
+                          asyncio.get_running_loop().create_future(), self._seq, trace=trace)
         if trace is not None:
             trace.stamp("QUEUE_START", now)
         self._seq += 1

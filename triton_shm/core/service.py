@@ -166,7 +166,7 @@ class InferenceService:
     async def infer(self, request: InferRequest) -> InferResponse:
         """Run one request. The caller must call ``response.release()`` when done with it."""
         model = self._model_for(request)
-        if model.is_decoupled:
+        if model.decoupled:
             raise Unsupported(f"model '{model.name}' is decoupled (it may send any number of responses): use "
                               "the gRPC stream (ModelStreamInfer) or the generate_stream endpoint")
         response = await self._infer(model, request)
@@ -178,7 +178,7 @@ class InferenceService:
         """Whether the request's model may send any number of responses; False when it
         can not be served (``infer_stream`` raises why)."""
         try:
-            return self._model_for(request).is_decoupled
+            return self._model_for(request).decoupled
         except TritonShmError:
             return False
 
@@ -189,7 +189,7 @@ class InferenceService:
         the model runs are raised. Works for every model; the caller releases each
         response."""
         model = self._model_for(request)
-        if not model.is_decoupled:
+        if not model.decoupled:
             yield await self._infer(model, request), True
             return
         stream = ResponseStream(asyncio.Queue())

@@ -87,7 +87,7 @@ def plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | None
     classification. For such a request every check of ``validate_request`` passes and
     its plan is this one, so skipping them changes nothing; anything else returns None
     without raising, and ``checked_plan`` runs every check and words the error."""
-    specs, max_batch = model.inputs, model.config.max_batch_size
+    specs, max_batch = model.inputs, model.max_batch_size
     batch_size = required = 0
     names = set()
     for inp in request.inputs:
