@@ -262,9 +262,10 @@ class Scheduler:
         for the next moment the queue needs a look on its own."""
         queue = self._direct
         if queue is not None:
-            # Batching off, one queue, no rate limiter, and at most the one request that
-            # just came with no deadline: the loop below would expire nothing, hand that
-            # request alone to a free slot and need no timer. Do just that.
+            # Batching off, one queue, no rate limiter. With one request waiting, without
+            # a deadline, and a free slot, the loop below would expire nothing and hand it
+            # alone to that slot; with none waiting it would only clear the timer. Do just
+            # that; anything else (more waiting, deadlines, no free slot) takes the loop.
             if self.idle and len(queue) == 1 and queue[0].deadline_ns is None:
                 self._start([queue.popleft()], self._take_slot())
             if not queue:

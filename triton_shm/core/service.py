@@ -14,14 +14,13 @@ from ..errors import Internal, InvalidArgument, NotFound, TritonShmError, Unavai
 from . import settings as log_settings
 from .cached_inference import infer_cached
 from .model_config import config_to_json, validate_model_name
-from .validation import RequestPlan
 from .model_manager import ModelManager, decode_load_parameters
 from .response_cache import ResponseCache
 from .shm_registry import SharedMemoryRegistry
 from ..worker.devices import cuda_available
 from .tracing import Tracer
 from .types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
-from .validation import validate_request
+from .validation import RequestPlan, validate_request
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
