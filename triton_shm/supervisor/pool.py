@@ -389,7 +389,7 @@ class WorkerPool:
         except Exception:
             worker.release(descriptors)
             raise
-        return InferResponse(model_name=mv.name, model_version=str(mv.version), id=request.id,
+        return InferResponse(model_name=mv.name, model_version=mv.version_name, id=request.id,
                              outputs=outputs, _release=functools.partial(worker.release, descriptors))
 
 
