@@ -544,7 +544,7 @@ def test_a_reply_the_pool_cannot_read_fails_its_batch_with_internal():
     worker = pool.workers["cpu"]
     worker.alive, worker.arena = True, Arena(1 << 20)
     callbacks = []
-    worker.send_infer = lambda msg_id, key, instance, requests, on_reply, on_stream=None: callbacks.append(on_reply)
+    worker.request = lambda encode, args, on_reply, **kw: callbacks.append(on_reply)
     answered = []
     batch = [BatchRequest(InferRequest("m"), RequestPlan(outputs=[], batch_size=1), {}, None)]
     pool.start_batch(SimpleNamespace(name="m", key="m/1#0", decoupled=False), ("cpu", 0), batch,

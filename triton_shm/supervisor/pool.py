@@ -228,7 +228,8 @@ class WorkerPool:
             requests = []
             for p in batch:  # a loop, not a comprehension: no frame of its own (one request, mostly)
                 requests.append(self._request_record(worker, arena, p, blocks))
-            worker.send_infer(msg_id, mv.key, index, requests, on_reply, on_stream)
+            worker.request(protocol.encode_infer, (mv.key, index, requests), on_reply, on_stream=on_stream,
+                           msg_id=msg_id)
         except BaseException:
             if worker.arena is arena:
                 arena.free_blocks(blocks)
