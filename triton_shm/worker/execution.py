@@ -22,7 +22,7 @@ import numpy as np
 from ..backends.base import ModelInstance, WorkerRequest, WorkerResponse
 from ..core import codec
 from ..core.datatypes import element_size
-from ..errors import Internal, InvalidArgument, TritonShmError
+from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc.arena import Block
 from . import assembler
 from .cuda import DeviceSpan
@@ -42,26 +42,55 @@ def _error(e: BaseException, model: str) -> dict[str, Any]:
 
 
 class InstanceRunner:
-    """A model instance and the thread that feeds it batches."""
+    """A model instance and the thread that feeds it batches (unless the control thread
+    runs the batch itself: ``Worker._run_inline``)."""
 
     def __init__(self, worker: "Worker", model: "LoadedModel", instance: ModelInstance, name: str):
         self.worker, self.model, self.instance, self.name = worker, model, instance, name
         self.queue: queue.SimpleQueue[dict | None] = queue.SimpleQueue()
+        self.solo = False      # the control thread may run its batches (set by the worker at load)
+        self.lock = threading.Lock()  # held while a batch runs: executions never overlap
+        self.dispatched = 0    # batches handed to it (by the ring's reader only)
+        self.finished = 0      # batches answered (under ``lock``): free when the two are equal
+        self.stopped = False
         self.thread = threading.Thread(target=self._run, name=f"instance-{name}", daemon=True)
         self.thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
         self.queue.put(None)
+        deadline = time.monotonic() + timeout
         self.thread.join(timeout=timeout)
+        got = self.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))  # an inline batch ends
+        self.stopped = True
+        if got:
+            self.lock.release()
         try:
             self.instance.finalize()
         except Exception:  # a model's finalize must not take the worker down
             log.exception("finalize of instance %s failed", self.name)
 
+    def submit(self, msg: dict[str, Any]) -> None:
+        """Queue a batch for the instance's thread."""
+        self.dispatched += 1
+        self.queue.put(msg)
+
+    def execute(self, msg: dict[str, Any]) -> None:
+        """Run one batch and send its reply (on the instance's thread or the control thread)."""
+        with self.lock:
+            try:
+                if self.stopped:  # unloaded since the batch was read
+                    body = {"error": NotFound(f"model '{self.model.context.name}' is not loaded in worker "
+                                              f"'{self.worker.name}'").to_wire()}
+                else:
+                    body = self.run_batch(msg["requests"], msg["id"])
+                self.worker.reply(msg["id"], body)
+            finally:
+                self.finished += 1
+
     def _run(self) -> None:
         while (msg := self.queue.get()) is not None:
             try:
-                self.worker.reply(msg["id"], self.run_batch(msg["requests"], msg["id"]))
+                self.execute(msg)
             except OSError:  # the front-end has gone; the control loop is ending too
                 return
 
