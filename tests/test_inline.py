@@ -5,6 +5,7 @@ behind an inline one run in order on the same instance.
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ CALLEE_CONFIG = """
     """
 
 CALLEE_PY = """
+import os
 import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -51,6 +53,7 @@ CALLER_CONFIG = """
 # Two BLS calls per request into ``callee`` (same worker): one from execute, one from a helper
 # thread of the model's, as models that fan out do.
 CALLER_SYNC_PY = """
+import os
 import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -82,6 +85,7 @@ class TritonPythonModel:
 
 CALLER_ASYNC_PY = """
 import asyncio
+import os
 import threading
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -114,6 +118,7 @@ SLOW_CONFIG = """
     """
 
 SLOW_PY = """
+import os
 import os
 import threading
 import time
@@ -226,3 +231,48 @@ def test_other_models_load_run_and_unload_while_a_slow_model_runs_inline(server)
     assert thread_of(result) == "MainThread"
     flag.unlink()
     started.unlink()
+
+
+# -- the relief reader's clock, both twins ----------------------------------------------------
+
+@pytest.fixture(params=["c", "python"])
+def watch(request):
+    if request.param == "c":
+        cls = pytest.importorskip("triton_shm.worker._watch").Watch
+    else:
+        from triton_shm.worker.watch_py import Watch as cls
+    fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    yield cls(fd)
+    os.close(fd)
+
+
+def test_watch_reports_an_execution_still_running_a_tick_later(watch):
+    watch.parked = False
+    seq = watch.begin()
+    assert (seq, watch.current, watch.count) == (1, 1, 1)
+    assert watch.wait(1, 1000) == seq
+    watch.end()
+    assert watch.current == 0
+
+
+def test_watch_parked_is_rung_by_the_next_execution(watch):
+    assert watch.parked
+    seq = watch.begin()          # rings the parked clock
+    assert watch.wait(1, 1000) == 0
+    assert not watch.parked
+    assert watch.wait(1, 1000) == seq  # and then watches it
+
+
+def test_watch_parks_when_quiet_and_wakes_when_rung(watch):
+    watch.parked = False
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(watch.wait(1, 3)))
+    waiter.start()
+    deadline = time.monotonic() + 30
+    while not watch.parked:      # three quiet ticks
+        assert time.monotonic() < deadline, "the clock never parked"
+        time.sleep(0.005)
+    assert waiter.is_alive()     # parked: it sleeps until rung
+    watch.ring()
+    waiter.join(30)
+    assert got == [0]

@@ -92,8 +92,7 @@ class Worker:
         self._reader = threading.Lock()
         self._ending = threading.Lock()
         self._relief = Relief(self)
-        self.inline = 0          # the inline execution running now (its sequence number), or 0
-        self.inline_count = 0    # inline executions begun
+        self._watch = self._relief.watch  # .current: the inline execution running now (its number), or 0
         self.relief_reading = False
 
     # -- sending -------------------------------------------------------------------------
@@ -180,7 +179,7 @@ class Worker:
         """Read and dispatch frames until the link ends (the exit code). The relief reader
         passes the inline execution it stands in for and returns None once that ends."""
         link = self.link
-        while not relieving or self.inline == relieving:
+        while not relieving or self._watch.current == relieving:
             try:
                 got = link.recv()
                 if got is None:
@@ -251,10 +250,8 @@ class Worker:
     # pings go on) or waits for a frame (BLS, ``need_reader``), and takes it back after.
     # Frames read by the relief are never run inline, so nothing nests or waits on itself.
     def _run_inline(self, runner: InstanceRunner, body: dict[str, Any]) -> None:
-        self.inline_count = seq = self.inline_count + 1
-        self.inline = seq
-        if self._relief.parked:
-            self._relief.ring()
+        watch = self._watch
+        watch.begin()
         runner.dispatched += 1
         self._reader.release()
         try:
@@ -262,14 +259,14 @@ class Worker:
         except OSError:  # the front-end has gone: the next read finds the link's end
             pass
         finally:
-            self.inline = 0
+            watch.end()
             if self.relief_reading:  # it may sleep on the eventfd: wake it to hand back
                 os.eventfd_write(self.link.rx_wake, 1)
             self._reader.acquire()
 
     def need_reader(self) -> None:
         """A model is about to wait for a frame (a BLS reply): make sure someone reads them."""
-        seq = self.inline
+        seq = self._watch.current
         if seq and not self.relief_reading:
             self._relief.call(seq)
 
@@ -278,7 +275,7 @@ class Worker:
         if not self._reader.acquire(blocking=False):
             return
         try:
-            # set before ``_serve`` reads ``inline`` again; the control thread clears ``inline``
+            # set before ``_serve`` reads ``current`` again; the control thread ends the execution
             # before it reads this: one of the two sees the other
             self.relief_reading = True
             code = self._serve(seq)
