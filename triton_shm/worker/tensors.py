@@ -76,7 +76,7 @@ def decode_input(datatype: str, shape: list[int], view: memoryview) -> np.ndarra
     dtype, size = fixed
     if count * size != view.nbytes:
         raise Internal("input descriptor size does not match its shape")
-    return np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
+    return np.ndarray(shape, dtype, view)  # positional: numpy parses keywords slowly
 
 
 def _coerce(name: str, array, datatype: str) -> np.ndarray:
