@@ -315,7 +315,9 @@ class PythonModelInstance(ModelInstance):
             if name in outputs:
                 return WorkerResponse(error=Internal(
                     f"model '{self.spec.name}' returned output '{name}' more than once"))
-            outputs[name] = _output_array(t)
+            array = t._array
+            # a host array of numbers goes as it is; strings and GPU tensors are converted
+            outputs[name] = array if t._device_array is None and array.dtype.kind not in "US" else _output_array(t)
         return WorkerResponse(outputs)
 
     def finalize(self) -> None:
