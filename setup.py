@@ -63,6 +63,8 @@ def extensions() -> list[Extension]:
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.worker._watch", ["triton_shm/worker/_watch.pyx"],
                   extra_compile_args=["-O2", "-Wall"]),
+        Extension("triton_shm.frontend.grpc._infer_wire", ["triton_shm/frontend/grpc/_infer_wire.pyx"],
+                  extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.worker._assembler",
                   ["triton_shm/worker/_assembler.pyx", "csrc/assembler.c"],
                   include_dirs=["csrc"],
