@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from .harness import ServerProcess
+from .harness import ServerProcess, children
 from .models import write_model
 
 # Every model reports the thread that ran it: inline batches run on the worker's main thread.
@@ -107,7 +107,7 @@ class TritonPythonModel:
         return out
 """
 
-# Says it started (a file), blocks until the test creates its flag file (at most a minute),
+# Says it started (a file), blocks until the test creates its flag file (at most ten minutes),
 # then echoes its input.
 SLOW_CONFIG = """
     name: "slow"
@@ -132,7 +132,7 @@ class TritonPythonModel:
 
     def execute(self, requests):
         open(self.started, "w").close()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 600
         while not os.path.exists(self.flag) and time.monotonic() < deadline:
             time.sleep(0.01)
         name = np.array([threading.current_thread().name.encode()], dtype=np.object_)
@@ -231,6 +231,40 @@ def test_other_models_load_run_and_unload_while_a_slow_model_runs_inline(server)
     assert thread_of(result) == "MainThread"
     flag.unlink()
     started.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_worker_leaves_when_the_front_end_dies_during_a_long_inline_execution(tmp_path):
+    """The control thread is inside a model that will not return for minutes; the relief
+    reader sees the link end and the worker shuts down as it would from its control loop."""
+    repo = tmp_path / "models"
+    write_model(repo, "slow", config=SLOW_CONFIG, model_py=SLOW_PY)
+    srv = ServerProcess(repo, tmp_path / "server.log").start()
+    (worker,) = children(srv.proc.pid)
+    started, flag = repo / "slow" / "started", repo / "slow" / "go"
+    caller = threading.Thread(target=lambda: pytest.raises(Exception, infer, srv, "slow"), daemon=True)
+    try:
+        caller.start()
+        deadline = time.monotonic() + 60
+        while not started.exists():
+            assert time.monotonic() < deadline, "the request never reached the model"
+            time.sleep(0.02)
+        srv.proc.kill()
+        srv.proc.wait(30)
+        deadline = time.monotonic() + 120  # its shutdown waits up to 30 s for the running batch
+        while _alive(worker):
+            assert time.monotonic() < deadline, "the worker outlived its front-end"
+            time.sleep(0.1)
+    finally:
+        flag.touch()  # a worker left behind finishes the batch and then sees the link's end
+        srv.stop()
+        caller.join(30)
 
 
 # -- the relief reader's clock, both twins ----------------------------------------------------

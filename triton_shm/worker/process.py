@@ -279,7 +279,7 @@ class Worker:
             # before it reads this: one of the two sees the other
             self.relief_reading = True
             code = self._serve(seq)
-        except (BrokenPipeError, ConnectionError):
+        except OSError:  # a send failed: the front-end has gone or the link broke
             code = 0 if self.link.peer_gone() else 1
         finally:
             self.relief_reading = False

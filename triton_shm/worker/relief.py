@@ -14,6 +14,7 @@ quiet ticks the clock parks, and the next inline execution rings it.
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import TYPE_CHECKING
@@ -29,6 +30,8 @@ if not NO_EXTENSIONS:
 
 if TYPE_CHECKING:
     from .process import Worker
+
+log = logging.getLogger("triton_shm.worker")
 
 TICK_MS = int(os.environ.get("TRITON_SHM_WORKER_RELIEF_MS", "5"))
 PARK_AFTER = 100  # quiet ticks (0.5 s by default) before the clock sleeps until rung
@@ -57,4 +60,7 @@ class Relief:
                 seq = self.urgent
                 if not seq or seq != watch.current:
                     continue
-            self.worker.relieve(seq)
+            try:
+                self.worker.relieve(seq)
+            except Exception:  # noqa: BLE001 - the relief must outlive any one frame
+                log.exception("the relief reader failed")
