@@ -263,7 +263,7 @@ class PythonModelInstance(ModelInstance):
         n = len(requests)
         label = self._label
         try:
-            pb_requests = [self._request(r) for r in requests]
+            pb_requests = list(map(self._request, requests))
         except Exception as e:  # noqa: BLE001
             log.exception("building requests for model '%s' failed", self.context.name)
             return self._fail_all(n, label + _describe(e))
@@ -293,7 +293,7 @@ class PythonModelInstance(ModelInstance):
                 n, label + "Number of InferenceResponse objects do not match the number of "
                 f"InferenceRequest objects. InferenceRequest(s) size is:{n}, and "
                 f"InferenceResponse(s) size is:{len(result)}")
-        return [self._response(req, resp) for req, resp in zip(requests, result)]
+        return list(map(self._response, requests, result))
 
     def _response(self, req: WorkerRequest, resp: Any) -> WorkerResponse:
         if not isinstance(resp, pb_utils.InferenceResponse):
