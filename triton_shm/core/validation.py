@@ -5,6 +5,8 @@ Messages follow Triton's wording where clients are known to match on them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 from ..errors import InvalidArgument, Unsupported
 from . import codec
@@ -26,14 +28,15 @@ class ShmRef:
 @dataclass(slots=True)
 class RequestPlan:
     """What validation learned: the outputs to produce, the batch size, and which
-    tensors live in client shared memory."""
+    tensors live in client shared memory. Read-only once made (plain requests' plans
+    share the empty NOTHING)."""
     outputs: list[str]
     batch_size: int
-    shm_inputs: dict[str, ShmRef] = field(default_factory=dict)
-    shm_outputs: dict[str, ShmRef] = field(default_factory=dict)
+    shm_inputs: Mapping[str, ShmRef] = field(default_factory=dict)
+    shm_outputs: Mapping[str, ShmRef] = field(default_factory=dict)
     # sequence batching: state outputs (name -> datatype) the model may return beside the
     # requested ones; the scheduler keeps them, the client never sees them
-    state_outputs: dict[str, str] = field(default_factory=dict)
+    state_outputs: Mapping[str, str] = field(default_factory=dict)
     sequence: tuple | None = None   # sequence batching: (correlation ID, start, end), for the model
 
 
@@ -72,6 +75,8 @@ def _shape_matches(got: list[int], dims: list[int]) -> bool:
     return len(got) == len(dims) and all(d == -1 or d == g for g, d in zip(got, dims))
 
 
+# The empty mapping plain requests' plans share (read-only, so sharing it is safe).
+NOTHING: Mapping = MappingProxyType({})
 _SHM_KEYS = frozenset(SHM_PARAMETERS)
 _NOT_PLAIN_OUTPUT_KEYS = _SHM_KEYS | {"classification"}
 
@@ -113,14 +118,14 @@ def plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | None
     if required != model.required_inputs or len(names) != len(request.inputs):
         return None
     if not request.outputs:
-        return RequestPlan(outputs=list(model.output_names), batch_size=batch_size)
+        return RequestPlan(list(model.output_names), batch_size, NOTHING, NOTHING, NOTHING)
     outputs: list[str] = []
     for out in request.outputs:
         if (out.name not in model.outputs or out.name in outputs
                 or (out.parameters and not _NOT_PLAIN_OUTPUT_KEYS.isdisjoint(out.parameters))):
             return None
         outputs.append(out.name)
-    return RequestPlan(outputs=outputs, batch_size=batch_size)
+    return RequestPlan(outputs, batch_size, NOTHING, NOTHING, NOTHING)
 
 
 def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
