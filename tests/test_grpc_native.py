@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -263,13 +264,14 @@ def test_oversized_header_block_is_refused(server):
     conn.close()
 
 
+@pytest.mark.parametrize("count", [3000, 29_000])  # 29,000 empty SETTINGS fill a whole 256 KiB read
 @pytest.mark.parametrize("kind", ["ping", "settings"])
-def test_control_frame_flood_gets_goaway(server, kind):
+def test_control_frame_flood_gets_goaway(server, kind, count):
     conn = RawH2(server)
     conn.wait_for(lambda f: isinstance(f, SettingsFrame))
     frame = (PingFrame(0, opaque_data=b"12345678") if kind == "ping" else SettingsFrame(0, settings={})).serialize()
     try:
-        conn.send(frame * 3000)
+        conn.send(frame * count)
     except (BrokenPipeError, ConnectionResetError):
         pass
     goaways = [f for f in conn.frames(5) if isinstance(f, GoAwayFrame)]
@@ -430,6 +432,21 @@ def test_16_mib_both_ways(server):
     x = np.random.default_rng(1).random(4 << 20, dtype=np.float32)  # 16 MiB
     with grpcclient.InferenceServerClient(server.grpc_url) as c:
         np.testing.assert_array_equal(c.infer("identity_fp32", identity_inputs(x)).as_numpy("OUTPUT0"), x)
+
+
+def test_16_mib_calls_on_parallel_connections_keep_their_own_data(server):
+    """Connections share the server's receive buffer: large messages read in turns over
+    several connections must each arrive (and come back) intact."""
+    values = [np.random.default_rng(seed).random((4 << 20) + 1, dtype=np.float32) for seed in range(3)]  # 16 MiB + 4 B
+
+    def call(x: np.ndarray) -> np.ndarray:
+        with grpcclient.InferenceServerClient(server.grpc_url) as c:
+            return c.infer("identity_fp32", identity_inputs(x)).as_numpy("OUTPUT0")
+
+    with ThreadPoolExecutor(len(values)) as pool:
+        results = list(pool.map(call, values))
+    for x, y in zip(values, results):
+        np.testing.assert_array_equal(y, x)
 
 
 def sleepy_inputs(seconds: float) -> list:
