@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+WRITE_CHUNK = 256 * 1024  # engine output taken per transport write
 LINGER_SECONDS = 1.0  # reading on after our final GOAWAY
 CALL_TASK = "gRPC call"  # each call's task name (a fixed one: the default is formatted per task)
 
@@ -170,7 +171,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         try:
             while True:
                 while not self.paused:
-                    out = h2.data_to_send()  # unbounded: the engine's one-copy DATA path
+                    out = h2.data_to_send(WRITE_CHUNK)
                     if not out:
                         break
                     transport.write(out)
@@ -328,7 +329,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         elif len(call.messages) != 1:
             self._finish(call, INTERNAL, "unary call ended without a request message")
         else:
-            call.task = asyncio.Task(self._run_unary(call, call.messages.pop()), loop=self.loop, name=CALL_TASK)
+            call.task = asyncio.Task(self._run_unary(call), loop=self.loop, name=CALL_TASK)
 
     def _ack(self, sid: int, size: int) -> None:
         if size:
