@@ -61,6 +61,8 @@ def extensions() -> list[Extension]:
         Extension("triton_shm.ipc._ring", ["triton_shm/ipc/_ring.pyx"], depends=["csrc/ring.h"],
                   include_dirs=["csrc"],
                   extra_compile_args=["-O2", "-Wall"]),
+        Extension("triton_shm.frontend.http._common_shape", ["triton_shm/frontend/http/_common_shape.pyx"],
+                  extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.worker._assembler",
                   ["triton_shm/worker/_assembler.pyx", "csrc/assembler.c"],
                   include_dirs=["csrc"],
