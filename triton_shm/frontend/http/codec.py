@@ -66,7 +66,10 @@ def decode_infer_request(
             "raw binary inference requests (Inference-Header-Content-Length: 0) are not "
             "supported; send a JSON header and the tensor with 'binary_data_size'")
     view = memoryview(body)
-    doc = _parse_json(view[:header_length] if header_length < size else body)
+    try:
+        doc = orjson.loads(view[:header_length] if header_length < size else body)
+    except orjson.JSONDecodeError as e:
+        raise _json_error(e) from None
     request = decode_common(doc, model_name, model_version, view, header_length)
     if request is not None:  # what clients send, decided in one pass (common_shape_py says which)
         return request
@@ -141,13 +144,10 @@ def _exact_uint64(name: str, data: Any) -> np.ndarray:
     return np.array(flat.tolist(), dtype=np.uint64)
 
 
-def _parse_json(buf: Buffer) -> Any:
-    try:
-        return orjson.loads(buf)
-    except orjson.JSONDecodeError as e:
-        if "depth" in str(e) or "recursion" in str(e):
-            raise InvalidArgument(f"JSON nesting depth exceeds the limit of {MAX_JSON_DEPTH}") from None
-        raise InvalidArgument(f"failed to parse the request JSON buffer: {e}") from None
+def _json_error(e: orjson.JSONDecodeError) -> InvalidArgument:
+    if "depth" in str(e) or "recursion" in str(e):
+        return InvalidArgument(f"JSON nesting depth exceeds the limit of {MAX_JSON_DEPTH}")
+    return InvalidArgument(f"failed to parse the request JSON buffer: {e}")
 
 
 def _check_unknown_members(obj: dict, known: frozenset[str], depth: int) -> None:

@@ -41,6 +41,9 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _JOIN_BELOW = 64 * 1024  # join head and body into one write below this size
 LINGER_TIME = 10.0  # seconds a closing connection reads and drops what the client still sends
 
+_OTHER, _HEADER_LENGTH, _CONTENT_LENGTH = Field.OTHER, Field.HEADER_LENGTH, Field.CONTENT_LENGTH
+_CONTENT_ENCODING, _ACCEPT_ENCODING = Field.CONTENT_ENCODING, Field.ACCEPT_ENCODING
+
 # Connection states, for the timeouts.
 IDLE, HEADERS, BODY = 0, 1, 2
 
@@ -137,27 +140,27 @@ class LeanConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         msg = self._msg
         assert msg is not None
-        if len(name) + len(value) > MAX_FIELD:
-            raise HttpLimit(431, f"a header field is longer than {MAX_FIELD} bytes")
-        msg.headers.append((name, value))
-        if len(msg.headers) > MAX_HEADERS:
-            raise HttpLimit(431, f"more than {MAX_HEADERS} header fields")
+        headers = msg.headers
+        headers.append((name, value))
+        if len(name) + len(value) > MAX_FIELD or len(headers) > MAX_HEADERS:
+            raise HttpLimit(431, f"a header field is longer than {MAX_FIELD} bytes"
+                            if len(name) + len(value) > MAX_FIELD else f"more than {MAX_HEADERS} header fields")
         field = FIELDS.get(name) or FIELDS.get(name.lower())
-        if field is None or field is Field.OTHER:
+        if field is None or field is _OTHER:
             return
-        if field is Field.HEADER_LENGTH:
+        if field is _HEADER_LENGTH:
             msg.header_length = value.decode("latin-1")
-        elif field is Field.CONTENT_ENCODING:
-            msg.content_encoding = value.decode("latin-1")
-        elif field is Field.ACCEPT_ENCODING:
-            msg.accept_encoding = value.decode("latin-1")
-        elif field is Field.CONTENT_LENGTH:
+        elif field is _CONTENT_LENGTH:
             try:
                 declared = int(value)
             except ValueError:
                 return  # llhttp refuses it
             if declared > self.ctx.max_input_size:
                 msg.error = (413, self._too_large())
+        elif field is _CONTENT_ENCODING:
+            msg.content_encoding = value.decode("latin-1")
+        elif field is _ACCEPT_ENCODING:
+            msg.accept_encoding = value.decode("latin-1")
         elif value.lower() == b"100-continue":
             msg.expect_continue = True
 
