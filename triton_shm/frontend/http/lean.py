@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from functools import partial
+from typing import TYPE_CHECKING, Any, Coroutine, cast
 
 import httptools
 
@@ -58,7 +59,7 @@ class LeanConnection(asyncio.Protocol):
         self._queue: deque[Message] = deque()
         self._queued_bytes = 0
         self._busy = False                  # a request is being served
-        self._task: asyncio.Task | None = None
+        self._infer_run: Coroutine[Any, Any, None] | None = None  # the lean response being made
         self._bridge: AiohttpBridge | None = None
         self._read_paused = False
         self._write_paused = False
@@ -223,7 +224,8 @@ class LeanConnection(asyncio.Protocol):
                 continue
             self._busy = True
             if msg.route is not None:
-                self._task = self.loop.create_task(self._infer(msg, *msg.route))
+                self._infer_run = self._infer(msg, *msg.route)
+                self._advance(self._infer_run)
             else:
                 self._forward(msg)
         if self.transport is None:
@@ -270,6 +272,22 @@ class LeanConnection(asyncio.Protocol):
             self._respond(msg, 200, reply.content_type, reply.body, reply.headers)
         self.request_done(msg.keep_alive)
 
+    def _advance(self, run: Coroutine[Any, Any, None], _done: object = None) -> None:
+        """Run the infer coroutine to its next wait (the first call starts it), and on when
+        the future it waits for is done. This is what an asyncio Task would do, without one
+        per request: the coroutine waits only on futures, answers every Exception itself
+        and is never cancelled, so a Task's own scheduling, registry and cancellation would
+        add nothing. A cancelled future it waits for ends it, as it would end a Task."""
+        try:
+            waited = run.send(None)
+        except (StopIteration, asyncio.CancelledError):
+            return
+        if waited is None:  # a bare yield (sleep(0)): go on at the next loop iteration
+            self.loop.call_soon(self._advance, run)
+            return
+        waited._asyncio_future_blocking = False
+        waited.add_done_callback(partial(self._advance, run))
+
     def _forward(self, msg: Message) -> None:
         if self._bridge is None:
             from .bridge import AiohttpBridge
@@ -281,13 +299,13 @@ class LeanConnection(asyncio.Protocol):
     def bridge_closed(self) -> None:
         """aiohttp closes its side: after its response, or at shutdown."""
         self._discard = True
-        if self._task is None:  # not in the middle of a lean response
+        if self._infer_run is None:  # not in the middle of a lean response
             self._close()
 
     def request_done(self, keep_alive: bool) -> None:
         """The response to the request being served is written (lean or aiohttp)."""
         self._busy = False
-        self._task = None
+        self._infer_run = None
         self.since = self.loop.time()
         if not keep_alive:
             self._close()
