@@ -114,7 +114,8 @@ class LeanConnection(asyncio.Protocol):
         except httptools.HttpParserError as e:
             self._reject(400, f"malformed HTTP request: {e}")
         self._serve()
-        if not self._read_paused and self._over_budget():
+        # Nothing queued and no request being read: nothing is held, so nothing to weigh.
+        if not self._read_paused and (self._queue or self._msg is not None) and self._over_budget():
             self._pause_reading()
 
     def eof_received(self) -> bool | None:
