@@ -23,6 +23,8 @@ from ...core.types import (
     RequestedOutput,
 )
 from ...errors import InvalidArgument
+from .infer_wire_py import SPLIT_THRESHOLD  # below it, upb parsing everything beats splitting the raw off
+from .infer_wire import FRAMED, PLAIN, STREAM, decode_request, encode_response
 
 _INT64_MIN, _INT64_MAX, _UINT64_MAX = -(2**63), 2**63 - 1, 2**64 - 1
 
@@ -170,8 +172,6 @@ def decode_infer_request(msg: pb.ModelInferRequest, raw: list[memoryview] | None
 _RAW_INPUT_TAG = (7 << 3) | 2  # ModelInferRequest.raw_input_contents, length-delimited
 _RAW_OUTPUT_TAG = b"\x32"  # ModelInferResponse.raw_output_contents (field 6, length-delimited)
 _STREAM_RESPONSE_TAG = b"\x12"  # ModelStreamInferResponse.infer_response (field 2)
-# Below this, parsing everything with upb costs less than splitting the raw contents off.
-SPLIT_THRESHOLD = 64 * 1024
 
 
 def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -227,7 +227,11 @@ def _split_raw_inputs(data: bytes) -> tuple[bytes, list[memoryview]] | None:
 
 def parse_infer_request(data: bytes) -> InferRequest:
     """ModelInferRequest bytes -> InferRequest. Large tensors stay views of ``data``
-    (upb would copy each raw entry into a bytes object of its own)."""
+    (upb would copy each raw entry into a bytes object of its own). The common shape
+    is decoded straight from the bytes (``infer_wire``); the rest by protobuf."""
+    request = decode_request(data)
+    if request is not None:
+        return request
     if len(data) >= SPLIT_THRESHOLD and (split := _split_raw_inputs(data)) is not None:
         head, raw = split
         return decode_infer_request(pb.ModelInferRequest.FromString(head), raw)
@@ -263,6 +267,9 @@ def infer_response_bytes(resp: InferResponse, framed: bool = False) -> bytes:
     """The ModelInferResponse as bytes, built by one join (tensor data copied once),
     with the 5-byte gRPC message prefix in front when ``framed``; releases ``resp``."""
     try:
+        message = encode_response(resp, None, FRAMED if framed else PLAIN)
+        if message is not None:
+            return message
         parts, size = _response_parts(resp, None)
         if framed:
             parts.insert(0, b"\x00" + size.to_bytes(4, "big"))
@@ -274,6 +281,9 @@ def infer_response_bytes(resp: InferResponse, framed: bool = False) -> bytes:
 def stream_response_bytes(resp: InferResponse, final: bool | None) -> bytes:
     """A ModelStreamInferResponse carrying ``resp`` (releases it)."""
     try:
+        message = encode_response(resp, final, STREAM)
+        if message is not None:
+            return message
         parts, size = _response_parts(resp, final)
         return b"".join((_STREAM_RESPONSE_TAG, varint(size), *parts))
     finally:

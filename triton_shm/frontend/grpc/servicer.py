@@ -70,10 +70,7 @@ class InferenceRpcs:
         return resp
 
     # -- inference -----------------------------------------------------------------------
-    async def ModelInfer(self, request: bytes) -> Any:
-        """Takes the raw message (parsed here so tensors stay views of it) and returns
-        the core response, serialized by ``infer_response_bytes``."""
-        return await self.service.infer(parse_infer_request(request))
+    # ModelInfer has no body here: it is the service's infer, between its codecs (see methods()).
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
         stats = self.service.model_statistics(request.name, request.version)
@@ -239,10 +236,6 @@ async def _health_check(service: "InferenceService", request: bytes) -> bytes:
         return _NOT_SERVING
 
 
-def _infer_response_serializer(response: Any, framed: bool) -> bytes:
-    return infer_response_bytes(response, framed)
-
-
 # Each RPC's restricted-API group (--grpc-restricted-protocol), as tritonserver groups them.
 GROUPS: dict[str, str] = {
     "ServerLive": "health", "ServerReady": "health", "ModelReady": "health", "Check": "health",
@@ -260,8 +253,12 @@ GROUPS: dict[str, str] = {
 }
 
 # Bodies that take or give bytes instead of protobuf messages (their own codecs).
-_RAW_REQUEST = {"ModelInfer", "ModelStreamInfer"}
-_SERIALIZERS = {"ModelInfer": _infer_response_serializer, "ModelStreamInfer": raw_bytes}
+# ModelInfer is the service's infer between its codecs: the request parsed by
+# parse_infer_request (tensors stay views of the message), the response encoded by
+# infer_response_bytes. ModelStreamInfer's body takes the raw messages.
+_DESERIALIZERS: dict[str, Any] = {"ModelInfer": parse_infer_request}
+_RAW_REQUEST = {"ModelStreamInfer"}
+_SERIALIZERS = {"ModelInfer": infer_response_bytes, "ModelStreamInfer": raw_bytes}
 
 
 def methods(service: "InferenceService") -> list[Method]:
@@ -271,10 +268,11 @@ def methods(service: "InferenceService") -> list[Method]:
     for m in pb.DESCRIPTOR.services_by_name[SERVICE.split(".")[1]].methods:
         kwargs: dict[str, Any] = {}
         if m.name not in _RAW_REQUEST:
-            kwargs["deserialize"] = getattr(pb, m.input_type.name).FromString
+            kwargs["deserialize"] = _DESERIALIZERS.get(m.name) or getattr(pb, m.input_type.name).FromString
         if m.name in _SERIALIZERS:
             kwargs["serialize"] = _SERIALIZERS[m.name]
-        out.append(Method(f"/{SERVICE}/{m.name}", getattr(rpcs, m.name),
+        handler = service.infer if m.name == "ModelInfer" else getattr(rpcs, m.name)
+        out.append(Method(f"/{SERVICE}/{m.name}", handler,
                           streaming=m.client_streaming or m.server_streaming, group=GROUPS[m.name], **kwargs))
     out.append(Method("/grpc.health.v1.Health/Check", functools.partial(_health_check, service),
                       serialize=raw_bytes, group=GROUPS["Check"]))

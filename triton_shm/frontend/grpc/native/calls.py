@@ -4,7 +4,7 @@ connection, whose engine, flush and writer bookkeeping it uses."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
 import ngh2
 
@@ -153,9 +153,11 @@ class CallRunner:
         if call.timer is not None:
             call.timer.cancel()
             call.timer = None
-        status = [(b"grpc-status", str(code).encode())] if code else list(_OK_TRAILERS)
-        if message:
-            status.append((b"grpc-message", encode_message_text(message)))
+        status: Sequence[tuple[bytes, bytes]] = _OK_TRAILERS
+        if code or message:
+            status = [(b"grpc-status", str(code).encode())]
+            if message:
+                status.append((b"grpc-message", encode_message_text(message)))
         h2, sid = self.h2, call.stream_id
         try:
             if call.headers_sent:

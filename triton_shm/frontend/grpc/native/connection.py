@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 WRITE_CHUNK = 256 * 1024  # engine output taken per transport write
 RECEIVE_SLICE = 64 * 1024  # most input fed to the engine between two flushes
 LINGER_SECONDS = 1.0  # reading on after our final GOAWAY
+CALL_TASK = "gRPC call"  # each call's task name (a fixed one: the default is formatted per task)
 
 class TokenBucket:
     """Rate limit for control frames a peer can make us answer (PING, SETTINGS)."""
@@ -230,22 +231,13 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
     # -- streams ----------------------------------------------------------------------------
     def _on_request(self, event: ngh2.RequestReceived) -> None:
         sid = event.stream_id
-        path = method = content_type = b""
-        timeout = encoding = accept = None
-        for name, value in event.headers:
-            if name == b":path":
-                path = value
-            elif name == b":method":
-                method = value
-            elif name == b"content-type":
-                content_type = value
-            elif name == b"grpc-timeout":
-                timeout = value
-            elif name == b"grpc-encoding":
-                encoding = value
-            elif name == b"grpc-accept-encoding":
-                accept = value
-        if method != b"POST":
+        headers = dict(event.headers)  # one C loop; a repeated header's last value, as a scan gives
+        path = headers.get(b":path", b"")
+        content_type = headers.get(b"content-type", b"")
+        timeout = headers.get(b"grpc-timeout")
+        encoding = headers.get(b"grpc-encoding")
+        accept = headers.get(b"grpc-accept-encoding")
+        if headers.get(b":method") != b"POST":
             self._http_error(sid, b"405")
             return
         if not content_type.startswith(b"application/grpc"):
@@ -292,7 +284,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
             call.queue = asyncio.Queue()
             if call.remote_closed:
                 call.queue.put_nowait(None)
-            call.task = self.loop.create_task(self._run_stream(call))
+            call.task = asyncio.Task(self._run_stream(call), loop=self.loop, name=CALL_TASK)
         elif call.remote_closed:
             self._end_of_request(call)
 
@@ -343,7 +335,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         elif len(call.messages) != 1:
             self._finish(call, INTERNAL, "unary call ended without a request message")
         else:
-            call.task = self.loop.create_task(self._run_unary(call, call.messages.pop()))
+            call.task = asyncio.Task(self._run_unary(call, call.messages.pop()), loop=self.loop, name=CALL_TASK)
 
     def _ack(self, sid: int, size: int) -> None:
         if size:

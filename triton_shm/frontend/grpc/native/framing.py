@@ -107,8 +107,13 @@ class MessageReader:
 
     def feed(self, data: bytes) -> list[bytes | memoryview]:
         """Add one DATA payload; return the messages it completes."""
-        out: list[bytes | memoryview] = []
         pos, n = 0, len(data)
+        if (self._need < 0 and not self._head and n > 5 and data[0] == 0
+                and int.from_bytes(data[1:5], "big") == n - 5 <= self.limit):
+            # The common case, a payload that is exactly one uncompressed message: the
+            # loop below would return this same view.
+            return [memoryview(data)[5:]]
+        out: list[bytes | memoryview] = []
         view: memoryview | None = None
         while pos < n:
             if self._need < 0:
