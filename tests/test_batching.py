@@ -469,7 +469,9 @@ def test_instance_group_count_runs_in_parallel(server):
     spans = sorted((float(r["START"][0, 0]), float(r["END"][0, 0])) for r in r2)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), f"no overlap: {spans}"
     assert len({int(r["TID"][0, 0]) for r in r2}) == 2
-    assert len({int(r["TID"][0, 0]) for r in r1}) == 1
+    # one instance runs one batch at a time (on its thread or the worker's control thread)
+    spans1 = sorted((float(r["START"][0, 0]), float(r["END"][0, 0])) for r in r1)
+    assert all(b[0] >= a[1] for a, b in zip(spans1, spans1[1:])), f"overlap: {spans1}"
 
 
 def test_priority_level_one_served_first(server):

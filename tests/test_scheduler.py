@@ -145,6 +145,24 @@ async def test_without_dynamic_batching_each_request_runs_alone_and_an_instance_
     assert h.result("a") == "out:a" and not h.tasks["c"].done()
 
 
+@scenario
+async def test_without_dynamic_batching_a_client_timeout_ends_a_request_queued_or_running():
+    h = Harness("max_batch_size: 8")
+    await h.submit("a")
+    await h.submit("b", timeout=300)  # starts at once (the instance holds one more) with a deadline
+    await h.submit("c", timeout=100)  # waits for a free slot
+    await h.submit("d")
+    assert h.pool.batches == [["a"], ["b"]]
+    await h.advance(100 * US)
+    error = h.result("c")
+    assert isinstance(error, Unavailable) and error.message == "Request timeout expired"
+    await h.answer(0)
+    assert h.pool.batches == [["a"], ["b"], ["d"]]  # the expired request never reached an instance
+    await h.advance(200 * US)
+    assert isinstance(h.result("b"), Unavailable)
+    assert h.stats.failures == {"REJECTED": 1} and h.stats.pending == 1  # b still runs: counted once answered
+
+
 # --------------------------------------------------------------------------- batch formation
 @scenario
 async def test_batch_waits_for_the_queue_delay_then_takes_everything_queued():

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidArgument, NotFound, Unavailable
 from . import model_config as mcfg
-from .datatypes import config_to_wire
+from .datatypes import config_to_wire, element_size
 from .scheduler import Scheduler
 from .statistics import ModelStats
 
@@ -32,6 +32,19 @@ class TensorSpec:
     datatype: str        # wire spelling, e.g. "FP32"
     dims: list[int]      # without the batch dimension
     optional: bool = False
+    # Bytes of one tensor (one batch row with batching) when the datatype has a fixed size
+    # and every dimension is known and non-zero; 0 otherwise. Lets validation check a
+    # plain request's sizes with one comparison (validation.plain_plan).
+    fixed_bytes: int = field(init=False, default=0)
+
+    def __post_init__(self) -> None:
+        count = 1
+        for d in self.dims:
+            count *= d if d > 0 else 0
+        try:
+            self.fixed_bytes = count * element_size(self.datatype)  # BYTES: 0
+        except InvalidArgument:  # not a datatype: every request takes validation.checked_plan, which says so
+            self.fixed_bytes = 0
 
 
 @dataclass(eq=False)
@@ -54,10 +67,29 @@ class ModelVersion:
     # its worker died and is being restarted: requests get UNAVAILABLE (retryable), not NOT_FOUND
     recovering: bool = False
 
-    @property
-    def key(self) -> str:
-        """The name workers know this load by: a reload runs beside the old one until it is ready."""
-        return f"{self.name}/{self.version}#{self.generation}"
+    # Derived from the fields above, which are fixed once set (``config`` only changes
+    # through set_config): plain attributes, because every request reads them.
+    key: str = field(init=False)             # the name workers know this load by: a reload runs
+                                             # beside the old one until it is ready
+    version_name: str = field(init=False)    # the version as the protocols spell it
+    max_batch_size: int = field(init=False)
+    decoupled: bool = field(init=False)      # may send any number of responses per request
+    caches_responses: bool = field(init=False)  # response_cache.enable
+    required_inputs: int = field(init=False)     # inputs that are not optional
+    output_names: tuple[str, ...] = field(init=False)  # in config order
+
+    def __post_init__(self) -> None:
+        self.key = f"{self.name}/{self.version}#{self.generation}"
+        self.version_name = str(self.version)
+        self._derive_from_config()
+
+    def _derive_from_config(self) -> None:
+        config = self.config
+        self.max_batch_size = config.max_batch_size
+        self.decoupled = config.model_transaction_policy.decoupled
+        self.caches_responses = config.response_cache.enable
+        self.required_inputs = sum(not spec.optional for spec in self.inputs.values())
+        self.output_names = tuple(self.outputs)
 
     def queue(self) -> "Scheduler | EnsembleScheduler | SequenceScheduler":
         """Where this version's requests go (it has one once loaded)."""
@@ -69,20 +101,14 @@ class ModelVersion:
     def ready(self) -> bool:
         return self.state == READY
 
-    @property
-    def max_batch_size(self) -> int:
-        return self.config.max_batch_size
-
-    @property
-    def decoupled(self) -> bool:
-        return self.config.model_transaction_policy.decoupled
-
     def set_config(self, config: mcfg.ModelConfig) -> None:
+        """Set the config (fixed from here on) and what requests read of it."""
         self.config = config
         self.inputs = {t.name: TensorSpec(t.name, config_to_wire(mcfg.data_type_name(t.data_type)),
                                           list(t.dims), t.optional) for t in config.input}
         self.outputs = {t.name: TensorSpec(t.name, config_to_wire(mcfg.data_type_name(t.data_type)),
                                            list(t.dims)) for t in config.output}
+        self._derive_from_config()
 
     def metadata(self, versions: list[str]) -> dict[str, Any]:
         batch = [-1] if self.max_batch_size > 0 else []
@@ -108,6 +134,16 @@ class ModelEntry:
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for _, v in sorted(self.versions.items()) if v.ready]
+
+
+def _latest_ready(entry: ModelEntry) -> ModelVersion | None:
+    """``entry.ready_versions()[-1]`` (or None) without sorting: every request without a
+    version asks for it."""
+    latest, latest_version = None, -1
+    for version, mv in entry.versions.items():
+        if version > latest_version and mv.state == READY:
+            latest, latest_version = mv, version
+    return latest
 
 
 def check_links_inside(model_dir: Path) -> None:
@@ -196,9 +232,9 @@ class ModelRepository:
             if mv is None or (require_ready and not mv.ready):
                 raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
             return mv
-        ready = entry.ready_versions()
-        if ready:
-            return ready[-1]
+        latest = _latest_ready(entry)
+        if latest is not None:
+            return latest
         if require_ready:
             recovering = [v for _, v in sorted(entry.versions.items()) if v.recovering]
             if recovering:

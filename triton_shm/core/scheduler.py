@@ -58,11 +58,13 @@ class _Policy:
     default_timeout_us: int
     allow_override: bool
     max_queue_size: int
+    default_timeout_ns: int | None  # the deadline offset of a request that names no timeout (None: none)
 
 
 def _policy(p) -> _Policy:
-    return _Policy(p.timeout_action == REJECT, p.default_timeout_microseconds, p.allow_timeout_override,
-                   p.max_queue_size)
+    timeout_us = p.default_timeout_microseconds
+    return _Policy(p.timeout_action == REJECT, timeout_us, p.allow_timeout_override, p.max_queue_size,
+                   timeout_us * 1000 if timeout_us > 0 else None)
 
 
 def check_batching_config(config) -> None:
@@ -107,6 +109,9 @@ class Scheduler:
         for lvl, p in db.priority_queue_policy.items():
             self.policies[lvl] = _policy(p)
         self.queues: dict[int, collections.deque[Pending]] = {lvl: collections.deque() for lvl in self.policies}
+        # One request per execution, one queue, no rate limiter: _pump's direct path applies.
+        self._direct: collections.deque[Pending] | None = (
+            self.queues[1] if not self.dynamic and not self.claims and len(self.queues) == 1 else None)
         # Free slots: without dynamic batching an instance holds a second batch in its
         # worker, which it starts the moment it answers the first, instead of idling for
         # a round trip to us. A dynamic batch waits here instead: it grows meanwhile.
@@ -131,13 +136,13 @@ class Scheduler:
         return value
 
     def _timeout_ns(self, request: InferRequest, policy: _Policy) -> int | None:
+        """The deadline offset of a request that names a timeout."""
         timeout_us = policy.default_timeout_us
-        if "timeout" in request.parameters:
-            value = request.parameters["timeout"]
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgument("'timeout' must be a non-negative integer (microseconds)")
-            if policy.allow_override or not self.dynamic:
-                timeout_us = value
+        value = request.parameters["timeout"]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgument("'timeout' must be a non-negative integer (microseconds)")
+        if policy.allow_override or not self.dynamic:
+            timeout_us = value
         return timeout_us * 1000 if timeout_us > 0 else None
 
     async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
@@ -146,16 +151,20 @@ class Scheduler:
         decoupled model None: its responses go to ``stream``."""
         if self._closing:
             raise Unavailable(f"model '{self.model.name}' version {self.model.version} is unloading")
-        level = self._priority(request)
+        # Most requests name neither a priority nor a timeout: the level and the deadline
+        # are then the defaults.
+        params = request.parameters
+        level = self._priority(request) if "priority" in params else self.default_level
         policy = self.policies[level]
         queue = self.queues[level]
         if policy.max_queue_size and len(queue) >= policy.max_queue_size:
             self.stats.record_failure(0, "REJECTED")
             raise Unavailable(f"Exceeds maximum queue size for model '{self.model.name}'")
         now = self.clock.now()
-        timeout = self._timeout_ns(request, policy)
+        timeout = self._timeout_ns(request, policy) if "timeout" in params else policy.default_timeout_ns
         pending = Pending(request, plan, regions, stream, plan.batch_size or 1, level, now,
-                          now + timeout if timeout else None, policy.reject_on_timeout, seq=self._seq, trace=trace)
+                          now + timeout if timeout else None, policy.reject_on_timeout,
+                          asyncio.get_running_loop().create_future(), self._seq, trace=trace)
         if trace is not None:
             trace.stamp("QUEUE_START", now)
         self._seq += 1
@@ -251,6 +260,18 @@ class Scheduler:
     def _pump(self) -> None:
         """Start every batch that is ready while an instance is free, then set the timer
         for the next moment the queue needs a look on its own."""
+        queue = self._direct
+        if queue is not None:
+            # Batching off, one queue, no rate limiter. With one request waiting, without
+            # a deadline, and a free slot, the loop below would expire nothing and hand it
+            # alone to that slot; with none waiting it would only clear the timer. Do just
+            # that; anything else (more waiting, deadlines, no free slot) takes the loop.
+            if self.idle and len(queue) == 1 and queue[0].deadline_ns is None:
+                self._start([queue.popleft()], self._take_slot())
+            if not queue:
+                if self._wakeup.when_ns is not None:
+                    self._wakeup.arm(None)
+                return
         now = self.clock.now()
         self._expire(now)
         wake_ns = None
@@ -340,7 +361,8 @@ class Scheduler:
         self._pump()
         in_ns, infer_ns, out_ns = timing or (0, 0, 0)
         if timing is not None:  # the model ran (even if every request failed), as Triton counts executions
-            self.stats.record_execution(sum(p.rows for p in batch), in_ns, infer_ns, out_ns)
+            rows = batch[0].rows if len(batch) == 1 else sum(p.rows for p in batch)
+            self.stats.record_execution(rows, in_ns, infer_ns, out_ns)
         for p, result in zip(batch, results):
             if p.trace is not None:
                 p.trace.computed(start, (in_ns, infer_ns, out_ns))

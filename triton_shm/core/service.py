@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable
 
 from .. import TRITON_PROTOCOL_VERSION
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
@@ -20,7 +20,7 @@ from .shm_registry import SharedMemoryRegistry
 from ..worker.devices import cuda_available
 from .tracing import Tracer
 from .types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
-from .validation import validate_request
+from .validation import RequestPlan, validate_request
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
@@ -49,6 +49,9 @@ class InferenceService:
         self.accepting = True  # False once the front-ends have stopped
         self.tracer = Tracer()  # the server replaces it with one built from --trace-config
         self.log_settings = log_settings.current()
+        # Names validate_model_name accepted that name a model: checked once, not per
+        # request (only repository names are kept, so clients cannot grow it).
+        self._checked_names: set[str] = set()
 
     # -- health and metadata -------------------------------------------------------------
     def live(self) -> bool:
@@ -246,19 +249,46 @@ class InferenceService:
     def _model_for(self, request: InferRequest) -> "ModelVersion":
         if not self.accepting:
             raise Unavailable("Server is shutting down")
-        validate_model_name(request.model_name)
-        return self.repository.get(request.model_name, request.model_version, require_ready=True)
+        name = request.model_name
+        if name not in self._checked_names:
+            validate_model_name(name)
+            if name in self.repository.models:
+                self._checked_names.add(name)
+        return self.repository.get(name, request.model_version, require_ready=True)
 
-    async def _infer(self, model: "ModelVersion", request: InferRequest,
-                     stream: ResponseStream | None = None) -> InferResponse | None:
-        """The response, or None for a decoupled model (its responses went to ``stream``)."""
+    def _cache_for(self, model: "ModelVersion", request: InferRequest,
+                   stream: ResponseStream | None) -> ResponseCache | None:
+        """The response cache this request goes through, if any. A request of a sequence
+        depends on the sequence's state: never answered from the cache."""
+        if model.caches_responses and stream is None and "sequence_id" not in request.parameters:
+            return self.cache
+        return None
+
+    def _infer(self, model: "ModelVersion", request: InferRequest,
+               stream: ResponseStream | None = None) -> Awaitable[InferResponse | None]:
+        """What runs the request: the response, or None for a decoupled model (its
+        responses went to ``stream``). Not a coroutine itself: a request that is not
+        traced and uses no client shared memory and no cache (the common one) goes
+        straight to its scheduler, a coroutine fewer per request; it is validated here,
+        so its validation error raises at the call, not at the await."""
+        if self.tracer.active or model.caches_responses:  # both time the request from its arrival
+            return self._infer_with_features(model, request, stream)
+        plan = validate_request(model, request)
+        if plan.shm_inputs or plan.shm_outputs:
+            return self._infer_with_features(model, request, stream, plan)
+        return model.queue().submit(request, plan, {}, None, stream)
+
+    async def _infer_with_features(self, model: "ModelVersion", request: InferRequest,
+                                   stream: ResponseStream | None, plan: RequestPlan | None = None
+                                   ) -> InferResponse | None:
+        """``_infer`` for a request that is traced, or uses client shared memory or the
+        cache (``plan``: its validation, done already when neither traced nor cached)."""
         arrived = time.monotonic_ns()
         trace = self.tracer.sample(model.name, model.version, request.id, arrived) if self.tracer.active else None
         try:
-            plan = validate_request(model, request)
-            # A request of a sequence depends on the sequence's state: never answered from the cache.
-            cache = (self.cache if model.config.response_cache.enable and stream is None
-                     and "sequence_id" not in request.parameters else None)
+            if plan is None:
+                plan = validate_request(model, request)
+            cache = self._cache_for(model, request, stream)
             if not (plan.shm_inputs or plan.shm_outputs or cache is not None):
                 return await model.queue().submit(request, plan, {}, trace, stream)
             regions = self.shm.acquire_all(plan)

@@ -60,8 +60,10 @@ class InferRequest:
 
     def model_parameters(self) -> dict[str, ParamValue]:
         """The parameters a model may see (``request.parameters()`` in Python models)."""
-        return {k: v for k, v in self.parameters.items()
-                if k not in RESERVED_PARAMETERS and not k.startswith("triton_")}
+        params = self.parameters
+        if not params:
+            return {}
+        return {k: v for k, v in params.items() if k not in RESERVED_PARAMETERS and not k.startswith("triton_")}
 
 
 @dataclass(slots=True)

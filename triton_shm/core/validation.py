@@ -5,6 +5,8 @@ Messages follow Triton's wording where clients are known to match on them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 from ..errors import InvalidArgument, Unsupported
 from . import codec
@@ -26,14 +28,15 @@ class ShmRef:
 @dataclass(slots=True)
 class RequestPlan:
     """What validation learned: the outputs to produce, the batch size, and which
-    tensors live in client shared memory."""
+    tensors live in client shared memory. Read-only once made (plain requests' plans
+    share the empty NOTHING)."""
     outputs: list[str]
     batch_size: int
-    shm_inputs: dict[str, ShmRef] = field(default_factory=dict)
-    shm_outputs: dict[str, ShmRef] = field(default_factory=dict)
+    shm_inputs: Mapping[str, ShmRef] = field(default_factory=dict)
+    shm_outputs: Mapping[str, ShmRef] = field(default_factory=dict)
     # sequence batching: state outputs (name -> datatype) the model may return beside the
     # requested ones; the scheduler keeps them, the client never sees them
-    state_outputs: dict[str, str] = field(default_factory=dict)
+    state_outputs: Mapping[str, str] = field(default_factory=dict)
     sequence: tuple | None = None   # sequence batching: (correlation ID, start, end), for the model
 
 
@@ -72,7 +75,66 @@ def _shape_matches(got: list[int], dims: list[int]) -> bool:
     return len(got) == len(dims) and all(d == -1 or d == g for g, d in zip(got, dims))
 
 
+# The empty mapping plain requests' plans share (read-only, so sharing it is safe).
+NOTHING: Mapping = MappingProxyType({})
+_SHM_KEYS = frozenset(SHM_PARAMETERS)
+_NOT_PLAIN_OUTPUT_KEYS = _SHM_KEYS | {"classification"}
+
+
+def plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | None:
+    """The plan of a plain request, or None for any other (checked_plan decides those).
+
+    Plain: unique known input names covering every required one, each input with the
+    model's datatype, in-band data of exactly the size its shape gives, a shape equal to
+    the config's dims (after a batch dimension within max_batch_size, the same for every
+    input) where those dims are all known and the datatype has a fixed size
+    (``TensorSpec.fixed_bytes``), no shared memory, unique known outputs without
+    classification. For such a request every check of ``validate_request`` passes and
+    its plan is this one, so skipping them changes nothing; anything else returns None
+    without raising, and ``checked_plan`` runs every check and words the error."""
+    specs, max_batch = model.inputs, model.max_batch_size
+    batch_size = required = 0
+    names = set()
+    for inp in request.inputs:
+        spec = specs.get(inp.name)
+        data = inp.data
+        if (spec is None or data is None or inp.datatype != spec.datatype or not spec.fixed_bytes
+                or (inp.parameters and not _SHM_KEYS.isdisjoint(inp.parameters))):
+            return None
+        nbytes = data.nbytes if type(data) is memoryview else len(data)
+        shape = inp.shape
+        if max_batch:
+            b = shape[0] if shape else 0
+            if (not 0 < b <= max_batch or (batch_size and b != batch_size) or shape[1:] != spec.dims
+                    or nbytes != b * spec.fixed_bytes):
+                return None
+            batch_size = b
+        elif shape != spec.dims or nbytes != spec.fixed_bytes:
+            return None
+        if nbytes > MAX_TENSOR_BYTES:  # its element count is capped in checked_plan's message
+            return None
+        required += not spec.optional
+        names.add(inp.name)
+    if required != model.required_inputs or len(names) != len(request.inputs):
+        return None
+    if not request.outputs:
+        return RequestPlan(list(model.output_names), batch_size, NOTHING, NOTHING, NOTHING)
+    outputs: list[str] = []
+    for out in request.outputs:
+        if (out.name not in model.outputs or out.name in outputs
+                or (out.parameters and not _NOT_PLAIN_OUTPUT_KEYS.isdisjoint(out.parameters))):
+            return None
+        outputs.append(out.name)
+    return RequestPlan(outputs, batch_size, NOTHING, NOTHING, NOTHING)
+
+
 def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
+    """The request's plan; raises what is wrong with it (the first problem found)."""
+    return plain_plan(model, request) or checked_plan(model, request)
+
+
+def checked_plan(model: ModelVersion, request: InferRequest) -> RequestPlan:
+    """Every check, in order: what ``validate_request`` does for a request that is not plain."""
     rid, name = request_id_prefix(request.id), model.name
     seen: set[str] = set()
     for inp in request.inputs:

@@ -74,6 +74,7 @@ class BlsClient:
                               "version": str(version) if version and version > 0 else "",
                               "request_id": request.request_id(), "inputs": inputs,
                               "outputs": list(request._requested_output_names), "parameters": parameters})
+            self.worker.need_reader()  # the caller may be running on the ring's reader
             while True:
                 try:
                     msg = waiter.get(timeout=timeout)

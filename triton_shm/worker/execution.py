@@ -22,7 +22,7 @@ import numpy as np
 from ..backends.base import ModelInstance, WorkerRequest, WorkerResponse
 from ..core import codec
 from ..core.datatypes import element_size
-from ..errors import Internal, InvalidArgument, TritonShmError
+from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc.arena import Block
 from . import assembler
 from .cuda import DeviceSpan
@@ -42,26 +42,55 @@ def _error(e: BaseException, model: str) -> dict[str, Any]:
 
 
 class InstanceRunner:
-    """A model instance and the thread that feeds it batches."""
+    """A model instance and the thread that feeds it batches (unless the control thread
+    runs the batch itself: ``Worker._run_inline``)."""
 
     def __init__(self, worker: "Worker", model: "LoadedModel", instance: ModelInstance, name: str):
         self.worker, self.model, self.instance, self.name = worker, model, instance, name
         self.queue: queue.SimpleQueue[dict | None] = queue.SimpleQueue()
+        self.solo = False      # the control thread may run its batches (set by the worker at load)
+        self.lock = threading.Lock()  # held while a batch runs: executions never overlap
+        self.dispatched = 0    # batches handed to it (by the ring's reader only)
+        self.finished = 0      # batches answered (under ``lock``): free when the two are equal
+        self.stopped = False
         self.thread = threading.Thread(target=self._run, name=f"instance-{name}", daemon=True)
         self.thread.start()
 
     def stop(self, timeout: float = 30.0) -> None:
         self.queue.put(None)
+        deadline = time.monotonic() + timeout
         self.thread.join(timeout=timeout)
+        got = self.lock.acquire(timeout=max(0.0, deadline - time.monotonic()))  # an inline batch ends
+        self.stopped = True
+        if got:
+            self.lock.release()
         try:
             self.instance.finalize()
         except Exception:  # a model's finalize must not take the worker down
             log.exception("finalize of instance %s failed", self.name)
 
+    def submit(self, msg: dict[str, Any]) -> None:
+        """Queue a batch for the instance's thread."""
+        self.dispatched += 1
+        self.queue.put(msg)
+
+    def execute(self, msg: dict[str, Any]) -> None:
+        """Run one batch and send its reply (on the instance's thread or the control thread)."""
+        with self.lock:
+            try:
+                if self.stopped:  # unloaded since the batch was read
+                    body = {"error": NotFound(f"model '{self.model.context.name}' is not loaded in worker "
+                                              f"'{self.worker.name}'").to_wire()}
+                else:
+                    body = self.run_batch(msg["requests"], msg["id"])
+                self.worker.reply(msg["id"], body)
+            finally:
+                self.finished += 1
+
     def _run(self) -> None:
         while (msg := self.queue.get()) is not None:
             try:
-                self.worker.reply(msg["id"], self.run_batch(msg["requests"], msg["id"]))
+                self.execute(msg)
             except OSError:  # the front-end has gone; the control loop is ending too
                 return
 
@@ -82,33 +111,36 @@ class InstanceRunner:
         try:
             return self._run_each(requests, msg_id, scratch)
         finally:
-            self._free(scratch or [])
+            if scratch:
+                self._free(scratch)
 
     def _run_each(self, requests: list[dict[str, Any]], msg_id: int, scratch: list[Block] | None) -> dict[str, Any]:
         """The requests of a batch as a list (Python models; any batch the assembler cannot join)."""
-        name = self.model.context.name
+        model = self.model
         t0 = time.perf_counter_ns()
         decoded: list[WorkerRequest] = []
+        live: list[int] = []  # the requests that decoded, in order
         results: list[dict[str, Any] | None] = [None] * len(requests)
         for i, r in enumerate(requests):
             try:
                 wr = self._decode(r, scratch)
-                if self.model.decoupled:
+                if model.decoupled:
                     wr.sender = functools.partial(self._stream, msg_id, i, r)
                     wr.is_cancelled = functools.partial(self.worker.cancelled.__contains__, (msg_id, i))
                 decoded.append(wr)
+                live.append(i)
             except Exception as e:  # noqa: BLE001 - a request that cannot be decoded fails alone
-                results[i] = _error(e, name)
-        live = [i for i, r in enumerate(results) if r is None]
+                results[i] = _error(e, model.context.name)
         t1 = time.perf_counter_ns()
         responses: list[WorkerResponse] = []
         if live:
             try:
                 responses = self.instance.execute(decoded)
                 if len(responses) != len(decoded):
-                    raise Internal(f"model '{name}' returned {len(responses)} responses for {len(decoded)} requests")
+                    raise Internal(f"model '{model.context.name}' returned {len(responses)} responses for "
+                                   f"{len(decoded)} requests")
             except Exception as e:  # noqa: BLE001 - whatever the model raised fails its requests
-                err = _error(e, name)
+                err = _error(e, model.context.name)
                 for i in live:
                     results[i] = err
                 live = []
@@ -117,22 +149,26 @@ class InstanceRunner:
             try:
                 if response.error is not None:
                     raise response.error
-                results[i] = {"decoupled": True} if self.model.decoupled else \
+                results[i] = {"decoupled": True} if model.decoupled else \
                     {"outputs": self._encode(requests[i], response.outputs)}
             except Exception as e:  # noqa: BLE001 - a response that cannot be encoded fails its request
-                results[i] = _error(e, name)
+                results[i] = _error(e, model.context.name)
         t3 = time.perf_counter_ns()
         return {"responses": results, "timing": [t1 - t0, t2 - t1, t3 - t2]}
 
     def _decode(self, r: dict[str, Any], scratch: list[Block] | None) -> WorkerRequest:
         inputs, datatypes = {}, {}
-        reshapes = self.model.reshapes
+        reshapes = self.model.reshapes if self.model.reshapes.inputs else None
+        arena_view, input_bytes = self.worker.inputs.view, self.worker.input_bytes
         for name, datatype, shape, desc in r["inputs"]:
-            inputs[name] = decode_input(datatype, reshapes.input_shape(name, shape),
-                                        self.worker.input_bytes(desc, scratch))
+            if reshapes is not None:
+                shape = reshapes.input_shape(name, shape)
+            # an arena block is read in place; a client region's bytes go through input_bytes
+            view = arena_view(desc) if desc and desc[0] != "r" else input_bytes(desc, scratch)
+            inputs[name] = decode_input(datatype, shape, view)
             datatypes[name] = datatype
-        request = WorkerRequest(id=r.get("request_id", ""), inputs=inputs, datatypes=datatypes,
-                                requested_outputs=list(r["outputs"]), parameters=r.get("parameters") or {})
+        # the message is ours and the backends only read these lists: no copies
+        request = WorkerRequest(r.get("request_id", ""), inputs, datatypes, r["outputs"], r.get("parameters") or {})
         if "sequence" in r:
             request.correlation_id, start, end = r["sequence"]
             request.flags = (1 if start else 0) | (2 if end else 0)
@@ -155,33 +191,39 @@ class InstanceRunner:
 
     def _encode(self, r: dict[str, Any], outputs: dict[str, Any], partial: bool = False) -> list[list[Any]]:
         """``partial``: a decoupled response may carry only some of the requested outputs."""
-        specs, reshapes = self.model.output_types, self.model.reshapes
+        model = self.model
+        specs = model.output_types
+        reshapes = model.reshapes if model.reshapes.outputs else None
         names = r["outputs"]
         if partial:
             names = [n for n in names if n in outputs]
-        elif self.model.state_outputs:  # a model may leave its state out: it stays as it was
-            names = [n for n in names if n in outputs or n not in self.model.state_outputs]
-        missing = [n for n in names if n not in outputs]
-        if missing:
-            raise Internal(f"model '{self.model.context.name}' did not produce output(s) {missing}")
-        in_shm = r.get("shm_outputs") or {}
+        elif model.state_outputs:  # a model may leave its state out: it stays as it was
+            names = [n for n in names if n in outputs or n not in model.state_outputs]
+        for n in names:
+            if n not in outputs:
+                raise Internal(f"model '{model.context.name}' did not produce output(s) "
+                               f"{[n for n in names if n not in outputs]}")
+        in_shm = r.get("shm_outputs")
+        arena = self.worker.arena
         encoded: list[list[Any]] = []
         blocks: list[Block] = []
         try:
             for name in names:
-                if name in in_shm:  # straight into the client's region
+                if in_shm and name in in_shm:  # straight into the client's region
                     rid, offset, size = in_shm[name]
                     target = self.worker.regions.view(rid, offset, size)
                     if isinstance(target, DeviceSpan):
                         shape, written = write_device_output(target, name, specs[name], outputs[name])
                     else:
                         shape, written = encode_output_into(target, name, specs[name], outputs[name])
-                    shape = reshapes.output_shape(name, shape)
+                    if reshapes is not None:
+                        shape = reshapes.output_shape(name, shape)
                     encoded.append([name, specs[name], shape, ["r", rid, offset, written]])
                     continue
-                shape, block = encode_output(self.worker.arena, name, specs[name], outputs[name])
+                shape, block = encode_output(arena, name, specs[name], outputs[name])
                 blocks.append(block)
-                shape = reshapes.output_shape(name, shape)
+                if reshapes is not None:
+                    shape = reshapes.output_shape(name, shape)
                 encoded.append([name, specs[name], shape, block.descriptor()])
         except BaseException:
             self._free(blocks)

@@ -33,6 +33,7 @@ from ..backends.python import triton_python_backend_utils as pb_utils
 from . import assembler
 from .bls import BlsClient
 from .execution import InstanceRunner
+from .relief import Relief
 from .assembler_py import RegionSpan
 from .cuda import DeviceSpan
 from .regions import RegionMap
@@ -87,6 +88,12 @@ class Worker:
         self.cancelled: set[tuple[int, int]] = set()  # (batch message id, request index) of gone clients
         pb_utils._set_bls_client(self.bls)
         self.loader = ThreadPoolExecutor(max_workers=4, thread_name_prefix="loader")
+        # reading the ring: see ``_run_inline``
+        self._reader = threading.Lock()
+        self._ending = threading.Lock()
+        self._relief = Relief(self)
+        self._watch = self._relief.watch  # .current: the inline execution running now (its number), or 0
+        self.relief_reading = False
 
     # -- sending -------------------------------------------------------------------------
     def send_frame(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
@@ -162,28 +169,36 @@ class Worker:
     def run(self) -> int:
         """Serve frames until the front-end goes (0) or the link breaks (1, logged: a
         worker that leaves on its own must say why, not look like a clean stop)."""
-        code = 0
-        while True:
+        self._reader.acquire()
+        self._relief.start()
+        code = self._serve()
+        self._finish()
+        return code
+
+    def _serve(self, relieving: int = 0) -> int | None:
+        """Read and dispatch frames until the link ends (the exit code). The relief reader
+        passes the inline execution it stands in for and returns None once that ends."""
+        link = self.link
+        while not relieving or self._watch.current == relieving:
             try:
-                got = self.link.recv()
+                got = link.recv()
                 if got is None:
-                    if not self.link.wait(SPIN_NS):
+                    if not link.wait(SPIN_NS):
                         log.debug("the front-end has gone (end-of-file); stopping")
-                        break
+                        return 0
                     continue
             except ConnectionError as e:  # end-of-file where a frame's socket part was due
                 log.debug("the front-end has gone (%s); stopping", e)
-                break
+                return 0
             except (OSError, RingCorrupt) as e:
                 log.error("worker '%s' stops: its link to the front-end broke: %s", self.name, e)
-                code = 1
-                break
+                return 1
             data, fds = got
             msg_id = 0
             try:
                 msg = protocol.decode(data)
                 msg_id = msg.id
-                self._dispatch(msg, fds)
+                self._dispatch(msg, fds, not relieving)
             except TritonShmError as e:
                 if isinstance(e, protocol.ProtocolError):
                     log.error("%s", e.message)
@@ -195,10 +210,9 @@ class Worker:
                 log.exception("message %d failed", msg_id)
                 if msg_id:
                     self.reply(msg_id, {"error": Internal(f"worker error: {e}").to_wire()})
-        self.shutdown()
-        return code
+        return None
 
-    def _dispatch(self, msg: "protocol.Message", fds: list[int]) -> None:
+    def _dispatch(self, msg: "protocol.Message", fds: list[int], inline: bool = False) -> None:
         for seg_id, offset, size in msg.frees:  # freed output blocks ride along
             self.arena.free(seg_id, offset, size)
         op = msg.op
@@ -211,7 +225,11 @@ class Worker:
             if not 0 <= idx < len(model.runners):
                 raise InvalidArgument(f"no instance {idx} of model '{body['model']}'")
             body["id"] = msg.id
-            model.runners[idx].queue.put(body)
+            runner = model.runners[idx]
+            if inline and runner.solo and runner.dispatched == runner.finished:
+                self._run_inline(runner, body)
+            else:
+                runner.submit(body)
         elif op == Op.PING:
             self.send_frame(protocol.encode_pong(msg.id))
         elif op == Op.CONTROL:
@@ -220,6 +238,60 @@ class Worker:
             self._control(body, fds)
         elif op != Op.FREE:
             raise InvalidArgument(f"op {op} is not one the front-end sends")
+
+    # -- inline execution ------------------------------------------------------------------
+    # The rule: the control thread runs a batch itself when its instance is the model's only
+    # one (not decoupled, not on a GPU) and free (no batch of it queued or running). That
+    # saves the hand-off to the instance thread (a wake-up and a context switch per batch).
+    # Why it is safe: executions of one instance never overlap (``InstanceRunner.lock``) and
+    # keep their order (an instance with a batch outstanding gets the next one queued behind
+    # it); only the holder of ``_reader`` reads the ring, and the control thread lends it out
+    # for the execution: to ``Relief`` when the execution runs long (other models, loads,
+    # pings go on) or waits for a frame (BLS, ``need_reader``), and takes it back after.
+    # Frames read by the relief are never run inline, so nothing nests or waits on itself.
+    def _run_inline(self, runner: InstanceRunner, body: dict[str, Any]) -> None:
+        watch = self._watch
+        watch.begin()
+        runner.dispatched += 1
+        self._reader.release()
+        try:
+            runner.execute(body)
+        except OSError:  # the front-end has gone: the next read finds the link's end
+            pass
+        finally:
+            watch.end()
+            if self.relief_reading:  # it may sleep on the eventfd: wake it to hand back
+                os.eventfd_write(self.link.rx_wake, 1)
+            self._reader.acquire()
+
+    def need_reader(self) -> None:
+        """A model is about to wait for a frame (a BLS reply): make sure someone reads them."""
+        seq = self._watch.current
+        if seq and not self.relief_reading:
+            self._relief.call(seq)
+
+    def relieve(self, seq: int) -> None:
+        """On the relief thread: read frames while inline execution ``seq`` runs."""
+        if not self._reader.acquire(blocking=False):
+            return
+        try:
+            # set before ``_serve`` reads ``current`` again; the control thread ends the execution
+            # before it reads this: one of the two sees the other
+            self.relief_reading = True
+            code = self._serve(seq)
+        except OSError:  # a send failed: the front-end has gone or the link broke
+            code = 0 if self.link.peer_gone() else 1
+        finally:
+            self.relief_reading = False
+            self._reader.release()
+        if code is not None:  # the link ended while a model runs inline: leave as the control loop would
+            self._finish()
+            os._exit(code)
+
+    def _finish(self) -> None:
+        """Shut down once; whoever comes second waits (the first one ends the process)."""
+        self._ending.acquire()
+        self.shutdown()
 
     def _control(self, msg: dict[str, Any], fds: list[int]) -> None:
         op = msg["op"]
@@ -277,6 +349,11 @@ class Worker:
             for spec in msg["instances"]:
                 inst = backend.create_instance(InstanceSpec(spec["name"], spec["kind"], int(spec["device_id"])))
                 model.runners.append(InstanceRunner(self, model, inst, spec["name"]))
+            # the control thread may run it (see ``_run_inline``): a CUDA device is current per
+            # thread, and a decoupled model's cancellations arrive while it runs
+            only = model.runners[0] if len(model.runners) == 1 else None
+            if only is not None and not model.decoupled and msg["instances"][0]["kind"] != "KIND_GPU":
+                only.solo = True
         except BaseException:
             for runner in model.runners:
                 runner.stop()

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..core import codec
-from ..core.datatypes import element_size, from_numpy, numpy_dtype
+from ..core.datatypes import DATATYPES, check_datatype, element_size, from_numpy, numpy_dtype
 from ..errors import Internal, InvalidArgument
 from ..ipc.arena import Arena, Block
 from . import assembler
@@ -60,15 +60,23 @@ class Reshapes:
         return lead + _fill(dims, [g for g, d in zip(body, reshape) if d == -1])
 
 
+# fixed-size V2 datatype -> (little-endian numpy dtype, bytes per element)
+_FIXED: dict[str, tuple[np.dtype, int]] = {dt: (numpy_dtype(dt), element_size(dt))
+                                           for dt in DATATYPES if dt != "BYTES"}
+
+
 def decode_input(datatype: str, shape: list[int], view: memoryview) -> np.ndarray:
     """A numpy array over ``view`` (zero-copy for fixed-size types)."""
     count = math.prod(shape)  # shapes come from the front-end, already validated
-    if datatype == "BYTES":
-        return codec.deserialize_bytes(view, count).reshape(shape)
-    dtype = numpy_dtype(datatype)
-    if count * element_size(datatype) != view.nbytes:
+    fixed = _FIXED.get(datatype)
+    if fixed is None:
+        if datatype == "BYTES":
+            return codec.deserialize_bytes(view, count).reshape(shape)
+        check_datatype(datatype)  # raises: an unknown datatype
+    dtype, size = fixed
+    if count * size != view.nbytes:
         raise Internal("input descriptor size does not match its shape")
-    return np.frombuffer(view, dtype=dtype, count=count).reshape(shape)
+    return np.ndarray(shape, dtype, view)  # positional: numpy parses keywords slowly
 
 
 def _coerce(name: str, array, datatype: str) -> np.ndarray:
@@ -105,6 +113,15 @@ def wire_bytes(name: str, datatype: str, array) -> tuple[list[int], memoryview]:
 
 def encode_output(arena: Arena, name: str, datatype: str, array) -> tuple[list[int], Block]:
     """Write one output into the arena; returns its shape and block."""
+    fixed = _FIXED.get(datatype)
+    if type(array) is np.ndarray and fixed is not None and array.dtype == fixed[0] and array.flags.c_contiguous:
+        # the common case: already the declared little-endian dtype, in order, on the host;
+        # wire_bytes would coerce nothing and copy nothing
+        nbytes = array.nbytes
+        block = arena.alloc(nbytes)
+        if nbytes:
+            block.view[:] = memoryview(array).cast("B")
+        return list(array.shape), block
     shape, data = wire_bytes(name, datatype, array)
     block = arena.alloc(data.nbytes)
     if data.nbytes:

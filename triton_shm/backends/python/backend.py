@@ -189,6 +189,7 @@ class PythonModelInstance(ModelInstance):
         # sequence batching's state outputs: always taken from a response, never listed as requested
         self._state_outputs = {s.get("output_name") for s in (config.get("sequence_batching") or {}).get("state") or []}
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self._label = f"Failed to process the request(s) for model '{spec.name}', message: "
         self.args = {
             "model_config": json.dumps(config),
             "model_instance_kind": _KIND_ARG.get(spec.kind, "CPU"),
@@ -236,22 +237,17 @@ class PythonModelInstance(ModelInstance):
 
     # ------------------------------------------------------------------ execute
     def _request(self, r: WorkerRequest) -> pb_utils.InferenceRequest:
-        inputs = []
-        for name, array in r.inputs.items():
-            dt = r.datatypes.get(name, "")
-            if dt == "BF16":
-                inputs.append(pb_utils.Tensor(name, array, pb_utils.TYPE_BF16))
-            elif dt == "BYTES":
-                inputs.append(pb_utils.Tensor(name, array, pb_utils.TYPE_BYTES))
-            else:
-                inputs.append(pb_utils.Tensor(name, array))
+        wire_to_enum = pb_utils._WIRE_TO_ENUM
+        datatypes = r.datatypes
+        # the worker decoded each input in its datatype's numpy dtype (BF16: uint16 words)
+        inputs = [pb_utils.Tensor._of(name, array, wire_to_enum[datatypes[name]])
+                  for name, array in r.inputs.items()]
         requested = list(r.requested_outputs) if r.requested_outputs else list(self._all_outputs)
         if self._state_outputs:
             requested = [n for n in requested if n not in self._state_outputs]
-        request = pb_utils.InferenceRequest(
-            request_id=r.id, correlation_id=r.correlation_id, inputs=inputs,
-            requested_output_names=requested, model_name=self.context.name,
-            model_version=self.context.version, flags=r.flags, parameters=dict(r.parameters))
+        request = pb_utils.InferenceRequest._of(
+            r.id, r.correlation_id, inputs, requested, self.context.name, self.context.version, r.flags,
+            pb_utils._parameters_json(r.parameters) if r.parameters else "{}")
         if r.sender is not None:
             sender = r.sender
             request._response_sender = pb_utils.InferenceResponseSender(
@@ -265,15 +261,15 @@ class PythonModelInstance(ModelInstance):
 
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
         n = len(requests)
-        label = f"Failed to process the request(s) for model '{self.spec.name}', message: "
+        label = self._label
         try:
-            pb_requests = [self._request(r) for r in requests]
+            pb_requests = list(map(self._request, requests))
         except Exception as e:  # noqa: BLE001
             log.exception("building requests for model '%s' failed", self.context.name)
             return self._fail_all(n, label + _describe(e))
         try:
             result = self.model.execute(pb_requests)
-            if inspect.isawaitable(result):
+            if type(result) is not list and inspect.isawaitable(result):  # async def execute
                 result = self._run_coroutine(result)
         except BaseException as e:  # noqa: BLE001 - user code
             if isinstance(e, KeyboardInterrupt):
@@ -297,7 +293,7 @@ class PythonModelInstance(ModelInstance):
                 n, label + "Number of InferenceResponse objects do not match the number of "
                 f"InferenceRequest objects. InferenceRequest(s) size is:{n}, and "
                 f"InferenceResponse(s) size is:{len(result)}")
-        return [self._response(req, resp) for req, resp in zip(requests, result)]
+        return list(map(self._response, requests, result))
 
     def _response(self, req: WorkerRequest, resp: Any) -> WorkerResponse:
         if not isinstance(resp, pb_utils.InferenceResponse):
@@ -306,21 +302,23 @@ class PythonModelInstance(ModelInstance):
                 "InferenceResponse was expected"))
         if resp.has_error():
             return WorkerResponse(error=_error_from_triton_error(resp.error()))
-        wanted = set(req.requested_outputs) if req.requested_outputs else None
+        wanted = req.requested_outputs or None  # a few names: a list lookup beats building a set
         outputs: dict[str, np.ndarray] = {}
         for t in resp.output_tensors():
-            if not isinstance(t, pb_utils.Tensor):
+            if type(t) is not pb_utils.Tensor and not isinstance(t, pb_utils.Tensor):
                 return WorkerResponse(error=Internal(
                     f"model '{self.spec.name}' returned a {type(t).__name__} among the output "
                     "tensors; expected pb_utils.Tensor"))
-            name = t.name()
+            name = t._name
             if wanted is not None and name not in wanted:
                 continue
             if name in outputs:
                 return WorkerResponse(error=Internal(
                     f"model '{self.spec.name}' returned output '{name}' more than once"))
-            outputs[name] = _output_array(t)
-        return WorkerResponse(outputs=outputs)
+            array = t._array
+            # a host array of numbers goes as it is; strings and GPU tensors are converted
+            outputs[name] = array if t._device_array is None and array.dtype.kind not in "US" else _output_array(t)
+        return WorkerResponse(outputs)
 
     def finalize(self) -> None:
         fin = getattr(self.model, "finalize", None)
@@ -340,9 +338,9 @@ class PythonModelInstance(ModelInstance):
 def _output_array(t: pb_utils.Tensor) -> np.ndarray:
     """The array to send: numpy ``U``/``S`` arrays become object arrays of ``bytes``; a
     GPU tensor goes as its CuPy array (copied where it is bound for)."""
-    if not t.is_cpu():
-        return t.device_array()
-    arr = t.as_numpy()
+    if t._device_array is not None:
+        return t._device_array
+    arr = t._array
     kind = arr.dtype.kind
     if kind == "U":
         out = np.empty(arr.shape, dtype=np.object_)

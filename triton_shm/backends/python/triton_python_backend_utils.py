@@ -220,10 +220,11 @@ class Tensor:
         elif numpy_array.dtype.kind == "V" and numpy_array.dtype.name == "bfloat16":  # ml_dtypes
             numpy_array, triton_dtype = numpy_array.view(np.uint16), TYPE_BF16
         if triton_dtype is None:
-            if numpy_array.dtype.kind == "U":
+            dtype = numpy_array.dtype
+            if dtype.kind == "U":
                 triton_dtype = TYPE_BYTES
-            else:
-                triton_dtype = numpy_to_triton_type(numpy_array.dtype)
+            else:  # a native dtype is a key as it is; others go through the byte-order normalisation
+                triton_dtype = _NUMPY_TO_ENUM.get(dtype) or numpy_to_triton_type(dtype)
             if triton_dtype is None:
                 raise TritonModelException(
                     f"Tensor '{name}': numpy dtype '{numpy_array.dtype}' is not supported by "
@@ -238,6 +239,14 @@ class Tensor:
         self._array = numpy_array
         self._triton_dtype = int(triton_dtype)
         self._device_array = None  # a CuPy array for a tensor on the GPU
+
+    @classmethod
+    def _of(cls, name: str, array: np.ndarray, triton_dtype: int) -> "Tensor":
+        """A tensor the worker decoded: ``array`` is already in ``triton_dtype``'s numpy
+        dtype (BF16: uint16 words), so the checks of ``__init__`` have nothing to do."""
+        t = cls.__new__(cls)
+        t._name, t._array, t._triton_dtype, t._device_array = name, array, triton_dtype, None
+        return t
 
     @classmethod
     def _on_gpu(cls, name: str, device_array) -> "Tensor":
@@ -364,6 +373,18 @@ class InferenceRequest:
         self._response_sender: InferenceResponseSender | None = None
         self._is_cancelled: Callable[[], bool] | None = None  # set by the server for decoupled requests
 
+    @classmethod
+    def _of(cls, request_id: str, correlation_id: int | str, inputs: list[Tensor], requested: list[str],
+            model_name: str, model_version: int, flags: int, parameters_json: str) -> "InferenceRequest":
+        """A request the worker built for ``execute``: fresh lists, parameters already JSON."""
+        r = cls.__new__(cls)
+        r._request_id, r._correlation_id, r._inputs, r._requested_output_names = \
+            request_id, correlation_id, inputs, requested
+        r._model_name, r._model_version, r._flags, r._timeout = model_name, model_version, flags, 0
+        r._parameters, r._release_flags = parameters_json, TRITONSERVER_REQUEST_RELEASE_ALL
+        r._response_sender = r._is_cancelled = None
+        return r
+
     def inputs(self) -> list[Tensor]:
         return self._inputs
 
@@ -486,7 +507,7 @@ class InferenceResponse:
         if error is not None and not isinstance(error, TritonError):
             error = TritonError(str(error))
         self._error = error
-        self._parameters = _parameters_json(parameters)
+        self._parameters = "{}" if parameters is None else _parameters_json(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors
