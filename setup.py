@@ -67,6 +67,8 @@ def extensions() -> list[Extension]:
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.frontend.grpc._infer_wire", ["triton_shm/frontend/grpc/_infer_wire.pyx"],
                   extra_compile_args=["-O2", "-Wall"]),
+        Extension("triton_shm.frontend.http._common_shape", ["triton_shm/frontend/http/_common_shape.pyx"],
+                  extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.worker._assembler",
                   ["triton_shm/worker/_assembler.pyx", "csrc/assembler.c"],
                   include_dirs=["csrc"],

@@ -26,6 +26,7 @@ from ...core.types import (
     request_id_prefix,
 )
 from ...errors import Internal, InvalidArgument, TritonShmError, Unsupported
+from .common_shape import decode_common, encode_common
 
 # Triton's HTTP_MAX_JSON_NESTING_DEPTH (server#8172). orjson stops at 1024 by itself,
 # so shallower excess is checked on the parsed document (see _check_depth).
@@ -65,7 +66,21 @@ def decode_infer_request(
             "raw binary inference requests (Inference-Header-Content-Length: 0) are not "
             "supported; send a JSON header and the tensor with 'binary_data_size'")
     view = memoryview(body)
-    doc = _parse_json(view[:header_length] if header_length < size else body)
+    try:
+        doc = orjson.loads(view[:header_length] if header_length < size else body)
+    except orjson.JSONDecodeError as e:
+        raise _json_error(e) from None
+    request = decode_common(doc, model_name, model_version, view, header_length)
+    if request is not None:  # what clients send, decided in one pass (common_shape_py says which)
+        return request
+    return decode_document(doc, model_name, model_version, view, header_length)
+
+
+def decode_document(doc: Any, model_name: str, model_version: str, view: memoryview,
+                    header_length: int) -> InferRequest:
+    """The general parser: the request from its parsed JSON header ``doc``, the binary part
+    of the body ``view`` from ``header_length`` on. Every refusal is worded here."""
+    size = len(view)
     if not isinstance(doc, dict):
         raise InvalidArgument("the request JSON must be an object")
 
@@ -129,13 +144,10 @@ def _exact_uint64(name: str, data: Any) -> np.ndarray:
     return np.array(flat.tolist(), dtype=np.uint64)
 
 
-def _parse_json(buf: Buffer) -> Any:
-    try:
-        return orjson.loads(buf)
-    except orjson.JSONDecodeError as e:
-        if "depth" in str(e) or "recursion" in str(e):
-            raise InvalidArgument(f"JSON nesting depth exceeds the limit of {MAX_JSON_DEPTH}") from None
-        raise InvalidArgument(f"failed to parse the request JSON buffer: {e}") from None
+def _json_error(e: orjson.JSONDecodeError) -> InvalidArgument:
+    if "depth" in str(e) or "recursion" in str(e):
+        return InvalidArgument(f"JSON nesting depth exceeds the limit of {MAX_JSON_DEPTH}")
+    return InvalidArgument(f"failed to parse the request JSON buffer: {e}")
 
 
 def _check_unknown_members(obj: dict, known: frozenset[str], depth: int) -> None:
@@ -318,6 +330,14 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     when none is listed) follow the request's ``binary_data_output``; a listed output
     without ``binary_data`` is JSON — what Triton 2.51 does.
     """
+    common = encode_common(response, request)
+    if common is not None:  # no output as JSON data: built in one pass (common_shape_py)
+        return common
+    return encode_document(response, request)
+
+
+def encode_document(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
+    """The general encoder behind :func:`encode_infer_response` (JSON data included)."""
     requested = {o.name: o.parameters for o in request.outputs}
     default_binary = request.parameters.get("binary_data_output", False) is True
     outputs: list[dict[str, Any]] = []

@@ -36,7 +36,8 @@ async def serve_infer(
     max_input_size: int,
 ) -> InferReply:
     """Decode, infer, encode. Raises :class:`TritonShmError` for every refusal."""
-    body = decode_body(body, content_encoding, max_input_size)
+    if content_encoding is not None:
+        body = decode_body(body, content_encoding, max_input_size)
     length: int | None = None
     if header_length is not None:
         try:
@@ -51,14 +52,15 @@ async def serve_infer(
     finally:
         response.release()  # outputs may be views into shared memory
     if json_length is None:
-        reply = InferReply(payload, JSON_TYPE)
+        reply = InferReply(payload, JSON_TYPE, {})
     else:
         reply = InferReply(payload, BINARY_TYPE, {HEADER_LENGTH: str(json_length)})
-    coding = accepted_coding(accept_encoding)
-    if coding is not None and payload:  # only inference responses are compressed, as in Triton
-        if len(payload) > _THREAD_COMPRESS_BYTES:
-            reply.body = await asyncio.to_thread(compress, payload, coding)
-        else:
-            reply.body = compress(payload, coding)
-        reply.headers["Content-Encoding"] = coding
+    if accept_encoding:
+        coding = accepted_coding(accept_encoding)
+        if coding is not None and payload:  # only inference responses are compressed, as in Triton
+            if len(payload) > _THREAD_COMPRESS_BYTES:
+                reply.body = await asyncio.to_thread(compress, payload, coding)
+            else:
+                reply.body = compress(payload, coding)
+            reply.headers["Content-Encoding"] = coding
     return reply

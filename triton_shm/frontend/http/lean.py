@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, cast
+from functools import partial
+from typing import TYPE_CHECKING, Any, Coroutine, cast
 
 import httptools
 
@@ -41,6 +42,9 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _JOIN_BELOW = 64 * 1024  # join head and body into one write below this size
 LINGER_TIME = 10.0  # seconds a closing connection reads and drops what the client still sends
 
+_OTHER, _HEADER_LENGTH, _CONTENT_LENGTH = Field.OTHER, Field.HEADER_LENGTH, Field.CONTENT_LENGTH
+_CONTENT_ENCODING, _ACCEPT_ENCODING = Field.CONTENT_ENCODING, Field.ACCEPT_ENCODING
+
 # Connection states, for the timeouts.
 IDLE, HEADERS, BODY = 0, 1, 2
 
@@ -55,7 +59,7 @@ class LeanConnection(asyncio.Protocol):
         self._queue: deque[Message] = deque()
         self._queued_bytes = 0
         self._busy = False                  # a request is being served
-        self._task: asyncio.Task | None = None
+        self._infer_run: Coroutine[Any, Any, None] | None = None  # the lean response being made
         self._bridge: AiohttpBridge | None = None
         self._read_paused = False
         self._write_paused = False
@@ -110,7 +114,8 @@ class LeanConnection(asyncio.Protocol):
         except httptools.HttpParserError as e:
             self._reject(400, f"malformed HTTP request: {e}")
         self._serve()
-        if not self._read_paused and self._over_budget():
+        # Nothing queued and no request being read: nothing is held, so nothing to weigh.
+        if not self._read_paused and (self._queue or self._msg is not None) and self._over_budget():
             self._pause_reading()
 
     def eof_received(self) -> bool | None:
@@ -137,27 +142,27 @@ class LeanConnection(asyncio.Protocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         msg = self._msg
         assert msg is not None
-        if len(name) + len(value) > MAX_FIELD:
-            raise HttpLimit(431, f"a header field is longer than {MAX_FIELD} bytes")
-        msg.headers.append((name, value))
-        if len(msg.headers) > MAX_HEADERS:
-            raise HttpLimit(431, f"more than {MAX_HEADERS} header fields")
+        headers = msg.headers
+        headers.append((name, value))
+        if len(name) + len(value) > MAX_FIELD or len(headers) > MAX_HEADERS:
+            raise HttpLimit(431, f"a header field is longer than {MAX_FIELD} bytes"
+                            if len(name) + len(value) > MAX_FIELD else f"more than {MAX_HEADERS} header fields")
         field = FIELDS.get(name) or FIELDS.get(name.lower())
-        if field is None or field is Field.OTHER:
+        if field is None or field is _OTHER:
             return
-        if field is Field.HEADER_LENGTH:
+        if field is _HEADER_LENGTH:
             msg.header_length = value.decode("latin-1")
-        elif field is Field.CONTENT_ENCODING:
-            msg.content_encoding = value.decode("latin-1")
-        elif field is Field.ACCEPT_ENCODING:
-            msg.accept_encoding = value.decode("latin-1")
-        elif field is Field.CONTENT_LENGTH:
+        elif field is _CONTENT_LENGTH:
             try:
                 declared = int(value)
             except ValueError:
                 return  # llhttp refuses it
             if declared > self.ctx.max_input_size:
                 msg.error = (413, self._too_large())
+        elif field is _CONTENT_ENCODING:
+            msg.content_encoding = value.decode("latin-1")
+        elif field is _ACCEPT_ENCODING:
+            msg.accept_encoding = value.decode("latin-1")
         elif value.lower() == b"100-continue":
             msg.expect_continue = True
 
@@ -220,7 +225,8 @@ class LeanConnection(asyncio.Protocol):
                 continue
             self._busy = True
             if msg.route is not None:
-                self._task = self.loop.create_task(self._infer(msg, *msg.route))
+                self._infer_run = self._infer(msg, *msg.route)
+                self._advance(self._infer_run)
             else:
                 self._forward(msg)
         if self.transport is None:
@@ -267,6 +273,22 @@ class LeanConnection(asyncio.Protocol):
             self._respond(msg, 200, reply.content_type, reply.body, reply.headers)
         self.request_done(msg.keep_alive)
 
+    def _advance(self, run: Coroutine[Any, Any, None], _done: object = None) -> None:
+        """Run the infer coroutine to its next wait (the first call starts it), and on when
+        the future it waits for is done. This is what an asyncio Task would do, without one
+        per request: the coroutine waits only on futures, answers every Exception itself
+        and is never cancelled, so a Task's own scheduling, registry and cancellation would
+        add nothing. A cancelled future it waits for ends it, as it would end a Task."""
+        try:
+            waited = run.send(None)
+        except (StopIteration, asyncio.CancelledError):
+            return
+        if waited is None:  # a bare yield (sleep(0)): go on at the next loop iteration
+            self.loop.call_soon(self._advance, run)
+            return
+        waited._asyncio_future_blocking = False
+        waited.add_done_callback(partial(self._advance, run))
+
     def _forward(self, msg: Message) -> None:
         if self._bridge is None:
             from .bridge import AiohttpBridge
@@ -278,13 +300,13 @@ class LeanConnection(asyncio.Protocol):
     def bridge_closed(self) -> None:
         """aiohttp closes its side: after its response, or at shutdown."""
         self._discard = True
-        if self._task is None:  # not in the middle of a lean response
+        if self._infer_run is None:  # not in the middle of a lean response
             self._close()
 
     def request_done(self, keep_alive: bool) -> None:
         """The response to the request being served is written (lean or aiohttp)."""
         self._busy = False
-        self._task = None
+        self._infer_run = None
         self.since = self.loop.time()
         if not keep_alive:
             self._close()

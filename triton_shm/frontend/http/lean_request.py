@@ -18,7 +18,11 @@ MAX_HEADERS = 128
 # aiohttp, whose router decides them exactly as before.
 _INFER_PATH = re.compile(rb"/v2/models/([^/%]+)(?:/versions/(\d+))?/infer")
 _DOT_SEGMENTS = (b".", b"..")
+_ROUTES: dict[bytes, tuple[str, str] | None] = {}  # request target -> infer route, POST only
+_MAX_ROUTES = 1024
+_MAX_CACHED_URL = 256
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
+_STATUS_LINES = {status: f"HTTP/1.1 {status} {reason}\r\nDate: " for status, reason in _REASONS.items()}
 
 
 class Field(enum.Enum):
@@ -76,6 +80,19 @@ class Message:
 def infer_route(method: bytes, url: bytes) -> tuple[str, str] | None:
     if method != b"POST":
         return None
+    try:
+        return _ROUTES[url]  # a client sends the same few request targets again and again
+    except KeyError:
+        pass
+    route = _infer_route(url)
+    if len(url) <= _MAX_CACHED_URL:
+        if len(_ROUTES) >= _MAX_ROUTES:
+            _ROUTES.clear()
+        _ROUTES[url] = route
+    return route
+
+
+def _infer_route(url: bytes) -> tuple[str, str] | None:
     path = url.split(b"?", 1)[0]
     m = _INFER_PATH.fullmatch(path)
     if m is None or m.group(1) in _DOT_SEGMENTS:
@@ -103,16 +120,16 @@ def error_body(message: str) -> bytes:
 
 def response_head(msg: Message, status: int, content_type: str, length: int, headers: dict[str, str] | None,
                   date: str) -> bytes:
-    head = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nDate: {date}\r\n"
-            f"Content-Type: {content_type}\r\nContent-Length: {length}\r\n"]
+    extra = ""
     if headers:
-        head += [f"{k}: {v}\r\n" for k, v in headers.items()]
+        for k, v in headers.items():
+            extra += f"{k}: {v}\r\n"
     if not msg.keep_alive or msg.error is not None:
-        head.append("Connection: close\r\n")
+        extra += "Connection: close\r\n"
     elif msg.version == "1.0":
-        head.append("Connection: keep-alive\r\n")
-    head.append("\r\n")
-    return "".join(head).encode("latin-1")
+        extra += "Connection: keep-alive\r\n"
+    start = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Error\r\nDate: "
+    return f"{start}{date}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n{extra}\r\n".encode("latin-1")
 
 
 def timeout_message() -> Message:
