@@ -1,6 +1,7 @@
 """Instructions executed per small request, in the front-end and in the worker (callgrind).
 
     python bench/instructions.py [--protocol http|grpc] [--requests 500] [--warmup 100]
+                                 [--model add_sub|identity --elements N]
 
 CPU time per request on a shared 2-vCPU machine moves by ±30 % from run to run (other
 processes, wake-up placement, the hypervisor); the instructions a process executes for
@@ -8,9 +9,10 @@ the same requests do not. This starts the real server under ``valgrind --tool=ca
 --trace-children=yes`` on the python ``add_sub`` model (two FP32[16] inputs), sends
 ``--warmup`` requests with tritonclient, zeroes both processes' counters, sends
 ``--requests`` more one at a time, dumps the counters and prints instructions per request
-for each process. Spinning shows up little here (a pause loop executes few instructions
-per microsecond): compare CPU time for that. Slow (the server runs ~50× slower under
-valgrind): a few minutes.
+for each process. ``--model identity --elements 4194304`` sends one FP32 tensor of that
+many elements (16 MiB) in-band through the ``identity`` model instead. Spinning shows up
+little here (a pause loop executes few instructions per microsecond): compare CPU time for
+that. Slow (the server runs ~50× slower under valgrind): a few minutes.
 """
 from __future__ import annotations
 
@@ -63,19 +65,22 @@ def dump(pid: int, out_dir: Path, label: str) -> int:
     raise RuntimeError(f"callgrind did not dump process {pid}")
 
 
-def send(protocol: str, port: int, n: int) -> None:
+def send(protocol: str, port: int, n: int, model: str = "add_sub", elements: int = 16) -> None:
     if protocol == "http":
         import tritonclient.http as client
         cl = client.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=120)
     else:
         import tritonclient.grpc as client
         cl = client.InferenceServerClient(f"127.0.0.1:{port + 1}")
-    a = np.ones(16, np.float32)
-    inputs = [client.InferInput("INPUT0", [16], "FP32"), client.InferInput("INPUT1", [16], "FP32")]
+    a = np.ones(elements, np.float32)
+    names = ["INPUT0", "INPUT1"] if model == "add_sub" else ["INPUT0"]
+    inputs = [client.InferInput(name, [elements], "FP32") for name in names]
     for i in inputs:
         i.set_data_from_numpy(a, **({"binary_data": True} if protocol == "http" else {}))
     for _ in range(n):
-        cl.infer("add_sub", inputs)
+        result = cl.infer(model, inputs)
+        if model == "identity" and result.as_numpy("OUTPUT0").shape != (elements,):
+            raise RuntimeError("identity returned a wrong shape")
 
 
 def main() -> None:
@@ -83,6 +88,8 @@ def main() -> None:
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--model", choices=["add_sub", "identity"], default="add_sub")
+    parser.add_argument("--elements", type=int, default=16, help="FP32 elements per input tensor")
     parser.add_argument("--keep", type=Path, help="copy the callgrind files here (for callgrind_annotate)")
     parser.add_argument("--idle-seconds", type=float, default=0,
                         help="also count what each process executes while idle for this long (timers, polling)")
@@ -115,7 +122,7 @@ def main() -> None:
                         raise RuntimeError("the server did not come up under valgrind:\n"
                                            + (tmp_path / "server.log").read_text()[-3000:]) from None
                     time.sleep(1)
-            send(args.protocol, port, args.warmup)
+            send(args.protocol, port, args.warmup, args.model, args.elements)
             pids = {"front-end": proc.pid}
             workers = children(proc.pid)
             if len(workers) != 1:
@@ -123,8 +130,8 @@ def main() -> None:
             pids["worker"] = workers[0]
             for pid in pids.values():
                 subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
-            send(args.protocol, port, args.requests)
-            print(f"instructions per request, {args.protocol}, add_sub FP32[16], "
+            send(args.protocol, port, args.requests, args.model, args.elements)
+            print(f"instructions per request, {args.protocol}, {args.model} FP32[{args.elements}], "
                   f"{args.requests} sequential requests (after {args.warmup})")
             for name, pid in pids.items():
                 ir = dump(pid, tmp_path, "measured")

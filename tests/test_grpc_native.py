@@ -12,8 +12,10 @@ import struct
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import ngh2
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -33,6 +35,8 @@ from hyperframe.frame import (
 )
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
+
+from triton_shm.frontend.grpc.native.server import RECEIVE_BUFFER, NativeServer
 
 from .conftest import build_core_repository
 from .harness import ServerProcess
@@ -279,6 +283,18 @@ def test_control_frame_flood_gets_goaway(server, kind):
     conn.close()
 
 
+def test_a_whole_read_of_control_frames_stays_under_the_engines_cap():
+    """A read is fed to the engine whole: one full of the smallest control frames (empty
+    SETTINGS, 9 bytes) must not trip the engine's cap on unsent acknowledgements (a fatal
+    error, the connection dropped without a word) before our limit can answer GOAWAY."""
+    native = NativeServer([], max_message_bytes=1 << 20)
+    h2 = ngh2.Connection(ngh2.Role.SERVER, native.h2_config)
+    h2.initiate_connection(native.settings)
+    h2.receive_data(PREFACE + SettingsFrame(0).serialize())
+    h2.receive_data(SettingsFrame(0, settings={}).serialize() * (RECEIVE_BUFFER // 9))
+    assert sum(isinstance(e, ngh2.SettingsReceived) for e in h2.events()) == RECEIVE_BUFFER // 9 + 1
+
+
 def test_message_over_the_limit_is_resource_exhausted(server):
     conn = RawH2(server)
     # the prefix claims 2 GiB (over INT32_MAX): refused before any body is buffered
@@ -430,6 +446,21 @@ def test_16_mib_both_ways(server):
     x = np.random.default_rng(1).random(4 << 20, dtype=np.float32)  # 16 MiB
     with grpcclient.InferenceServerClient(server.grpc_url) as c:
         np.testing.assert_array_equal(c.infer("identity_fp32", identity_inputs(x)).as_numpy("OUTPUT0"), x)
+
+
+def test_16_mib_calls_on_parallel_connections_keep_their_own_data(server):
+    """Connections share the server's receive buffer: large messages read in turns over
+    several connections must each arrive (and come back) intact."""
+    values = [np.random.default_rng(seed).random((4 << 20) + 1, dtype=np.float32) for seed in range(3)]  # 16 MiB + 4 B
+
+    def call(x: np.ndarray) -> np.ndarray:
+        with grpcclient.InferenceServerClient(server.grpc_url) as c:
+            return c.infer("identity_fp32", identity_inputs(x)).as_numpy("OUTPUT0")
+
+    with ThreadPoolExecutor(len(values)) as pool:
+        results = list(pool.map(call, values))
+    for x, y in zip(values, results):
+        np.testing.assert_array_equal(y, x)
 
 
 def sleepy_inputs(seconds: float) -> list:

@@ -153,6 +153,14 @@ def test_grpc_over_tls(tls_server, pki):
     client.close()
 
 
+def test_grpc_16_mib_both_ways_over_tls(tls_server, pki):
+    data = np.random.default_rng(0).random((4 << 20) + 1, dtype=np.float32)  # 16 MiB + 4 B
+    client = _grpc_client(tls_server, pki)
+    result = client.infer(MODEL, _inputs(grpcclient, data))
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), data)
+    client.close()
+
+
 def test_grpc_aio_over_tls(tls_server, pki):
     async def main():
         client = _grpc_client(tls_server, pki, module=grpcaio)

@@ -65,10 +65,13 @@ class CallRunner:
                 call.task.cancel()
             self._finish(call, DEADLINE_EXCEEDED, "Deadline Exceeded")
 
-    async def _run_unary(self, call: Call, data: bytes | memoryview) -> None:
+    async def _run_unary(self, call: Call) -> None:
         method = call.method
         try:
-            response = await method.handler(method.deserialize(data))
+            # The request message is not kept here: once the handler is done with it, a large
+            # one is freed before its response is encoded (the allocator then reuses its
+            # pages for the response instead of faulting in fresh ones).
+            response = await method.handler(method.deserialize(call.messages.pop()))
             if call.finished:  # reset or timed out meanwhile; a response may own shared memory
                 release = getattr(response, "release", None)
                 if release is not None:

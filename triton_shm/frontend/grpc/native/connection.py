@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 WRITE_CHUNK = 256 * 1024  # engine output taken per transport write
-RECEIVE_SLICE = 64 * 1024  # most input fed to the engine between two flushes
 LINGER_SECONDS = 1.0  # reading on after our final GOAWAY
 CALL_TASK = "gRPC call"  # each call's task name (a fixed one: the default is formatted per task)
 
@@ -57,12 +56,13 @@ class TokenBucket:
         return self.tokens >= 0
 
 
-class GrpcConnection(CallRunner, asyncio.Protocol):
+class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
     def __init__(self, server: "NativeServer"):
         self.server = server
         self.loop = asyncio.get_running_loop()
         self.h2 = ngh2.Connection(ngh2.Role.SERVER, server.h2_config)
         self.transport: asyncio.Transport  # from connection_made on
+        self.receive_view = server.receive_view  # shared: each read is consumed before the next
         self.calls: dict[int, Call] = {}
         self.paused = False
         self.closed = False
@@ -115,31 +115,25 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
             self.age_timer = self.loop.call_later(age, self._aged)
         self.flush()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        # The socket is read straight into the server's buffer (no bytes object per read);
+        # the engine copies what it keeps before buffer_updated returns.
+        return self.receive_view
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self.closed or self.terminated:  # lingering after GOAWAY: input is read and dropped
             return
         self.last_read = self.loop.time()
-        h2 = self.h2
-        # A large read is fed in slices, answering in between: a flood of PINGs or
-        # SETTINGS then meets our rate limit (GOAWAY ENHANCE_YOUR_CALM) before the
-        # engine's cap on unsent acknowledgements, which could only drop the connection.
-        view = memoryview(data) if len(data) > RECEIVE_SLICE else None
-        start = 0
-        while True:
-            chunk = data if view is None else view[start:start + RECEIVE_SLICE]
-            try:
-                h2.receive_data(chunk)
-            except ngh2.NGH2Error as e:  # fatal for the connection (a flood, a protocol violation)
-                log.log(logging.WARNING if isinstance(e, ngh2.DenialOfServiceError) else logging.DEBUG,
-                        "gRPC connection from %s dropped: %s", self._peer(), e)
-                self._abort()
-                return
-            self._process_events()
-            start += RECEIVE_SLICE
-            if view is None or start >= len(data) or self.closed or self.terminated:
-                break
-            if h2.want_write:
-                self.flush()
+        # A read is at most the buffer (server.RECEIVE_BUFFER), small enough that a flood
+        # of PINGs or SETTINGS in it meets our rate limit before the engine's own cap.
+        try:
+            self.h2.receive_data(self.receive_view[:nbytes])
+        except ngh2.NGH2Error as e:  # fatal for the connection (a flood, a protocol violation)
+            log.log(logging.WARNING if isinstance(e, ngh2.DenialOfServiceError) else logging.DEBUG,
+                    "gRPC connection from %s dropped: %s", self._peer(), e)
+            self._abort()
+            return
+        self._process_events()
         self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -335,7 +329,7 @@ class GrpcConnection(CallRunner, asyncio.Protocol):
         elif len(call.messages) != 1:
             self._finish(call, INTERNAL, "unary call ended without a request message")
         else:
-            call.task = asyncio.Task(self._run_unary(call, call.messages.pop()), loop=self.loop, name=CALL_TASK)
+            call.task = asyncio.Task(self._run_unary(call), loop=self.loop, name=CALL_TASK)
 
     def _ack(self, sid: int, size: int) -> None:
         if size:

@@ -18,7 +18,16 @@ MAX_CONCURRENT_STREAMS = 1000
 STREAM_WINDOW = 4 << 20  # per-stream receive window
 CONNECTION_WINDOW = 32 << 20
 MAX_HEADER_LIST = 64 * 1024
-MAX_FRAME = 1 << 20  # larger DATA frames from the peer: fewer engine events per big message
+# DATA frames from the peer: 64 KiB, a quarter of a read, so most arrive within one read
+# (the engine then copies the payload once; one cut by a read's end it assembles with two
+# or more) while a 16 MiB message is still only 256 engine events.
+MAX_FRAME = 64 * 1024
+# The most read from a socket at once, and fed to the engine whole: even a read of nothing
+# but 9-byte SETTINGS frames (29,127) stays under the engine's cap on unsent
+# acknowledgements (MAX_OUTBOUND_ACK), so our own control-frame limit answers a flood
+# (GOAWAY ENHANCE_YOUR_CALM) before the engine's cap could only drop the connection.
+RECEIVE_BUFFER = 256 * 1024
+MAX_OUTBOUND_ACK = 30_000
 
 
 class NativeServer:
@@ -40,12 +49,15 @@ class NativeServer:
         self.connection_window = CONNECTION_WINDOW
         # The engine bounds header blocks, CONTINUATIONs, SETTINGS entries, unread
         # acknowledgements and stream resets (rapid reset: a GOAWAY past the rate).
-        self.h2_config = ngh2.Configuration(auto_window_update=False, max_outbound_ack=10_000,
+        self.h2_config = ngh2.Configuration(auto_window_update=False, max_outbound_ack=MAX_OUTBOUND_ACK,
                                             max_inbound_header_list_size=MAX_HEADER_LIST)
         self.control_frame_limit = (500.0, 100.0)  # PING/SETTINGS burst, then per second
         self.handshake_timeout = HANDSHAKE_TIMEOUT_MS / 1000  # for a new connection to send anything
         self.apply_keepalive(keepalive or Keepalive())
         self.connections: set[GrpcConnection] = set()
+        # Every connection reads into this one buffer: a read is fed to the engine (which
+        # copies what it keeps) before the loop reads again, for any connection.
+        self.receive_view = memoryview(bytearray(RECEIVE_BUFFER))
         self._server: asyncio.Server | None = None
         self._idle = asyncio.Event()
 
