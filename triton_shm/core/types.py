@@ -8,22 +8,32 @@ Tensor payloads are kept in their wire encoding (little-endian, row-major, BYTES
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Union
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+from .types_py import (RESERVED_PARAMETERS, Buffer, InferRequest, InferResponse, InputTensor, OutputTensor,
+                       ParamValue, RequestedOutput)
 
 if TYPE_CHECKING:
     from .shm_registry import Region
     from .validation import RequestPlan
 
-# Request/response parameter values, as both protocols can express them.
-ParamValue = Union[bool, int, float, str]
-Buffer = Union[bytes, bytearray, memoryview]
+# The five request/response types: C classes when built (a construction costs a C
+# call, not a Python __init__ frame: several per request), else the dataclass twins.
+# Set ``TRITON_SHM_NO_EXTENSIONS=1`` to force the twins (the tests run both).
+USING_EXTENSION = False
+if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
+    try:
+        from ._types import (  # type: ignore  # noqa: F811
+            InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput)
+        USING_EXTENSION = True
+    except ImportError:  # not built: the pure-Python twins serve
+        pass
 
-
-# Request parameters that mean something to the server (Triton's reserved keys, plus
-# every key starting "triton_"); models see only the others.
-RESERVED_PARAMETERS = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
-                                 "headers", "binary_data_output"})
+__all__ = ["Buffer", "BatchRequest", "InferRequest", "InferResponse", "InputTensor", "OutputTensor", "ParamValue",
+           "RESERVED_PARAMETERS", "RequestedOutput", "ResponseStream", "SHM_PARAMETERS", "USING_EXTENSION",
+           "request_id_prefix"]
 
 # Parameters that place a tensor in a client shared-memory region.
 SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
@@ -32,65 +42,6 @@ SHM_PARAMETERS = ("shared_memory_region", "shared_memory_byte_size", "shared_mem
 def request_id_prefix(request_id: str) -> str:
     """What starts a request's error message, as Triton writes it."""
     return f"[request id: {request_id or '<id_unknown>'}] "
-
-
-@dataclass(slots=True)
-class InputTensor:
-    name: str
-    datatype: str
-    shape: list[int]
-    data: Buffer | None = None  # wire-encoded bytes (None while unset)
-    parameters: dict[str, ParamValue] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class RequestedOutput:
-    name: str
-    parameters: dict[str, ParamValue] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class InferRequest:
-    model_name: str
-    model_version: str = ""  # "" = the version policy's highest
-    id: str = ""
-    parameters: dict[str, ParamValue] = field(default_factory=dict)
-    inputs: list[InputTensor] = field(default_factory=list)
-    outputs: list[RequestedOutput] = field(default_factory=list)  # empty = all outputs
-
-    def model_parameters(self) -> dict[str, ParamValue]:
-        """The parameters a model may see (``request.parameters()`` in Python models)."""
-        params = self.parameters
-        if not params:
-            return {}
-        return {k: v for k, v in params.items() if k not in RESERVED_PARAMETERS and not k.startswith("triton_")}
-
-
-@dataclass(slots=True)
-class OutputTensor:
-    name: str
-    datatype: str
-    shape: list[int]
-    data: Buffer  # wire-encoded bytes; may be a view into shared memory, see release()
-    parameters: dict[str, ParamValue] = field(default_factory=dict)
-    in_shared_memory: bool = False  # written into the client's region; ``data`` is empty
-    shm_byte_size: int = 0          # then: how many bytes were written there
-
-
-@dataclass(slots=True)
-class InferResponse:
-    model_name: str
-    model_version: str
-    id: str = ""
-    parameters: dict[str, ParamValue] = field(default_factory=dict)
-    outputs: list[OutputTensor] = field(default_factory=list)
-    _release: Callable[[], None] | None = None
-
-    def release(self) -> None:
-        """Give the output buffers back. Call once the wire message is built."""
-        if self._release is not None:
-            release, self._release = self._release, None
-            release()
 
 
 @dataclass(eq=False)
