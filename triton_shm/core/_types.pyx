@@ -3,6 +3,8 @@
 (the same class and equal fields) and repr as their twins in ``types_py.py``, which
 define them. Constructing one is a C call instead of a Python ``__init__`` frame."""
 
+from asyncio import get_running_loop
+
 from .types_py import RESERVED_PARAMETERS
 
 # "no argument given": a fresh dict or list per object, as the twins' default factories
@@ -134,3 +136,44 @@ cdef class InferResponse:
 
     def __repr__(self):
         return _repr(self, ("model_name", "model_version", "id", "parameters", "outputs", "_release"))
+
+
+cdef class BatchRequest:
+    """One request of a batch as the scheduler hands it to the worker pool (see the twin).
+    Compared by identity, as the twin (``eq=False``)."""
+    cdef public object request, plan, regions, stream
+
+    def __init__(self, request, plan, regions, stream):
+        self.request = request
+        self.plan = plan
+        self.regions = regions
+        self.stream = stream
+
+    def __repr__(self):
+        return _repr(self, ("request", "plan", "regions", "stream"))
+
+
+cdef class Pending(BatchRequest):
+    """A queued request (the scheduler's): what the pool needs and the queue's own state.
+    A subclass may add attributes (it gets a ``__dict__`` or its own ``__slots__``)."""
+    cdef public object rows, priority, enqueued_ns, deadline_ns, reject_on_timeout, future, seq, result, trace
+
+    def __init__(self, request, plan, regions, stream, rows, priority, enqueued_ns, deadline_ns, reject_on_timeout,
+                 future=_FRESH, seq=0, result=None, trace=None):
+        self.request = request
+        self.plan = plan
+        self.regions = regions
+        self.stream = stream
+        self.rows = rows
+        self.priority = priority
+        self.enqueued_ns = enqueued_ns
+        self.deadline_ns = deadline_ns
+        self.reject_on_timeout = reject_on_timeout
+        self.future = get_running_loop().create_future() if future is _FRESH else future
+        self.seq = seq
+        self.result = result
+        self.trace = trace
+
+    def __repr__(self):
+        return _repr(self, ("request", "plan", "regions", "stream", "rows", "priority", "enqueued_ns", "deadline_ns",
+                            "reject_on_timeout", "future", "seq", "result", "trace"))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
@@ -26,7 +26,7 @@ from .clock import Clock, LoopClock, Wakeup
 from .model_config import mc
 from .rate_limiter import IDLE, STAGED, Claim, RateLimiter, bind_claims
 from .statistics import ModelStats
-from .types import BatchRequest, InferRequest, InferResponse, ResponseStream
+from .types import InferRequest, InferResponse, Pending, ResponseStream
 
 if TYPE_CHECKING:
     from ..supervisor.pool import WorkerPool
@@ -36,20 +36,6 @@ if TYPE_CHECKING:
 
 REJECT = mc.ModelQueuePolicy.REJECT
 HELD_BATCHES = 1  # batches an instance may hold in its worker beside the one it runs
-
-
-@dataclass(eq=False)
-class Pending(BatchRequest):
-    """A queued request: what the pool needs (``BatchRequest``) and the queue's own state."""
-    rows: int                     # batch rows this request contributes (1 without batching)
-    priority: int
-    enqueued_ns: int
-    deadline_ns: int | None
-    reject_on_timeout: bool
-    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-    seq: int = 0
-    result: Any = None            # preserve_ordering: held until earlier requests are answered
-    trace: Any = None             # a tracing.Trace when this request is traced
 
 
 @dataclass(slots=True)

@@ -434,10 +434,13 @@ class _Discard(asyncio.Queue):
             item[0].release()
 
 
-@dataclass(eq=False)
 class SequencePending(Pending):
-    key: Any = None
-    entry: Entry | None = None
+    """A queued request of a sequence: its sequence key and its place in the book."""
+    __slots__ = ("key", "entry")
+
+    def __init__(self, *args: Any, key: Any = None, entry: Entry | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.key, self.entry = key, entry
 
 
 class SequenceScheduler:

@@ -10,29 +10,26 @@ from __future__ import annotations
 import asyncio
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-from .types_py import (RESERVED_PARAMETERS, Buffer, InferRequest, InferResponse, InputTensor, OutputTensor,
-                       ParamValue, RequestedOutput)
+from .types_py import (RESERVED_PARAMETERS, BatchRequest, Buffer, InferRequest, InferResponse, InputTensor,
+                       OutputTensor, ParamValue, Pending, RequestedOutput)
 
-if TYPE_CHECKING:
-    from .shm_registry import Region
-    from .validation import RequestPlan
-
-# The five request/response types: C classes when built (a construction costs a C
-# call, not a Python __init__ frame: several per request), else the dataclass twins.
+# The request/response types and a request's scheduler entry: C classes when built (a
+# construction costs a C call, not a Python __init__ frame: several per request), else
+# the dataclass twins.
 # Set ``TRITON_SHM_NO_EXTENSIONS=1`` to force the twins (the tests run both).
 USING_EXTENSION = False
 if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
     try:
         from ._types import (  # type: ignore  # noqa: F811
-            InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput)
+            BatchRequest, InferRequest, InferResponse, InputTensor, OutputTensor, Pending, RequestedOutput)
         USING_EXTENSION = True
     except ImportError:  # not built: the pure-Python twins serve
         pass
 
 __all__ = ["Buffer", "BatchRequest", "InferRequest", "InferResponse", "InputTensor", "OutputTensor", "ParamValue",
-           "RESERVED_PARAMETERS", "RequestedOutput", "ResponseStream", "SHM_PARAMETERS", "USING_EXTENSION",
+           "Pending", "RESERVED_PARAMETERS", "RequestedOutput", "ResponseStream", "SHM_PARAMETERS", "USING_EXTENSION",
            "request_id_prefix"]
 
 # Parameters that place a tensor in a client shared-memory region.
@@ -50,14 +47,3 @@ class ResponseStream:
     items, and how to tell the model the client is gone (set once the request runs)."""
     queue: "asyncio.Queue"
     cancel: Callable[[], None] | None = None
-
-
-@dataclass(eq=False)
-class BatchRequest:
-    """One request of a batch as the scheduler hands it to the worker pool: validated,
-    with what validation learned, the client shared-memory regions it uses, and for a
-    decoupled model the stream its responses go to."""
-    request: InferRequest
-    plan: "RequestPlan"
-    regions: dict[str, "Region"]
-    stream: ResponseStream | None

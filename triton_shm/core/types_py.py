@@ -1,10 +1,17 @@
-"""The request and response types in pure Python: the twin of ``_types.pyx``, and
-the definition both follow (same fields, defaults, equality and repr).
+"""The request and response types (and a request's scheduler entry) in pure Python: the
+twin of ``_types.pyx``, and the definition both follow (same fields, defaults, equality
+and repr).
 ``core.types`` picks one; import them from there."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
-from typing import Callable, Union
+from typing import TYPE_CHECKING, Any, Callable, Union
+
+if TYPE_CHECKING:
+    from .shm_registry import Region
+    from .types import ResponseStream
+    from .validation import RequestPlan
 
 # Request/response parameter values, as both protocols can express them.
 ParamValue = Union[bool, int, float, str]
@@ -74,3 +81,29 @@ class InferResponse:
         if self._release is not None:
             release, self._release = self._release, None
             release()
+
+
+@dataclass(eq=False)
+class BatchRequest:
+    """One request of a batch as the scheduler hands it to the worker pool: validated,
+    with what validation learned, the client shared-memory regions it uses, and for a
+    decoupled model the stream its responses go to."""
+    request: InferRequest
+    plan: "RequestPlan"
+    regions: dict[str, "Region"]
+    stream: "ResponseStream | None"
+
+
+@dataclass(eq=False)
+class Pending(BatchRequest):
+    """A queued request (the scheduler's): what the pool needs (``BatchRequest``) and the
+    queue's own state."""
+    rows: int                     # batch rows this request contributes (1 without batching)
+    priority: int
+    enqueued_ns: int
+    deadline_ns: int | None
+    reject_on_timeout: bool
+    future: asyncio.Future = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    seq: int = 0
+    result: Any = None            # preserve_ordering: held until earlier requests are answered
+    trace: Any = None             # a tracing.Trace when this request is traced
