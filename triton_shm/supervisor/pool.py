@@ -352,7 +352,9 @@ class WorkerPool:
         plan, request = p.plan, p.request
         descriptors: list[list[int]] = []
         outputs: list[OutputTensor] = []
-        names = [e[0] for e in encoded]
+        names = []
+        for e in encoded:  # a loop, not a comprehension: no frame of its own
+            names.append(e[0])
         state_outputs, shm_outputs = plan.state_outputs, plan.shm_outputs
         # a model may leave its state as it was; only a sequence model has any
         asked = [n for n in names if n not in state_outputs] if state_outputs else names
