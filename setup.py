@@ -58,6 +58,8 @@ def extensions() -> list[Extension]:
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.ipc._protocol", ["triton_shm/ipc/_protocol.pyx"],
                   extra_compile_args=["-O2", "-Wall"]),
+        Extension("triton_shm.ipc._arena", ["triton_shm/ipc/_arena.pyx"],
+                  extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.ipc._ring", ["triton_shm/ipc/_ring.pyx"], depends=["csrc/ring.h"],
                   include_dirs=["csrc"],
                   extra_compile_args=["-O2", "-Wall"]),

@@ -11,9 +11,9 @@ the same requests do not. This starts the real server under ``valgrind --tool=ca
 ``--requests`` more one at a time, dumps the counters and prints instructions per request
 for each process. ``--model identity --elements 4194304`` sends one FP32 tensor of that
 many elements (16 MiB) in-band through the ``identity`` model instead; ``--streaming``
-(gRPC) sends them over one ModelStreamInfer stream, one in flight. Spinning shows up little here (a pause loop executes few instructions
-per microsecond): compare CPU time for that. Slow (the server runs ~50× slower under
-valgrind): a few minutes.
+(gRPC) sends them over one ModelStreamInfer stream, one in flight. Spinning shows up
+little here (a pause loop executes few instructions per microsecond): compare CPU time for
+that. Slow (the server runs ~50× slower under valgrind): a few minutes.
 """
 from __future__ import annotations
 

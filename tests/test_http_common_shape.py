@@ -83,7 +83,7 @@ def general(doc: dict, body: bytes, header_length: int):
     """The general parser's answer: the request, or the refusal's type and words."""
     try:
         return as_tuple(codec.decode_document(copy.deepcopy(doc), "m", "2", memoryview(body), header_length))
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any refusal, compared with the fast path's
         return type(e).__name__, str(e)
 
 
@@ -125,14 +125,16 @@ BINARY_RESPONSES = [  # (response, request): every output binary or in shared me
      InferRequest("m", outputs=[RequestedOutput("OUT0", {"binary_data": True}),
                                 RequestedOutput("OUT1", {"binary_data": True})])),
     (InferResponse("m", "1", outputs=outputs(shm=True)[:2]),
-     InferRequest("m", parameters={"binary_data_output": True}, outputs=[RequestedOutput("OUT0", {"binary_data": True})])),
+     InferRequest("m", parameters={"binary_data_output": True},
+                  outputs=[RequestedOutput("OUT0", {"binary_data": True})])),
 ]
 
 JSON_RESPONSES = [  # some output goes out as JSON data, or nothing is binary
     (InferResponse("m", "1", outputs=outputs()[:2]), InferRequest("m")),
     (InferResponse("m", "1", outputs=outputs()[:2]),
      InferRequest("m", parameters={"binary_data_output": True}, outputs=[RequestedOutput("OUT1")])),
-    (InferResponse("m", "1", outputs=outputs(shm=True)[2:]), InferRequest("m", parameters={"binary_data_output": True})),
+    (InferResponse("m", "1", outputs=outputs(shm=True)[2:]),
+     InferRequest("m", parameters={"binary_data_output": True})),
     (InferResponse("m", "1"), InferRequest("m", parameters={"binary_data_output": True})),
 ]
 

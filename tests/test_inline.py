@@ -5,6 +5,7 @@ behind an inline one run in order on the same instance.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -99,11 +100,12 @@ class TritonPythonModel:
                                                requested_output_names=["Y", "THREAD"]).async_exec()
                      for k in (1, 2)]
             a, b = await asyncio.gather(*calls)
-            y = pb_utils.get_output_tensor_by_name(a, "Y").as_numpy() + pb_utils.get_output_tensor_by_name(b, "Y").as_numpy()
+            y = (pb_utils.get_output_tensor_by_name(a, "Y").as_numpy()
+                 + pb_utils.get_output_tensor_by_name(b, "Y").as_numpy())
             name = np.array([threading.current_thread().name.encode()], dtype=np.object_)
+            callee = pb_utils.get_output_tensor_by_name(a, "THREAD").as_numpy()
             out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y), pb_utils.Tensor("THREAD", name),
-                                                   pb_utils.Tensor("CALLEE_THREAD",
-                                                                   pb_utils.get_output_tensor_by_name(a, "THREAD").as_numpy())]))
+                                                   pb_utils.Tensor("CALLEE_THREAD", callee)]))
         return out
 """
 
@@ -248,7 +250,11 @@ def test_worker_leaves_when_the_front_end_dies_during_a_long_inline_execution(tm
     srv = ServerProcess(repo, tmp_path / "server.log").start()
     (worker,) = children(srv.proc.pid)
     started, flag = repo / "slow" / "started", repo / "slow" / "go"
-    caller = threading.Thread(target=lambda: pytest.raises(Exception, infer, srv, "slow"), daemon=True)
+    def call() -> None:
+        with contextlib.suppress(Exception):  # the server is killed under it: any client error will do
+            infer(srv, "slow")
+
+    caller = threading.Thread(target=call, daemon=True)
     try:
         caller.start()
         deadline = time.monotonic() + 60

@@ -29,6 +29,143 @@ def test_arena_reuses_and_coalesces_freed_space():
     arena.close()
 
 
+def _free_list_twins() -> list:
+    """The allocator's implementations: the pure-Python twin, and C when built."""
+    from triton_shm.ipc import arena_py
+    twins = [arena_py]
+    try:
+        from triton_shm.ipc import _arena
+        twins.append(_arena)
+    except ImportError:  # not built
+        pass
+    return twins
+
+
+class _Seg:
+    def __init__(self, seg_id: int, size: int):
+        self.id, self.size, self.view = seg_id, size, memoryview(bytearray(size))
+
+
+def _allocator(impl):
+    """``impl``'s BlockAllocator over segments the test adds: no room is an error, drops
+    are recorded."""
+    class Allocator(impl.BlockAllocator):
+        dropped: list = []
+
+        def _grow(self, nbytes):
+            raise MemoryError(f"no room for {nbytes}")
+
+        def _drop(self, segment):
+            self.dropped.append(segment)
+
+    return Allocator()
+
+
+@pytest.mark.parametrize("impl", _free_list_twins(), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_allocator_places_blocks_like_the_reference_first_fit(impl):
+    """Random allocs and frees: every block lands where a plain first-fit over sorted
+    holes puts it, blocks never overlap, and freeing all coalesces back to one hole."""
+    import random
+
+    rng = random.Random(7)
+    alloc = _allocator(impl)
+    live = [alloc._add_segment(_Seg(1, 1 << 14), False, 100), alloc._add_segment(_Seg(2, 1 << 14), False, 1)]
+    assert [(b.segment.id, b.offset, b.size) for b in live] == [(1, 0, 100), (2, 0, 1)]
+    model = {1: [[128, (1 << 14) - 128]], 2: [[64, (1 << 14) - 64]]}  # holes [start, size] per segment
+
+    def model_take(n):
+        for sid in (1, 2):
+            for hole in model[sid]:
+                if hole[1] >= n:
+                    start = hole[0]
+                    hole[0] += n
+                    hole[1] -= n
+                    model[sid] = [h for h in model[sid] if h[1]]
+                    return sid, start
+        return None
+
+    def model_give(sid, start, n):
+        holes = sorted(model[sid] + [[start, n]])
+        merged = []
+        for h in holes:
+            if merged and merged[-1][0] + merged[-1][1] == h[0]:
+                merged[-1][1] += h[1]
+            else:
+                merged.append(h)
+        model[sid] = merged
+
+    for _ in range(3000):
+        if live and rng.random() < 0.45:
+            b = live.pop(rng.randrange(len(live)))
+            if rng.random() < 0.5:
+                alloc.free(b.segment.id, b.offset, b.size)
+            else:
+                alloc.free_blocks([b])
+            model_give(b.segment.id, b.offset, impl.reserved(b.size))
+        else:
+            n = rng.choice([0, 1, 63, 64, 65, 200, 1000, 3000])
+            expected = model_take(impl.reserved(n))
+            if expected is None:
+                with pytest.raises(MemoryError):
+                    alloc.alloc(n)
+                continue
+            b = alloc.put(bytes([len(live) % 256]) * n) if n % 2 else alloc.alloc(n)
+            assert (b.segment.id, b.offset) == expected
+            assert b.size == n and b.descriptor() == [b.segment.id, b.offset, n]
+            if n % 2:
+                assert bytes(b.view) == bytes([len(live) % 256]) * n
+            live.append(b)
+    strided = memoryview(bytes(range(10)))[::2]  # not contiguous: copied all the same
+    block = alloc.put(strided)
+    assert bytes(block.view) == bytes([0, 2, 4, 6, 8])
+    alloc.free_blocks([*live, block])
+    assert alloc.alloc(1 << 14).offset == 0 and alloc.alloc(1 << 14).segment.id == 2
+    assert alloc.dropped == []
+    with pytest.raises(Internal, match="free of a block in unknown segment 3"):
+        alloc.free(3, 0, 1)
+
+
+@pytest.mark.parametrize("impl", _free_list_twins(), ids=lambda m: m.__name__.rsplit(".", 1)[-1])
+def test_allocator_drops_an_oversized_segment_once_empty(impl):
+    alloc, seg = _allocator(impl), _Seg(5, 4096)
+    a = alloc._add_segment(seg, True, 1000)
+    b = alloc.alloc(1000)
+    assert (a.offset, b.offset) == (0, 1024)
+    alloc.free(5, a.offset, a.size)
+    assert alloc.dropped == []
+    alloc.free(5, b.offset, b.size)
+    assert alloc.dropped == [seg]
+    with pytest.raises(MemoryError):
+        alloc.alloc(1)
+    with pytest.raises(Internal):
+        alloc.free(5, 0, 1)
+
+
+def test_arena_blocks_never_overlap_across_threads():
+    """Threads allocating and freeing at once (a worker's instances and its control
+    thread) never get overlapping blocks."""
+    import threading
+
+    arena = Arena(1 << 16)
+    errors: list[str] = []
+
+    def churn(tag: int) -> None:
+        for i in range(2000):
+            block = arena.put(bytes([tag]) * (1 + i % 300))
+            if bytes(block.view) != bytes([tag]) * block.size:
+                errors.append(f"thread {tag} saw its block overwritten")
+            arena.free(block.segment.id, block.offset, block.size)
+
+    threads = [threading.Thread(target=churn, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert len(arena.segments) == 1
+    arena.close()
+
+
 def test_segment_map_rejects_out_of_bounds_descriptors():
     arena = Arena(4096)
     block = arena.alloc(16)

@@ -54,6 +54,13 @@ def test_both_implementations_write_the_same_bytes():
 
 
 @pytest.mark.parametrize("m", IMPLS)
+def test_an_output_given_by_name_alone_goes_to_the_worker_arena(m):
+    named = m.encode_infer(1, "m", 0, [("", {}, INPUTS, ["OUTPUT0", OUTPUTS[1]])])
+    assert bytes(named) == bytes(m.encode_infer(1, "m", 0, [("", {}, INPUTS, OUTPUTS)]))
+    assert m.decode(named).body["requests"][0]["outputs"] == ["OUTPUT0", "OUTPUT1"]
+
+
+@pytest.mark.parametrize("m", IMPLS)
 def test_every_op_round_trips(m):
     infer, reply, final, stream, fail, free, ping, pong, control = (m.decode(f) for f in frames(m))
     assert (infer.op, infer.id, infer.frees) == (Op.INFER, 7, [(1, 64, 128), (2, 0, 8)])
@@ -537,7 +544,7 @@ def test_a_reply_the_pool_cannot_read_fails_its_batch_with_internal():
     worker = pool.workers["cpu"]
     worker.alive, worker.arena = True, Arena(1 << 20)
     callbacks = []
-    worker.request = lambda build, on_reply, **kw: callbacks.append(on_reply)
+    worker.request = lambda encode, args, on_reply, **kw: callbacks.append(on_reply)
     answered = []
     batch = [BatchRequest(InferRequest("m"), RequestPlan(outputs=[], batch_size=1), {}, None)]
     pool.start_batch(SimpleNamespace(name="m", key="m/1#0", decoupled=False), ("cpu", 0), batch,

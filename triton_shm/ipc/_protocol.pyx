@@ -179,8 +179,12 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
                 _str(&b, corrid, 2)
             for name, datatype, shape, place, seg, offset, size in inputs:
                 _tensor(&b, name, datatype, shape, place, seg, offset, size)
-            for name, place, region, offset, size in outputs:
-                _output(&b, name, place, region, offset, size)
+            for o in outputs:
+                if type(o) is str:  # the common case: into the worker's arena
+                    _output(&b, o, 0, 0, 0, 0)
+                else:
+                    name, place, region, offset, size = o
+                    _output(&b, name, place, region, offset, size)
     except BaseException:
         free(b.data)
         raise
@@ -383,6 +387,7 @@ cdef dict _request_rec(Reader *r):
 
 
 _OPS = {int(op): op for op in Op}
+_new_tuple = tuple.__new__  # a Message made in C: namedtuple's own __new__ is Python code
 
 
 def decode(data):
@@ -436,6 +441,6 @@ def decode(data):
                 raise _fail(&r, "control message is not an object with an op")
         if r.p != r.end:
             raise _fail(&r, "trailing bytes")
-        return Message(_OPS[op], r.msg_id, frees, body)
+        return _new_tuple(Message, (_OPS[op], r.msg_id, frees, body))
     finally:
         PyBuffer_Release(&view)

@@ -1,9 +1,15 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The shared-memory ring in C (csrc/ring.h). Twin of ``ring_py``; same API and errors."""
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.errno cimport EAGAIN, errno
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from posix.unistd cimport read, write
 
-from .ring_py import HEADER, RingCorrupt, check_capacity
+import os
+
+from . import channel
+from .ring_py import HEADER, ON_SOCKET, RingCorrupt, check_capacity
 
 
 cdef class Ring:
@@ -70,3 +76,62 @@ cdef class Ring:
         with nogil:
             got = tsm_ring_spin(&self.r, ns)
         return got != 0
+
+
+cdef int _eventfd_write(int fd) except -1:
+    cdef uint64_t one = 1
+    if write(fd, &one, 8) != 8:
+        raise OSError(errno, os.strerror(errno))  # BlockingIOError for EAGAIN, as os.eventfd_write
+    return 0
+
+
+cdef class LinkCore:
+    """The per-frame half of ``link.Link`` (its base class; documented there): sending
+    and receiving a frame, and clearing the wake-up, in C. ``Link`` sets ``sock``,
+    ``tx``, ``rx``, ``tx_wake``, ``rx_wake`` and ``_receiver`` (a ``channel.Receiver``)."""
+    cdef public Ring tx, rx
+    cdef public int tx_wake, rx_wake
+    cdef public object sock, _receiver
+
+    def send(self, frame, fds=None):
+        """Raises BlockingIOError when the ring (or the socket) is full."""
+        cdef Py_buffer buf
+        cdef uint32_t flags = 0
+        cdef int wake = 0, rc
+        if fds or <uint64_t>len(frame) > tsm_ring_max_record(&self.tx.r):
+            if tsm_ring_room(&self.tx.r) < 8:  # the record that keeps its place must fit once it is sent
+                raise BlockingIOError("ring full")
+            channel.send(self.sock, frame, fds)
+            frame, flags = b"", ON_SOCKET
+        PyObject_GetBuffer(frame, &buf, PyBUF_SIMPLE)
+        rc = tsm_ring_push(&self.tx.r, <const uint8_t *>buf.buf, <uint32_t>buf.len, flags, &wake)
+        PyBuffer_Release(&buf)
+        if rc == TSM_RING_FULL:
+            raise BlockingIOError("ring full")
+        if wake:
+            _eventfd_write(self.tx_wake)
+
+    def recv(self):
+        """The next frame and its fds, or None while the ring is empty. Raises
+        ``RingCorrupt`` if the peer broke its ring, ConnectionError at end-of-file."""
+        cdef const uint8_t *p
+        cdef uint32_t n, flags
+        cdef uint64_t next_pos
+        cdef int rc = tsm_ring_peek(&self.rx.r, &p, &n, &flags, &next_pos)
+        if rc == TSM_RING_EMPTY:
+            return None
+        if rc == TSM_RING_CORRUPT:
+            raise RingCorrupt("ring index past its end (the peer broke the ring)")
+        data = PyBytes_FromStringAndSize(<const char *>p, n)
+        tsm_ring_consume(&self.rx.r, next_pos)
+        if not flags & ON_SOCKET:
+            return data, []
+        frame, fds = self._receiver.recv()  # sent before its record: it is there
+        if frame is None:
+            raise ConnectionError("peer closed the link")
+        return frame, fds
+
+    def clear_wake(self):
+        cdef uint64_t value
+        if read(self.rx_wake, &value, 8) < 0 and errno != EAGAIN:
+            raise OSError(errno, os.strerror(errno))

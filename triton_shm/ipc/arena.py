@@ -11,18 +11,25 @@ The peer never trusts a descriptor: :meth:`SegmentMap.view` bounds-checks every 
 """
 from __future__ import annotations
 
-import bisect
 import mmap
 import os
 import secrets
 import threading
-from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import Internal, Unavailable
 
-ALIGN = 64
 INTERNAL_PREFIX = "triton_shm_internal_"
+
+from .arena_py import ALIGN, Block, BlockAllocator, SegmentViews, reserved  # noqa: E402
+
+USING_EXTENSION = False
+if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
+    try:
+        from ._arena import Block, BlockAllocator, SegmentViews, reserved  # type: ignore  # noqa: F811
+        USING_EXTENSION = True
+    except ImportError:  # not built: the pure-Python twin serves
+        pass
 
 
 def _align(n: int) -> int:
@@ -51,57 +58,12 @@ class Segment:
         os.close(self.fd)
 
 
-@dataclass(slots=True)
-class Block:
-    segment: Segment
-    offset: int
-    size: int  # bytes requested (the reservation is aligned up)
-
-    @property
-    def view(self) -> memoryview:
-        return self.segment.view[self.offset:self.offset + self.size]
-
-    def descriptor(self) -> list[int]:
-        return [self.segment.id, self.offset, self.size]
-
-
-class _FreeList:
-    """First-fit free list of one segment with coalescing of neighbours."""
-
-    def __init__(self, size: int):
-        self.starts: list[int] = [0]
-        self.sizes: list[int] = [size]
-        self.used = 0
-
-    def take(self, n: int) -> int | None:
-        for i, free in enumerate(self.sizes):
-            if free >= n:
-                start = self.starts[i]
-                if free == n:
-                    del self.starts[i], self.sizes[i]
-                else:
-                    self.starts[i] += n
-                    self.sizes[i] -= n
-                self.used += n
-                return start
-        return None
-
-    def give(self, start: int, n: int) -> None:
-        i = bisect.bisect_left(self.starts, start)
-        self.starts.insert(i, start)
-        self.sizes.insert(i, n)
-        self.used -= n
-        if i + 1 < len(self.starts) and self.starts[i] + self.sizes[i] == self.starts[i + 1]:
-            self.sizes[i] += self.sizes.pop(i + 1)
-            self.starts.pop(i + 1)
-        if i > 0 and self.starts[i - 1] + self.sizes[i - 1] == self.starts[i]:
-            self.sizes[i - 1] += self.sizes.pop(i)
-            self.starts.pop(i)
-
-
-class Arena:
+class Arena(BlockAllocator):
     """Allocator over a growing set of segments. Thread-safe.
 
+    ``alloc(nbytes)``, ``put(data)`` (alloc and copy), ``free(segment id, offset,
+    nbytes)`` and ``free_blocks(blocks)`` are ``BlockAllocator``'s (C: no Python code
+    runs per block while a segment has room); this class adds and drops segments.
     ``on_new_segment(segment)`` is called (under the lock) when a segment is created so
     the owner can pass its fd to the peer before any descriptor naming it is sent.
     ``on_drop_segment(segment_id)`` is called when an oversized segment is released.
@@ -110,12 +72,12 @@ class Arena:
     def __init__(self, chunk_size: int, *, id_base: int = 1, max_bytes: int = 1 << 40,
                  on_new_segment: Callable[[Segment], None] | None = None,
                  on_drop_segment: Callable[[int], None] | None = None):
+        super().__init__()
         self.chunk_size = _align(chunk_size)
         self.max_bytes = max_bytes
         self._next_id = id_base
         self._segments: dict[int, Segment] = {}
-        self._free: dict[int, _FreeList] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # serializes changes to the set of segments
         self._on_new = on_new_segment
         self._on_drop = on_drop_segment
 
@@ -126,14 +88,13 @@ class Arena:
     def mapped_bytes(self) -> int:
         return sum(s.size for s in self._segments.values())
 
-    def alloc(self, nbytes: int) -> Block:
-        need = _align(max(nbytes, 1))
+    def _grow(self, nbytes: int) -> Block:
+        """``alloc`` when no segment has room: a new segment."""
         with self._lock:
-            for seg_id, free in self._free.items():
-                start = free.take(need)
-                if start is not None:
-                    return Block(self._segments[seg_id], start, nbytes)
-            size = max(self.chunk_size, need)
+            block = self._find(nbytes)  # another thread may have added one meanwhile
+            if block is not None:
+                return block
+            size = max(self.chunk_size, reserved(nbytes))
             if self.mapped_bytes() + size > self.max_bytes:
                 raise Unavailable(f"shared-memory arena is full ({self.max_bytes} bytes in use or reserved)")
             try:
@@ -142,41 +103,29 @@ class Arena:
                 raise Unavailable(f"cannot allocate {size} bytes of shared memory: {e.strerror}") from None
             self._next_id += 1
             self._segments[seg.id] = seg
-            free = _FreeList(size)
-            self._free[seg.id] = free
-            if self._on_new is not None:
+            if self._on_new is not None:  # the peer knows the segment before any block of it is used
                 self._on_new(seg)
-            start = free.take(need)
-            assert start is not None
-            return Block(seg, start, nbytes)
+            return self._add_segment(seg, size > self.chunk_size, nbytes)
 
-    def free(self, segment_id: int, offset: int, nbytes: int) -> None:
+    def _drop(self, seg: Segment) -> None:
+        """An oversized one-off segment, empty again, goes back to the OS."""
         with self._lock:
-            free = self._free.get(segment_id)
-            if free is None:
-                raise Internal(f"free of a block in unknown segment {segment_id}")
-            free.give(offset, _align(max(nbytes, 1)))
-            seg = self._segments[segment_id]
-            # Oversized one-off segments go back to the OS once empty.
-            if free.used == 0 and seg.size > self.chunk_size:
-                del self._segments[segment_id], self._free[segment_id]
-                if self._on_drop is not None:
-                    self._on_drop(segment_id)
-                seg.close()
+            del self._segments[seg.id]
+            if self._on_drop is not None:
+                self._on_drop(seg.id)
+            seg.close()
 
     def close(self) -> None:
         with self._lock:
             for seg in self._segments.values():
                 seg.close()
             self._segments.clear()
-            self._free.clear()
+            self._clear()
 
 
-class SegmentMap:
-    """The peer's view of an arena: segments received by fd, looked up by id."""
-
-    def __init__(self) -> None:
-        self._segments: dict[int, Segment] = {}
+class SegmentMap(SegmentViews):
+    """The peer's view of an arena: segments received by fd, looked up by id
+    (``view(descriptor)``, bounds-checked, is ``SegmentViews``'s: C when built)."""
 
     def add(self, seg_id: int, size: int, fd: int) -> None:
         if size <= 0 or os.fstat(fd).st_size < size:
@@ -191,17 +140,6 @@ class SegmentMap:
         seg = self._segments.pop(seg_id, None)
         if seg is not None:
             seg.close()
-
-    def view(self, descriptor) -> memoryview:
-        """Bounds-checked view of ``[segment id, offset, size]`` from an untrusted peer."""
-        try:
-            seg_id, offset, size = (int(x) for x in descriptor)
-        except (TypeError, ValueError):
-            raise Internal("malformed shared-memory descriptor from peer") from None
-        seg = self._segments.get(seg_id)
-        if seg is None or offset < 0 or size < 0 or offset > seg.size or size > seg.size - offset:
-            raise Internal("shared-memory descriptor from peer is out of bounds")
-        return seg.view[offset:offset + size]
 
     def close(self) -> None:
         for seg in self._segments.values():

@@ -18,10 +18,9 @@ import time
 
 from . import channel
 from .arena import INTERNAL_PREFIX
-from .ring import HEADER, Ring
+from .ring import HEADER, ON_SOCKET, LinkCore, Ring  # noqa: F401  (ON_SOCKET: the record flag)
 
 RING_CAPACITY = 4 << 20  # a record may take half: every frame (at most MAX_MESSAGE) fits
-ON_SOCKET = 1            # record flag: the frame is the next message on the socket
 
 
 def _ring_memfd(name: str) -> int:
@@ -31,8 +30,10 @@ def _ring_memfd(name: str) -> int:
     return fd
 
 
-class Link:
-    """One side of the link. ``tx``/``rx``: the rings this side pushes to and pops from."""
+class Link(LinkCore):
+    """One side of the link. ``tx``/``rx``: the rings this side pushes to and pops from.
+    ``send(frame, fds)``, ``recv()`` and ``clear_wake()`` are ``LinkCore``'s (C when
+    built): they run once per frame."""
 
     def __init__(self, sock: socket.socket, tx_ring: int, rx_ring: int, tx_wake: int, rx_wake: int):
         self.sock = sock
@@ -42,6 +43,7 @@ class Link:
             os.close(fd)
         self.tx, self.rx = Ring(self._maps[0], RING_CAPACITY), Ring(self._maps[1], RING_CAPACITY)
         self.tx_wake, self.rx_wake = tx_wake, rx_wake
+        self._sock_fd = sock.fileno()
         self._receiver = channel.Receiver(sock)
         self._poll: select.poll | None = None
         self._spinning = True  # whether ``wait`` spins first: see there
@@ -64,41 +66,7 @@ class Link:
         rx_ring, tx_ring, rx_wake, tx_wake = fds
         return cls(sock, tx_ring, rx_ring, tx_wake, rx_wake)
 
-    # -- sending ---------------------------------------------------------------------------
-    def send(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
-        """Raises BlockingIOError when the ring (or the socket) is full."""
-        flags = 0
-        if fds or len(frame) > self.tx.max_record:
-            if self.tx.room() < 8:  # the record that keeps its place must fit once it is sent
-                raise BlockingIOError("ring full")
-            channel.send(self.sock, frame, fds)
-            frame, flags = b"", ON_SOCKET
-        rc = self.tx.push(frame, flags)
-        if rc < 0:
-            raise BlockingIOError("ring full")
-        if rc:
-            os.eventfd_write(self.tx_wake, 1)
-
-    # -- receiving -------------------------------------------------------------------------
-    def recv(self) -> tuple[bytes, list[int]] | None:
-        """The next frame and its fds, or None while the ring is empty. Raises
-        ``RingCorrupt`` if the peer broke its ring, ConnectionError at end-of-file."""
-        record = self.rx.pop()
-        if record is None:
-            return None
-        data, flags = record
-        if not flags & ON_SOCKET:
-            return data, []
-        frame, fds = self._receiver.recv()  # sent before its record: it is there
-        if frame is None:
-            raise ConnectionError("peer closed the link")
-        return frame, fds
-
-    def clear_wake(self) -> None:
-        try:
-            os.eventfd_read(self.rx_wake)
-        except BlockingIOError:
-            pass
+    # sending and receiving a frame: LinkCore's (send, recv, clear_wake)
 
     def socket_state(self) -> str:
         """What the socket holds now: "eof" (the peer is gone), "data" (a message waits) or "empty"."""
@@ -129,14 +97,15 @@ class Link:
         if self._poll is None:
             self._poll = select.poll()
             self._poll.register(self.rx_wake, select.POLLIN)
-            self._poll.register(self.sock.fileno(), select.POLLIN)
+            self._poll.register(self._sock_fd, select.POLLIN)
         slept = time.monotonic_ns()
         events = self._poll.poll()
         self._spinning = time.monotonic_ns() - slept < spin_ns
         self.rx.awake()
         self.clear_wake()
-        if any(fd == self.sock.fileno() for fd, _ in events) and not self.rx.pending():
-            return not self.peer_gone()
+        for fd, _ in events:  # the socket is readable: a frame of its own, or the peer's end-of-file
+            if fd == self._sock_fd and not self.rx.pending():
+                return not self.peer_gone()
         return True
 
     def close(self) -> None:

@@ -127,7 +127,7 @@ def encode_infer(msg_id: int, key: str, instance: int, requests: Sequence[tuple]
                  frees: Sequence[Sequence[int]] = ()) -> bytearray:
     """``requests``: ``(request_id, parameters, inputs, outputs[, sequence])`` each, with
     inputs as ``(name, datatype, shape, place, segment, offset, size)``, outputs as
-    ``(name, place, region, offset, size)`` and ``sequence`` None or ``(correlation ID
+    ``(name, place, region, offset, size)`` or just the name (``PLACE_NONE``) and ``sequence`` None or ``(correlation ID
     (int or str), start, end)``."""
     out = _start(Op.INFER, msg_id, len(requests), frees)
     kb = _utf8(key)
@@ -156,9 +156,14 @@ def encode_infer(msg_id: int, key: str, instance: int, requests: Sequence[tuple]
             out += cb
         for t in inputs:
             _tensor(out, *t)
-        for name, place, region, offset, size in outputs:
-            nb = _utf8(name)
-            out += _OUTPUT.pack(place, len(nb), region, offset, size)
+        for o in outputs:
+            if type(o) is str:  # the common case: into the worker's arena
+                nb = _utf8(o)
+                out += _OUTPUT.pack(PLACE_NONE, len(nb), 0, 0, 0)
+            else:
+                name, place, region, offset, size = o
+                nb = _utf8(name)
+                out += _OUTPUT.pack(place, len(nb), region, offset, size)
             out += nb
     return out
 

@@ -12,15 +12,19 @@ the field before it writes the value, and a peer that reads in between sees a po
 0 (a ring "past its end", or full)."""
 from __future__ import annotations
 
+import os
 import struct
+from typing import Any
 
 from ..errors import Internal
+from . import channel
 
 HEADER = 4096
 _WRAP = 0xFFFFFFFF
 _U32 = struct.Struct("<I")
 _REC = struct.Struct("<II")
 _HEAD, _TAIL, _SLEEPING = 0, 64 // 8, 128 // 4  # word indexes: u64 head and tail, u32 sleeping
+ON_SOCKET = 1  # record flag of ``link``: the frame is the next message on the socket
 
 
 class RingCorrupt(Internal):
@@ -109,3 +113,50 @@ class Ring:
 
     def spin(self, ns: int) -> bool:
         return self.pending()
+
+
+class LinkCore:
+    """The per-frame half of ``link.Link`` (its base class; documented there): sending
+    and receiving a frame, and clearing the wake-up. ``Link`` sets ``sock``, ``tx``,
+    ``rx``, ``tx_wake``, ``rx_wake`` and ``_receiver`` (a ``channel.Receiver``)."""
+
+    sock: Any  # socket.socket
+    tx: Ring
+    rx: Ring
+    tx_wake: int
+    rx_wake: int
+    _receiver: Any  # channel.Receiver
+
+    def send(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
+        """Raises BlockingIOError when the ring (or the socket) is full."""
+        flags = 0
+        if fds or len(frame) > self.tx.max_record:
+            if self.tx.room() < 8:  # the record that keeps its place must fit once it is sent
+                raise BlockingIOError("ring full")
+            channel.send(self.sock, frame, fds)
+            frame, flags = b"", ON_SOCKET
+        rc = self.tx.push(frame, flags)
+        if rc < 0:
+            raise BlockingIOError("ring full")
+        if rc:
+            os.eventfd_write(self.tx_wake, 1)
+
+    def recv(self) -> tuple[bytes, list[int]] | None:
+        """The next frame and its fds, or None while the ring is empty. Raises
+        ``RingCorrupt`` if the peer broke its ring, ConnectionError at end-of-file."""
+        record = self.rx.pop()
+        if record is None:
+            return None
+        data, flags = record
+        if not flags & ON_SOCKET:
+            return data, []
+        frame, fds = self._receiver.recv()  # sent before its record: it is there
+        if frame is None:
+            raise ConnectionError("peer closed the link")
+        return frame, fds
+
+    def clear_wake(self) -> None:
+        try:
+            os.eventfd_read(self.rx_wake)
+        except BlockingIOError:
+            pass

@@ -12,7 +12,6 @@ pool's BLS handler.
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
 import logging
 import os
@@ -226,15 +225,16 @@ class WorkerHandle:
             raise Unavailable(f"worker '{self.name}' is not running")
         self._send_frame(protocol.encode_control(0, message, self._take_releases()), fds)
 
-    def request(self, build: Callable[[int, list[list[int]]], bytes | bytearray],
+    def request(self, encode: Callable[..., bytes | bytearray], args: tuple,
                 on_reply: Callable[[Any], None], fds: list[int] | None = None,
                 on_stream: Callable[[dict[str, Any] | None], None] | None = None,
                 msg_id: int | None = None) -> int:
-        """Send ``build(msg_id, frees)`` and return its id. ``on_reply`` gets the reply's
-        body, or an exception: the worker's FAIL, a reply that breaks the protocol
-        (INTERNAL), or UNAVAILABLE if the worker dies first. It is called synchronously
-        from the ring reader. ``on_stream`` receives the STREAM frames that carry this
-        id (decoupled responses), until ``end_stream``."""
+        """Send ``encode(msg_id, *args, frees)`` (a ``protocol`` encoder; the frees that
+        wait ride along) and return its id. ``on_reply`` gets the reply's body, or an
+        exception: the worker's FAIL, a reply that breaks the protocol (INTERNAL), or
+        UNAVAILABLE if the worker dies first. It is called synchronously from the ring
+        reader. ``on_stream`` receives the STREAM frames that carry this id (decoupled
+        responses), until ``end_stream``."""
         if self.link is None:
             raise Unavailable(f"worker '{self.name}' is not running")
         msg_id = self.next_id() if msg_id is None else msg_id
@@ -242,7 +242,7 @@ class WorkerHandle:
         if on_stream is not None:
             self._streams[msg_id] = on_stream
         try:
-            self._send_frame(build(msg_id, self._take_releases()), fds)
+            self._send_frame(encode(msg_id, *args, self._take_releases()), fds)
         except BaseException:
             self._pending.pop(msg_id, None)
             self._streams.pop(msg_id, None)
@@ -264,12 +264,10 @@ class WorkerHandle:
             else:
                 fut.set_result(reply)
 
-        build: Callable[[int, list[list[int]]], bytes | bytearray]
         if message is None:
-            build = protocol.encode_ping
+            msg_id = self.request(protocol.encode_ping, (), on_reply, fds)
         else:
-            build = functools.partial(_encode_control, message=message)
-        msg_id = self.request(build, on_reply, fds)
+            msg_id = self.request(protocol.encode_control, (message,), on_reply, fds)
         try:
             return await fut
         finally:
@@ -351,7 +349,8 @@ class WorkerHandle:
             on_reply = self._pending.pop(msg.id, None)
             if on_reply is not None:
                 _deliver(on_reply, msg.body if msg.body is not None else {})
-            channel.close_fds(fds)
+            if fds:
+                channel.close_fds(fds)
         elif op == Op.FAIL:
             on_reply = self._pending.pop(msg.id, None)
             if on_reply is not None:
@@ -413,8 +412,7 @@ class WorkerHandle:
         view = memoryview(data).cast("B")
         if self.arena is None:
             raise Unavailable(f"worker '{self.name}' is not running")
-        block = self.arena.alloc(view.nbytes)
-        block.view[:] = view
+        block = self.arena.put(view)
         desc = block.descriptor()
         self._staged[tuple(desc)] = block
         return desc
@@ -430,7 +428,8 @@ class WorkerHandle:
         if not self.alive:
             return
         self._releases.extend(descriptors)
-        self._release_bytes += sum(int(d[2]) for d in descriptors)  # checked by SegmentMap.view
+        for d in descriptors:  # ints, checked by SegmentMap.view
+            self._release_bytes += d[2]
         if self._release_bytes >= RELEASE_BYTES:
             self._flush_releases()
         elif not self._flush_scheduled:  # when no other message goes soon, send them alone
@@ -452,7 +451,3 @@ def _deliver(on_reply: Callable[[dict[str, Any] | Exception], None], reply: dict
         on_reply(reply)
     except Exception:
         log.exception("handling a worker reply failed")
-
-
-def _encode_control(msg_id: int, frees: list[list[int]], message: dict[str, Any]) -> bytearray:
-    return protocol.encode_control(msg_id, message, frees)

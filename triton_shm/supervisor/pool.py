@@ -20,7 +20,7 @@ from ..core.types import BatchRequest, InferResponse, OutputTensor
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..ipc import protocol
 from ..ipc.arena import Arena, Block
-from ..ipc.protocol import PLACE_ARENA, PLACE_NONE, PLACE_REGION
+from ..ipc.protocol import PLACE_ARENA, PLACE_REGION
 from .handle import WorkerHandle
 
 if TYPE_CHECKING:
@@ -203,13 +203,9 @@ class WorkerPool:
         blocks: list[Block] = []
         on_stream = self._stream_handler(worker, mv, batch) if mv.decoupled else None
 
-        def free_inputs() -> None:
-            if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
-                for b in blocks:
-                    arena.free(b.segment.id, b.offset, b.size)
-
         def on_reply(reply: dict[str, Any] | Exception) -> None:
-            free_inputs()
+            if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
+                arena.free_blocks(blocks)
             if isinstance(reply, Exception):
                 done([reply] * len(batch), None)
                 return
@@ -229,14 +225,14 @@ class WorkerPool:
                 if p.stream is not None:
                     p.stream.cancel = functools.partial(worker.cancel, msg_id, i)
         try:
-            requests = [self._request_record(worker, arena, p, blocks) for p in batch]
-
-            def build(msg_id: int, frees: list[list[int]]) -> bytearray:
-                return protocol.encode_infer(msg_id, mv.key, index, requests, frees)
-
-            worker.request(build, on_reply, on_stream=on_stream, msg_id=msg_id)
+            requests = []
+            for p in batch:  # a loop, not a comprehension: no frame of its own (one request, mostly)
+                requests.append(self._request_record(worker, arena, p, blocks))
+            worker.request(protocol.encode_infer, (mv.key, index, requests), on_reply, on_stream=on_stream,
+                           msg_id=msg_id)
         except BaseException:
-            free_inputs()
+            if worker.arena is arena:
+                arena.free_blocks(blocks)
             raise
 
     def _batch_results(self, worker: WorkerHandle, mv: "ModelVersion", batch: Sequence[BatchRequest],
@@ -311,9 +307,10 @@ class WorkerPool:
         """One request of an INFER frame: in-band inputs copied once into the worker's
         arena, client shared-memory tensors named in place."""
         plan, request = p.plan, p.request
+        shm_inputs, shm_outputs = plan.shm_inputs, plan.shm_outputs
         inputs = []
         for inp in request.inputs:
-            ref = plan.shm_inputs.get(inp.name)
+            ref = shm_inputs.get(inp.name) if shm_inputs else None
             if ref is not None:  # read in place by the worker: no copy here
                 region = self._client_region(worker, p.regions[ref.region])
                 inputs.append((inp.name, inp.datatype, inp.shape, PLACE_REGION, region.id, ref.offset, ref.byte_size))
@@ -321,21 +318,26 @@ class WorkerPool:
             data = inp.data
             if data is None:  # validation found its data or its region
                 raise Internal(f"input '{inp.name}' has neither data nor a shared-memory region")
-            block = arena.alloc(len(data) if not isinstance(data, memoryview) else data.nbytes)
+            block = arena.put(data)  # the one copy of an in-band tensor
             blocks.append(block)
-            block.view[:] = data  # the one copy of an in-band tensor
             inputs.append((inp.name, inp.datatype, inp.shape, PLACE_ARENA, block.segment.id, block.offset, block.size))
-        outputs = []
-        for name in (plan.outputs if not plan.state_outputs else [*plan.outputs, *plan.state_outputs]):
-            ref = plan.shm_outputs.get(name)
-            if ref is None:
-                outputs.append((name, PLACE_NONE, 0, 0, 0))
-            else:
-                region = self._client_region(worker, p.regions[ref.region])
-                outputs.append((name, PLACE_REGION, region.id, ref.offset, ref.byte_size))
+        names = plan.outputs if not plan.state_outputs else [*plan.outputs, *plan.state_outputs]
+        if shm_outputs:
+            outputs: list = []
+            for name in names:
+                ref = shm_outputs.get(name)
+                if ref is None:
+                    outputs.append(name)  # into the worker's arena
+                else:
+                    region = self._client_region(worker, p.regions[ref.region])
+                    outputs.append((name, PLACE_REGION, region.id, ref.offset, ref.byte_size))
+        else:  # every output into the worker's arena: the codec takes the bare names
+            outputs = names
+        # the parameters a model may see: none when the request has none at all
+        parameters = request.model_parameters() if request.parameters else None
         if plan.sequence is not None:
-            return request.id, request.model_parameters(), inputs, outputs, plan.sequence
-        return request.id, request.model_parameters(), inputs, outputs
+            return request.id, parameters, inputs, outputs, plan.sequence
+        return request.id, parameters, inputs, outputs
 
     @staticmethod
     def _client_region(worker: WorkerHandle, region: "Region") -> "Region":
@@ -345,22 +347,26 @@ class WorkerPool:
     def _response(self, worker: WorkerHandle, mv: "ModelVersion", p: BatchRequest,
                   encoded: list[list[Any]], complete: bool = False) -> InferResponse:
         """``complete``: every requested output, once each (a decoupled response may
-        carry some of them)."""
+        carry some of them). ``encoded`` comes from the decoder, which has checked the
+        types: names and datatypes are str, shapes lists of ints >= 0, descriptors ints."""
         plan, request = p.plan, p.request
         descriptors: list[list[int]] = []
         outputs: list[OutputTensor] = []
         names = [e[0] for e in encoded]
+        state_outputs, shm_outputs = plan.state_outputs, plan.shm_outputs
         # a model may leave its state as it was; only a sequence model has any
-        asked = [n for n in names if n not in plan.state_outputs] if plan.state_outputs else names
-        if len(set(names)) != len(names) or (complete and sorted(asked) != sorted(plan.outputs)):
+        asked = [n for n in names if n not in state_outputs] if state_outputs else names
+        if len(set(names)) != len(names) or (complete and asked != plan.outputs
+                                             and sorted(asked) != sorted(plan.outputs)):
             raise Internal(f"worker returned outputs {names} for model '{mv.name}' where {plan.outputs} were asked")
+        specs = mv.outputs
         try:
             for name, datatype, shape, desc in encoded:
-                spec = mv.outputs.get(name)
-                expected = spec.datatype if spec is not None else plan.state_outputs.get(name)
+                spec = specs.get(name)
+                expected = spec.datatype if spec is not None else state_outputs.get(name)
                 if expected != datatype:
                     raise Internal(f"worker returned an unexpected output '{name}' for model '{mv.name}'")
-                ref = plan.shm_outputs.get(name)
+                ref = shm_outputs.get(name) if shm_outputs else None
                 if ref is not None:
                     region = p.regions[ref.region]
                     if not (desc[0] == "r" and desc[1] == region.id and desc[2] == ref.offset
@@ -371,25 +377,22 @@ class WorkerPool:
                     continue
                 view = worker.outputs.view(desc)  # checks the descriptor against the worker's segments
                 descriptors.append(desc)
-                _check_output_size(name, datatype, shape, view)
+                # the worker is not trusted: its descriptor must agree with the shape it claims
+                count = 1
+                for d in shape:
+                    count *= d
+                size = _ELEMENT_SIZE.get(datatype)
+                if size is None:  # BYTES: the elements must fill the view exactly
+                    codec.validate_bytes(view, count)
+                elif count * size != view.nbytes:
+                    raise Internal(f"worker returned {view.nbytes} bytes for output '{name}' of shape {shape}")
                 outputs.append(OutputTensor(name, datatype, list(shape), view))
         except Exception:
             worker.release(descriptors)
             raise
-        return InferResponse(model_name=mv.name, model_version=str(mv.version), id=request.id,
-                             outputs=outputs, _release=lambda: worker.release(descriptors))
+        return InferResponse(model_name=mv.name, model_version=mv.version_name, id=request.id,
+                             outputs=outputs, _release=functools.partial(worker.release, descriptors))
 
 
-def _check_output_size(name: str, datatype: str, shape: list[int], view: memoryview) -> None:
-    """The worker is not trusted: its descriptor must agree with the shape it claims."""
-    if any(not isinstance(d, int) or d < 0 for d in shape):
-        raise Internal(f"worker returned an invalid shape for output '{name}'")
-    count = 1
-    for d in shape:
-        count *= d
-    size = element_size(datatype)
-    if size:
-        if count * size != view.nbytes:
-            raise Internal(f"worker returned {view.nbytes} bytes for output '{name}' of shape {shape}")
-    else:
-        codec.validate_bytes(view, count)
+# bytes per element of every fixed-size datatype (BYTES is variable: not here)
+_ELEMENT_SIZE = {dt: element_size(dt) for dt in protocol.DATATYPES if element_size(dt)}

@@ -172,6 +172,7 @@ class Worker:
         self._reader.acquire()
         self._relief.start()
         code = self._serve()
+        assert code is not None  # only the relief reader's calls return None
         self._finish()
         return code
 

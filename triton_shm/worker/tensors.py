@@ -73,6 +73,7 @@ def decode_input(datatype: str, shape: list[int], view: memoryview) -> np.ndarra
         if datatype == "BYTES":
             return codec.deserialize_bytes(view, count).reshape(shape)
         check_datatype(datatype)  # raises: an unknown datatype
+        raise Internal(f"datatype {datatype} has no fixed element size")
     dtype, size = fixed
     if count * size != view.nbytes:
         raise Internal("input descriptor size does not match its shape")
@@ -120,7 +121,7 @@ def encode_output(arena: Arena, name: str, datatype: str, array) -> tuple[list[i
         nbytes = array.nbytes
         block = arena.alloc(nbytes)
         if nbytes:
-            block.view[:] = memoryview(array).cast("B")
+            block.view[:] = array.data.cast("B")
         return list(array.shape), block
     shape, data = wire_bytes(name, datatype, array)
     block = arena.alloc(data.nbytes)

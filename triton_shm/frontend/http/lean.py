@@ -25,7 +25,7 @@ import httptools
 from ...errors import TritonShmError
 from ..restricted import first_header
 from .api_groups import api_group, refusal_body
-from .infer import JSON_TYPE, serve_infer
+from .infer import JSON_TYPE, InferReply, serve_infer
 from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpLimit, Message, error_body,
                            held_bytes, infer_route, response_head, timeout_message, url_path)
 
@@ -59,7 +59,7 @@ class LeanConnection(asyncio.Protocol):
         self._queue: deque[Message] = deque()
         self._queued_bytes = 0
         self._busy = False                  # a request is being served
-        self._infer_run: Coroutine[Any, Any, None] | None = None  # the lean response being made
+        self._infer_run: Coroutine[Any, Any, InferReply] | None = None  # the lean response being made
         self._bridge: AiohttpBridge | None = None
         self._read_paused = False
         self._write_paused = False
@@ -225,8 +225,7 @@ class LeanConnection(asyncio.Protocol):
                 continue
             self._busy = True
             if msg.route is not None:
-                self._infer_run = self._infer(msg, *msg.route)
-                self._advance(self._infer_run)
+                self._infer(msg, *msg.route)
             else:
                 self._forward(msg)
         if self.transport is None:
@@ -258,36 +257,39 @@ class LeanConnection(asyncio.Protocol):
         if not msg.keep_alive:
             self._close()
 
-    async def _infer(self, msg: Message, model: str, version: str) -> None:
+    def _infer(self, msg: Message, model: str, version: str) -> None:
+        run = serve_infer(self.ctx.service, model, version, msg.body, header_length=msg.header_length,
+                          content_encoding=msg.content_encoding, accept_encoding=msg.accept_encoding,
+                          max_input_size=self.ctx.max_input_size)
+        self._infer_run = run
+        self._advance(run, msg)
+
+    def _advance(self, run: Coroutine[Any, Any, InferReply], msg: Message, _done: object = None) -> None:
+        """Run ``serve_infer`` to its next wait (the first call starts it), on when the future
+        it waits for is done, and answer with its reply or refusal. This is what an asyncio
+        Task would do, without one per request: serve_infer waits only on futures and nothing
+        cancels it, so a Task's own scheduling, registry and cancellation would add nothing.
+        A cancelled future it waits for ends it unanswered, as it would end a Task."""
         try:
-            reply = await serve_infer(
-                self.ctx.service, model, version, msg.body, header_length=msg.header_length,
-                content_encoding=msg.content_encoding, accept_encoding=msg.accept_encoding,
-                max_input_size=self.ctx.max_input_size)
+            waited = run.send(None)
+        except StopIteration as done:
+            reply = done.value
+            self._respond(msg, 200, reply.content_type, reply.body, reply.headers)
         except TritonShmError as e:
             self._respond(msg, e.http_status, JSON_TYPE, error_body(e.message))
+        except asyncio.CancelledError:
+            return
         except Exception as e:
             log.exception("unhandled error in POST %s", msg.url.decode("latin-1"))
             self._respond(msg, 500, JSON_TYPE, error_body(f"internal server error ({type(e).__name__})"))
         else:
-            self._respond(msg, 200, reply.content_type, reply.body, reply.headers)
+            if waited is None:  # a bare yield (sleep(0)): go on at the next loop iteration
+                self.loop.call_soon(self._advance, run, msg)
+            else:
+                waited._asyncio_future_blocking = False
+                waited.add_done_callback(partial(self._advance, run, msg))
+            return
         self.request_done(msg.keep_alive)
-
-    def _advance(self, run: Coroutine[Any, Any, None], _done: object = None) -> None:
-        """Run the infer coroutine to its next wait (the first call starts it), and on when
-        the future it waits for is done. This is what an asyncio Task would do, without one
-        per request: the coroutine waits only on futures, answers every Exception itself
-        and is never cancelled, so a Task's own scheduling, registry and cancellation would
-        add nothing. A cancelled future it waits for ends it, as it would end a Task."""
-        try:
-            waited = run.send(None)
-        except (StopIteration, asyncio.CancelledError):
-            return
-        if waited is None:  # a bare yield (sleep(0)): go on at the next loop iteration
-            self.loop.call_soon(self._advance, run)
-            return
-        waited._asyncio_future_blocking = False
-        waited.add_done_callback(partial(self._advance, run))
 
     def _forward(self, msg: Message) -> None:
         if self._bridge is None:
