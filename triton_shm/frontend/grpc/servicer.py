@@ -271,8 +271,7 @@ def methods(service: "InferenceService") -> list[Method]:
             kwargs["deserialize"] = _DESERIALIZERS.get(m.name) or getattr(pb, m.input_type.name).FromString
         if m.name in _SERIALIZERS:
             kwargs["serialize"] = _SERIALIZERS[m.name]
-        # (getattr: the table is also built without a service, to read its paths and groups)
-        handler = getattr(service, "infer", None) if m.name == "ModelInfer" else getattr(rpcs, m.name)
+        handler = service.infer if m.name == "ModelInfer" else getattr(rpcs, m.name)
         out.append(Method(f"/{SERVICE}/{m.name}", handler,
                           streaming=m.client_streaming or m.server_streaming, group=GROUPS[m.name], **kwargs))
     out.append(Method("/grpc.health.v1.Health/Check", functools.partial(_health_check, service),
