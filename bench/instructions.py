@@ -1,7 +1,7 @@
 """Instructions executed per small request, in the front-end and in the worker (callgrind).
 
     python bench/instructions.py [--protocol http|grpc] [--requests 500] [--warmup 100]
-                                 [--model add_sub|identity --elements N]
+                                 [--model add_sub|identity --elements N] [--streaming]
 
 CPU time per request on a shared 2-vCPU machine moves by ±30 % from run to run (other
 processes, wake-up placement, the hypervisor); the instructions a process executes for
@@ -10,7 +10,8 @@ the same requests do not. This starts the real server under ``valgrind --tool=ca
 ``--warmup`` requests with tritonclient, zeroes both processes' counters, sends
 ``--requests`` more one at a time, dumps the counters and prints instructions per request
 for each process. ``--model identity --elements 4194304`` sends one FP32 tensor of that
-many elements (16 MiB) in-band through the ``identity`` model instead. Spinning shows up
+many elements (16 MiB) in-band through the ``identity`` model instead; ``--streaming``
+(gRPC) sends them over one ModelStreamInfer stream, one in flight. Spinning shows up
 little here (a pause loop executes few instructions per microsecond): compare CPU time for
 that. Slow (the server runs ~50× slower under valgrind): a few minutes.
 """
@@ -65,7 +66,8 @@ def dump(pid: int, out_dir: Path, label: str) -> int:
     raise RuntimeError(f"callgrind did not dump process {pid}")
 
 
-def send(protocol: str, port: int, n: int, model: str = "add_sub", elements: int = 16) -> None:
+def send(protocol: str, port: int, n: int, model: str = "add_sub", elements: int = 16,
+         streaming: bool = False) -> None:
     if protocol == "http":
         import tritonclient.http as client
         cl = client.InferenceServerClient(f"127.0.0.1:{port}", network_timeout=120)
@@ -77,6 +79,18 @@ def send(protocol: str, port: int, n: int, model: str = "add_sub", elements: int
     inputs = [client.InferInput(name, [elements], "FP32") for name in names]
     for i in inputs:
         i.set_data_from_numpy(a, **({"binary_data": True} if protocol == "http" else {}))
+    if streaming:  # one ModelStreamInfer stream, one request in flight at a time (perf_analyzer --streaming)
+        import queue
+        replies: queue.Queue = queue.Queue()
+        cl.start_stream(lambda result, error: replies.put(error))
+        try:
+            for _ in range(n):
+                cl.async_stream_infer(model, inputs)
+                if (error := replies.get(timeout=120)) is not None:
+                    raise RuntimeError(f"stream request failed: {error}")
+        finally:
+            cl.stop_stream()
+        return
     for _ in range(n):
         result = cl.infer(model, inputs)
         if model == "identity" and result.as_numpy("OUTPUT0").shape != (elements,):
@@ -88,6 +102,7 @@ def main() -> None:
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=100)
+    parser.add_argument("--streaming", action="store_true", help="gRPC only: the requests over one ModelStreamInfer stream")
     parser.add_argument("--model", choices=["add_sub", "identity"], default="add_sub")
     parser.add_argument("--elements", type=int, default=16, help="FP32 elements per input tensor")
     parser.add_argument("--keep", type=Path, help="copy the callgrind files here (for callgrind_annotate)")
@@ -122,7 +137,7 @@ def main() -> None:
                         raise RuntimeError("the server did not come up under valgrind:\n"
                                            + (tmp_path / "server.log").read_text()[-3000:]) from None
                     time.sleep(1)
-            send(args.protocol, port, args.warmup, args.model, args.elements)
+            send(args.protocol, port, args.warmup, args.model, args.elements, args.streaming)
             pids = {"front-end": proc.pid}
             workers = children(proc.pid)
             if len(workers) != 1:
@@ -130,8 +145,8 @@ def main() -> None:
             pids["worker"] = workers[0]
             for pid in pids.values():
                 subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
-            send(args.protocol, port, args.requests, args.model, args.elements)
-            print(f"instructions per request, {args.protocol}, {args.model} FP32[{args.elements}], "
+            send(args.protocol, port, args.requests, args.model, args.elements, args.streaming)
+            print(f"instructions per request, {args.protocol}{' streaming' if args.streaming else ''}, {args.model} FP32[{args.elements}], "
                   f"{args.requests} sequential requests (after {args.warmup})")
             for name, pid in pids.items():
                 ir = dump(pid, tmp_path, "measured")

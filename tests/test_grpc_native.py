@@ -37,6 +37,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from triton_shm.frontend.grpc.native.server import RECEIVE_BUFFER, NativeServer
+from triton_shm.frontend.grpc.rpc import Mailbox
 
 from .conftest import build_core_repository
 from .harness import ServerProcess
@@ -293,6 +294,26 @@ def test_a_whole_read_of_control_frames_stays_under_the_engines_cap():
     h2.receive_data(PREFACE + SettingsFrame(0).serialize())
     h2.receive_data(SettingsFrame(0, settings={}).serialize() * (RECEIVE_BUFFER // 9))
     assert sum(isinstance(e, ngh2.SettingsReceived) for e in h2.events()) == RECEIVE_BUFFER // 9 + 1
+
+
+def test_mailbox_keeps_order_and_survives_a_cancelled_get():
+    """The FIFO between a stream's reader and its handler (and the stream's replies)."""
+    async def main() -> None:
+        box = Mailbox()
+        waiting = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)
+        waiting.cancel()  # a handler cancelled while it waits for the next message
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        box.put_nowait(1)
+        box.put_nowait(None)
+        assert box.qsize() == 2
+        assert [await box.get(), await box.get()] == [1, None]
+        getter = asyncio.ensure_future(box.get())
+        await asyncio.sleep(0)
+        box.put_nowait(3)  # wakes the waiting consumer
+        assert await getter == 3 and box.qsize() == 0
+    asyncio.run(main())
 
 
 def test_message_over_the_limit_is_resource_exhausted(server):

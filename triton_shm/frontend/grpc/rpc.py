@@ -6,7 +6,9 @@ of them) and returns the response (or yields responses); it reports failure by r
 """
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,6 +18,39 @@ from ...errors import GRPC_STATUS, TritonShmError
 from .native.framing import INTERNAL, INVALID_ARGUMENT, STATUS_CODES, GrpcError
 
 log = logging.getLogger(__name__)
+
+
+class Mailbox:
+    """An unbounded FIFO with one consumer task: ``put_nowait`` from anywhere on the loop,
+    ``await get()`` in the consumer. What a stream uses of asyncio.Queue, without its
+    bookkeeping (bounds, putters, task counters), which a stream pays per message."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._waiter: asyncio.Future | None = None
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    async def get(self) -> Any:
+        items = self._items
+        while not items:
+            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+        return items.popleft()
 
 
 def _prefix(size: int) -> bytes:

@@ -16,7 +16,7 @@ from google.protobuf.message import DecodeError
 from ..._proto import grpc_service_pb2 as pb
 from ...errors import TritonShmError, Unsupported
 from .codec import encode_model_statistics, infer_response_bytes, parse_infer_request, stream_response_bytes
-from .rpc import Method, raw_bytes, rpc_status
+from .rpc import Mailbox, Method, raw_bytes, rpc_status
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
@@ -134,7 +134,7 @@ class InferenceRpcs:
         """Bidirectional stream: each request is served concurrently and may get any
         number of responses (decoupled models). Errors travel in ``error_message`` and
         the stream stays open, as in Triton."""
-        out: asyncio.Queue = asyncio.Queue()
+        out = Mailbox()
         tasks: set[asyncio.Task] = set()
 
         async def read() -> None:
@@ -157,7 +157,7 @@ class InferenceRpcs:
             for task in list(tasks):
                 task.cancel()
 
-    async def _serve_stream_request(self, msg: bytes, out: asyncio.Queue) -> None:
+    async def _serve_stream_request(self, msg: bytes, out: Mailbox) -> None:
         """Puts each reply, already encoded (responses are released as they are encoded)."""
         def error(message: str) -> bytes:
             return pb.ModelStreamInferResponse(error_message=message).SerializeToString()

@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Sequence
 
 import ngh2
 
-from ..rpc import Method, rpc_status
+from ..rpc import Mailbox, Method, rpc_status
 from .framing import ACCEPT_ENCODING, DEADLINE_EXCEEDED, OK, MessageReader, compress, encode_message_text, prefix
 
 STREAM_SEND_HIGH = 1 << 20  # a stream's queued response bytes before its producer waits
@@ -37,7 +37,7 @@ class Call:
         self.finished = False  # our side ended (status sent or stream gone)
         self.remote_closed = False
         self.messages: list[bytes | memoryview] = []  # unary: the request
-        self.queue: asyncio.Queue | None = None  # streams: messages for the handler
+        self.queue: Mailbox | None = None  # streams: messages for the handler
         self.deferred_ack = 0  # stream bytes received but not yet released to the peer
         self.writable: asyncio.Future | None = None  # set while the handler waits on backpressure
 

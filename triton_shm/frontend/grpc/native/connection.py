@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 import ngh2
 
 from ...restricted import first_header
-from ..rpc import Method
+from ..rpc import Mailbox, Method
 from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner
 from .framing import (
     INTERNAL,
@@ -275,7 +275,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
                 return
             call.timer = self.loop.call_later(seconds, self._deadline, call)
         if target.streaming:
-            call.queue = asyncio.Queue()
+            call.queue = Mailbox()
             if call.remote_closed:
                 call.queue.put_nowait(None)
             call.task = asyncio.Task(self._run_stream(call), loop=self.loop, name=CALL_TASK)
