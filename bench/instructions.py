@@ -102,7 +102,8 @@ def main() -> None:
     parser.add_argument("--protocol", choices=["http", "grpc"], default="http")
     parser.add_argument("--requests", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=100)
-    parser.add_argument("--streaming", action="store_true", help="gRPC only: the requests over one ModelStreamInfer stream")
+    parser.add_argument("--streaming", action="store_true",
+                        help="gRPC only: the requests over one ModelStreamInfer stream")
     parser.add_argument("--model", choices=["add_sub", "identity"], default="add_sub")
     parser.add_argument("--elements", type=int, default=16, help="FP32 elements per input tensor")
     parser.add_argument("--keep", type=Path, help="copy the callgrind files here (for callgrind_annotate)")
@@ -146,7 +147,8 @@ def main() -> None:
             for pid in pids.values():
                 subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
             send(args.protocol, port, args.requests, args.model, args.elements, args.streaming)
-            print(f"instructions per request, {args.protocol}{' streaming' if args.streaming else ''}, {args.model} FP32[{args.elements}], "
+            mode = " streaming" if args.streaming else ""
+            print(f"instructions per request, {args.protocol}{mode}, {args.model} FP32[{args.elements}], "
                   f"{args.requests} sequential requests (after {args.warmup})")
             for name, pid in pids.items():
                 ir = dump(pid, tmp_path, "measured")
