@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
+import os
 import signal
 import sys
 
@@ -150,7 +152,35 @@ async def _stop_frontends(runners, timeout: float) -> None:
     await asyncio.gather(*(stop_one(k, r) for k, r in runners), return_exceptions=True)
 
 
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters (malloc.h)
+
+
+def keep_large_buffers() -> bool:
+    """Let glibc serve large in-band tensors (up to 64 MiB) from the heap and keep that memory.
+
+    By default a 16 MiB request body is a fresh mmap that free() returns to the kernel, so every
+    such request page-faults its 4096 pages in again (about half its front-end CPU). With a fixed
+    mmap threshold above that size and a trim threshold above the threshold, freed buffers stay in
+    the heap for the next request; the cost is that resident memory stays at its high-water mark.
+    Off with TRITON_SHM_MALLOC_DEFAULTS=1, or when the user set glibc's own MALLOC_* variables;
+    only glibc has mallopt, so elsewhere this does nothing. Returns whether it applied."""
+    if os.environ.get("TRITON_SHM_MALLOC_DEFAULTS") == "1" or "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    if not sys.platform.startswith("linux") or os.confstr("CS_GNU_LIBC_VERSION") is None:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # Older glibc caps the threshold at 32 MiB; take the largest it accepts.
+    if not (mallopt(_M_MMAP_THRESHOLD, 64 << 20) or mallopt(_M_MMAP_THRESHOLD, 32 << 20)):
+        return False
+    return bool(mallopt(_M_TRIM_THRESHOLD, 128 << 20))
+
+
 def run(options: ServerOptions) -> int:
+    keep_large_buffers()
     try:
         install_logging(info=options.log_info, warning=options.log_warning, error=options.log_error,
                         verbose=options.log_verbose, log_format=options.log_format, log_file=options.log_file)
