@@ -173,10 +173,18 @@ def test_segment_map_rejects_out_of_bounds_descriptors():
     peer.add(block.segment.id, block.segment.size, os.dup(block.segment.fd))
     block.view[:] = b"0123456789abcdef"
     assert bytes(peer.view(block.descriptor())) == b"0123456789abcdef"
-    for bad in ([block.segment.id, 4090, 16], [block.segment.id, -1, 4], [99, 0, 1],
-                [block.segment.id, 0, 1 << 62], ["x", 0, 1], [1, 2]):
-        with pytest.raises(Internal):
+    assert bytes(peer.view((block.segment.id, 4, 3.0))) == b"456"  # not ints: converted
+    seg = block.segment.id
+    for bad in ([seg, 4090, 16], [seg, -1, 4], [99, 0, 1], [seg, 0, 1 << 62], [seg, 1 << 64, 1],
+                [seg, 0, -(1 << 70)], [1 << 80, 0, 1]):
+        with pytest.raises(Internal, match="^shared-memory descriptor from peer is out of bounds$"):
             peer.view(bad)
+    for bad in (["x", 0, 1], [1, 2], None, [seg, None, 1]):
+        with pytest.raises(Internal, match="^malformed shared-memory descriptor from peer$"):
+            peer.view(bad)
+    peer.drop(seg)  # a dropped segment is unknown again
+    with pytest.raises(Internal, match="out of bounds"):
+        peer.view(block.descriptor())
     peer.close()
     arena.close()
 

@@ -5,6 +5,8 @@ API, results and errors.
 Thread-safe without a lock: every method runs holding the GIL and calls no Python code
 while the lists are inconsistent (objects are made only before or after a change)."""
 from cpython.buffer cimport PyBUF_SIMPLE, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from cpython.sequence cimport PySequence_GetSlice
 from libc.stdint cimport uint64_t
 from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memmove
@@ -238,23 +240,51 @@ cdef class BlockAllocator:
         raise NotImplementedError
 
 
+cdef class _Mapped:
+    """One mapped segment as ``view`` reads it: its memoryview and size held in C, so a
+    view costs a bounds check and one slice, no attribute lookups on the ``Segment``."""
+    cdef object segment    # arena.Segment, returned by _unmap for closing
+    cdef object view       # its memoryview
+    cdef long long size
+
+
 cdef class SegmentViews:
-    """The lookup half of ``arena.SegmentMap`` (its base class): ``_segments`` maps a
-    segment id to its ``arena.Segment``."""
-    cdef public dict _segments
+    """The lookup half of ``arena.SegmentMap`` (its base class): the mapped segments by id.
+    ``_map(segment)`` adds (or replaces) one, ``_unmap(seg_id)`` removes one and returns it
+    (None when unknown), ``_unmap_all()`` removes and returns them all."""
+    cdef dict _mapped      # segment id -> _Mapped
 
     def __cinit__(self, *args, **kwargs):
-        self._segments = {}
+        self._mapped = {}
+
+    def _map(self, segment):
+        cdef _Mapped m = _Mapped.__new__(_Mapped)
+        m.segment, m.view, m.size = segment, segment.view, segment.size
+        self._mapped[segment.id] = m
+
+    def _unmap(self, seg_id):
+        cdef _Mapped m = self._mapped.pop(seg_id, None)
+        return None if m is None else m.segment
+
+    def _unmap_all(self):
+        segments = [(<_Mapped>m).segment for m in self._mapped.values()]
+        self._mapped.clear()
+        return segments
 
     def view(self, descriptor):
         """Bounds-checked view of ``[segment id, offset, size]`` from an untrusted peer."""
+        cdef long long offset, size
+        cdef int offset_overflow = 0, size_overflow = 0
         try:
-            seg_id, offset, size = descriptor
-            if type(seg_id) is not int or type(offset) is not int or type(size) is not int:  # decoded: ints
-                seg_id, offset, size = int(seg_id), int(offset), int(size)
+            seg_id, o, s = descriptor
+            if type(seg_id) is not int or type(o) is not int or type(s) is not int:  # decoded: ints
+                seg_id, o, s = int(seg_id), int(o), int(s)
         except (TypeError, ValueError):
             raise Internal("malformed shared-memory descriptor from peer") from None
-        seg = self._segments.get(seg_id)
-        if seg is None or offset < 0 or size < 0 or offset > seg.size or size > seg.size - offset:
+        cdef _Mapped m = self._mapped.get(seg_id)
+        offset = PyLong_AsLongLongAndOverflow(o, &offset_overflow)  # overflow: past any segment
+        size = PyLong_AsLongLongAndOverflow(s, &size_overflow)
+        if m is None or offset_overflow or size_overflow or offset < 0 or size < 0 or offset > m.size \
+                or size > m.size - offset:
             raise Internal("shared-memory descriptor from peer is out of bounds")
-        return seg.view[offset:offset + size]
+        return PySequence_GetSlice(m.view, <Py_ssize_t>offset, <Py_ssize_t>(offset + size))

@@ -131,17 +131,16 @@ class SegmentMap(SegmentViews):
         if size <= 0 or os.fstat(fd).st_size < size:
             os.close(fd)
             raise Internal("peer sent a segment smaller than it claims")
-        old = self._segments.pop(seg_id, None)
+        old = self._unmap(seg_id)
         if old is not None:
             old.close()
-        self._segments[seg_id] = Segment(seg_id, size, fd)
+        self._map(Segment(seg_id, size, fd))
 
     def drop(self, seg_id: int) -> None:
-        seg = self._segments.pop(seg_id, None)
+        seg = self._unmap(seg_id)
         if seg is not None:
             seg.close()
 
     def close(self) -> None:
-        for seg in self._segments.values():
+        for seg in self._unmap_all():
             seg.close()
-        self._segments.clear()

@@ -141,11 +141,23 @@ class BlockAllocator:
 
 
 class SegmentViews:
-    """The lookup half of ``arena.SegmentMap`` (its base class): ``_segments`` maps a
-    segment id to its ``arena.Segment``."""
+    """The lookup half of ``arena.SegmentMap`` (its base class): the mapped segments by id.
+    ``_map(segment)`` adds (or replaces) one, ``_unmap(seg_id)`` removes one and returns it
+    (None when unknown), ``_unmap_all()`` removes and returns them all."""
 
     def __init__(self) -> None:
-        self._segments: dict[int, Any] = {}
+        self._segments: dict[int, Any] = {}  # id -> arena.Segment
+
+    def _map(self, segment: Any) -> None:
+        self._segments[segment.id] = segment
+
+    def _unmap(self, seg_id: int) -> Any:
+        return self._segments.pop(seg_id, None)
+
+    def _unmap_all(self) -> list[Any]:
+        segments = list(self._segments.values())
+        self._segments.clear()
+        return segments
 
     def view(self, descriptor) -> memoryview:
         """Bounds-checked view of ``[segment id, offset, size]`` from an untrusted peer."""
