@@ -60,6 +60,34 @@ def test_an_output_given_by_name_alone_goes_to_the_worker_arena(m):
     assert m.decode(named).body["requests"][0]["outputs"] == ["OUTPUT0", "OUTPUT1"]
 
 
+def _same_slot_names() -> tuple[str, str]:
+    """Two names of equal length whose FNV-1a hashes share the low 8 bits (the C decoder's
+    name-table slot)."""
+    def slot(name: str) -> int:
+        h = 2166136261
+        for byte in name.encode():
+            h = ((h ^ byte) * 16777619) & 0xFFFFFFFF
+        return h & 255
+    seen: dict[int, str] = {}
+    for i in range(1000):
+        name = f"OUT{i:03d}"
+        if slot(name) in seen:
+            return seen[slot(name)], name
+        seen[slot(name)] = name
+    raise AssertionError("no two names share a slot")
+
+
+@pytest.mark.parametrize("m", IMPLS)
+def test_recurring_and_colliding_names_decode_to_their_own_text(m):
+    a, b = _same_slot_names()
+    names = [a, b, a, "ÄÖ", "ÄÖ", "x" * 65, "x" * 65, "", a.lower()]
+    for _ in range(2):  # the second pass finds names decoded before
+        frame = m.encode_infer(1, "m", 0, [("", {}, [], names)])
+        assert m.decode(frame).body["requests"][0]["outputs"] == names
+        frame = m.encode_infer(1, "m", 0, [("", {}, [], [b, a])])
+        assert m.decode(frame).body["requests"][0]["outputs"] == [b, a]
+
+
 @pytest.mark.parametrize("m", IMPLS)
 def test_every_op_round_trips(m):
     infer, reply, final, stream, fail, free, ping, pong, control = (m.decode(f) for f in frames(m))

@@ -2,10 +2,18 @@
 """The frames of ``protocol`` in C. Twin of ``protocol_py``; same API, results and errors."""
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
-from cpython.unicode cimport PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_INCREF, Py_XDECREF
+from cpython.tuple cimport PyTuple_SET_ITEM
+from cpython.unicode cimport PyUnicode_1BYTE_DATA, PyUnicode_AsUTF8AndSize, PyUnicode_DecodeUTF8, PyUnicode_GET_LENGTH
 from libc.stdint cimport int64_t, uint8_t, uint16_t, uint32_t, uint64_t
 from libc.stdlib cimport free, malloc, realloc
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
+
+
+cdef extern from "Python.h":
+    bint PyUnicode_IS_ASCII(object o)
+    object PyType_GenericAlloc(type t, Py_ssize_t nitems)
 
 import orjson
 
@@ -286,13 +294,41 @@ cdef inline uint64_t _get(Reader *r, int nbytes):
     return v
 
 
+# Names (model keys, tensor names) recur in every frame: ``_text`` keeps the last short ASCII
+# string decoded into each slot of a small table hashed by its bytes, and returns that string
+# again when the same bytes come (equal bytes, ASCII: an equal str), so a recurring name costs a
+# hash and a memcmp, not a new str. Bounded (NAME_SLOTS strings of at most NAME_MAX bytes);
+# runs under the GIL, and dropping a replaced str runs no Python code.
+cdef enum:
+    NAME_SLOTS = 256   # a power of two
+    NAME_MAX = 64
+
+cdef PyObject *_names[NAME_SLOTS]
+
+
 cdef str _text(Reader *r, size_t n):
+    cdef size_t i, slot = 0
+    cdef uint32_t h = 2166136261u
+    cdef PyObject *cached
     _need(r, n)
+    if n <= NAME_MAX:
+        for i in range(n):  # FNV-1a
+            h = (h ^ r.p[i]) * 16777619u
+        slot = h & (NAME_SLOTS - 1)
+        cached = _names[slot]
+        if cached != NULL and <size_t>PyUnicode_GET_LENGTH(<object>cached) == n \
+                and memcmp(PyUnicode_1BYTE_DATA(<object>cached), r.p, n) == 0:
+            r.p += n
+            return <str>cached
     try:
         s = PyUnicode_DecodeUTF8(<const char *>r.p, n, NULL)
     except UnicodeDecodeError:
         raise _fail(r, "invalid UTF-8") from None
     r.p += n
+    if n <= NAME_MAX and PyUnicode_IS_ASCII(s):  # ASCII: its 1-byte data is the UTF-8
+        Py_INCREF(s)
+        Py_XDECREF(_names[slot])
+        _names[slot] = <PyObject *>s
     return s
 
 
@@ -387,7 +423,22 @@ cdef dict _request_rec(Reader *r):
 
 
 _OPS = {int(op): op for op in Op}
-_new_tuple = tuple.__new__  # a Message made in C: namedtuple's own __new__ is Python code
+cdef type _MESSAGE = Message
+
+
+cdef object _message(object op, object msg_id, object frees, object body):
+    """A Message made in C, as ``tuple.__new__(Message, ...)`` makes it (namedtuple's own
+    ``__new__`` is Python code): the subtype's allocation, then its four items."""
+    cdef object m = PyType_GenericAlloc(_MESSAGE, 4)
+    Py_INCREF(op)
+    PyTuple_SET_ITEM(m, 0, op)
+    Py_INCREF(msg_id)
+    PyTuple_SET_ITEM(m, 1, msg_id)
+    Py_INCREF(frees)
+    PyTuple_SET_ITEM(m, 2, frees)
+    Py_INCREF(body)
+    PyTuple_SET_ITEM(m, 3, body)
+    return m
 
 
 def decode(data):
@@ -441,6 +492,6 @@ def decode(data):
                 raise _fail(&r, "control message is not an object with an op")
         if r.p != r.end:
             raise _fail(&r, "trailing bytes")
-        return _new_tuple(Message, (_OPS[op], r.msg_id, frees, body))
+        return _message(_OPS[op], r.msg_id, frees, body)
     finally:
         PyBuffer_Release(&view)
