@@ -49,12 +49,17 @@ cdef inline int _put(Buf *b, const char *p, size_t n) except -1:
     return 0
 
 
-cdef inline int _uint(Buf *b, uint64_t v, int nbytes) except -1:
+cdef inline void _set(Buf *b, uint64_t v, int nbytes) noexcept:
+    """``_uint`` where the caller has reserved the room."""
     cdef int i
-    _reserve(b, nbytes)
     for i in range(nbytes):
         b.data[b.len + i] = <char>((v >> (8 * i)) & 0xFF)
     b.len += nbytes
+
+
+cdef inline int _uint(Buf *b, uint64_t v, int nbytes) except -1:
+    _reserve(b, nbytes)
+    _set(b, v, nbytes)
     return 0
 
 
@@ -85,19 +90,23 @@ cdef int _tensor(Buf *b, str name, str datatype, object shape, int place, uint32
                  uint64_t size) except -1:
     cdef Py_ssize_t n, ndim = len(shape)
     cdef const char *p = PyUnicode_AsUTF8AndSize(name, &n)
+    cdef uint64_t dtype
     if ndim > _MAX_DIMS:
         raise Internal(f"tensor '{name}' has more than {MAX_DIMS} dimensions")
-    _uint(b, _DTYPE_CODE[datatype], 1)
-    _uint(b, <uint64_t>ndim, 1)
-    _uint(b, place, 1)
-    _uint(b, 0, 1)
-    _uint(b, <uint64_t>n, 2)
-    _uint(b, seg, 4)
-    _uint(b, offset, 8)
-    _uint(b, size, 8)
+    dtype = _DTYPE_CODE[datatype]
+    _reserve(b, TENSOR_SIZE + 8 * ndim + n)  # the record's room at once
+    _set(b, dtype, 1)
+    _set(b, <uint64_t>ndim, 1)
+    _set(b, place, 1)
+    _set(b, 0, 1)
+    _set(b, <uint64_t>n, 2)
+    _set(b, seg, 4)
+    _set(b, offset, 8)
+    _set(b, size, 8)
     for d in shape:
-        _uint(b, <uint64_t><int64_t>d, 8)
-    _put(b, p, n)
+        _set(b, <uint64_t><int64_t>d, 8)
+    memcpy(b.data + b.len, p, n)
+    b.len += n
     return 0
 
 
@@ -139,7 +148,8 @@ cdef int _response(Buf *b, object response) except -1:
         _uint(b, ST_OK, 1)
         _uint(b, <uint64_t>len(outputs), 2)
         for name, datatype, shape, desc in outputs:
-            if desc[0] == "r":
+            place = desc[0]
+            if type(place) is not int and place == "r":  # an arena segment id is an int: no compare
                 _tensor(b, name, datatype, shape, 1, desc[1], desc[2], desc[3])
             else:
                 _tensor(b, name, datatype, shape, 0, desc[0], desc[1], desc[2])
