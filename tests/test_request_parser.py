@@ -194,3 +194,16 @@ def test_pipelined_stream_split_at_every_byte(cls):
                 parser.feed_data(piece)
             assert [summary(m) for _, m in sink.events] == expected, cut
             assert [m.headers for _, m in sink.events] == [m.headers for _, m in whole.events], cut
+
+
+@pytest.mark.parametrize("cls", PARSERS)
+def test_empty_values_trailers_and_buffers(cls):
+    data = (b"GET / HTTP/1.1\r\nX-E:\r\nHost: a\r\n\r\n"
+            b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\na\r\n0\r\nX-T: 1\r\n\r\n")
+    sink = Sink()
+    parser = cls(sink, MAX_INPUT, False)
+    parser.feed_data(memoryview(data)[:30])
+    parser.feed_data(bytearray(data[30:]))
+    assert [m.headers for _, m in sink.events] == [[(b"X-E", b""), (b"Host", b"a")],
+                                                   [(b"Transfer-Encoding", b"chunked"), (b"X-T", b"1")]]
+    assert sink.events[1][1].body == b"a"

@@ -5,7 +5,7 @@ The URL, the header fields and the body are gathered here, in C, and the sink (t
 connection) is called once per complete message, plus only for the events it acts on
 (the same interface and refusals as :mod:`.request_parser_py`, documented there).
 """
-from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.string cimport memset
 
 from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpLimit, Message,
@@ -81,12 +81,20 @@ cdef class RequestParser:
         self._parser.data = <void*>self
 
     def feed_data(self, data):
-        cdef const unsigned char[::1] view = data
+        cdef const unsigned char[::1] view
+        cdef const char* buf
+        cdef Py_ssize_t size
         cdef llhttp_errno_t err
         self.began = False
-        if view.shape[0] == 0:
+        if type(data) is bytes:  # what asyncio hands data_received, without a buffer view
+            buf, size = PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)
+        else:
+            view = data
+            size = view.shape[0]
+            buf = <const char*>&view[0] if size else NULL
+        if size == 0:
             return
-        err = llhttp_execute(&self._parser, <const char*>&view[0], view.shape[0])
+        err = llhttp_execute(&self._parser, buf, size)
         if err == HPE_OK:
             return
         if self._error is not None:
