@@ -58,6 +58,8 @@ def extensions() -> list[Extension]:
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.core._types", ["triton_shm/core/_types.pyx"],
                   extra_compile_args=["-O2", "-Wall"]),
+        Extension("triton_shm.backends._types", ["triton_shm/backends/_types.pyx"],
+                  extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.ipc._protocol", ["triton_shm/ipc/_protocol.pyx"],
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.ipc._arena", ["triton_shm/ipc/_arena.pyx"],

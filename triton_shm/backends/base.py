@@ -7,15 +7,27 @@ sockets or protocol details.
 """
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-import numpy as np
+from .types_py import WorkerRequest, WorkerResponse
 
-from ..core.types import ParamValue
-from ..errors import TritonShmError
+# The request and response a backend gets and returns: C classes when built (the worker
+# builds one of each per request: a C call, not a Python __init__ frame), else the
+# dataclass twins. ``TRITON_SHM_NO_EXTENSIONS=1`` forces the twins (the tests run both).
+USING_EXTENSION = False
+if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
+    try:
+        from ._types import WorkerRequest, WorkerResponse  # type: ignore  # noqa: F811
+        USING_EXTENSION = True
+    except ImportError:  # not built: the pure-Python twins serve
+        pass
+
+__all__ = ["Backend", "InstanceSpec", "ModelContext", "ModelInstance", "USING_EXTENSION", "WorkerRequest",
+           "WorkerResponse"]
 
 
 @dataclass(slots=True)
@@ -44,29 +56,6 @@ class InstanceSpec:
     name: str         # e.g. "add_sub_0"
     kind: str         # "KIND_CPU" | "KIND_GPU" | "KIND_MODEL"
     device_id: int    # GPU ordinal for KIND_GPU, else 0
-
-
-@dataclass(slots=True)
-class WorkerRequest:
-    id: str
-    # name -> array. BYTES: 1-D-reshaped object array of ``bytes``; BF16: uint16 words.
-    inputs: dict[str, np.ndarray]
-    datatypes: dict[str, str]          # name -> V2 datatype ("FP32", "BYTES", ...)
-    requested_outputs: list[str]       # empty = every output in the config
-    parameters: dict[str, ParamValue] = field(default_factory=dict)
-    # Decoupled models only: send(response or None, final) delivers a response at any
-    # time, from any thread; the request is complete once final is True.
-    sender: Callable[[WorkerResponse | None, bool], None] | None = None
-    is_cancelled: Callable[[], bool] | None = None  # decoupled: the client has gone
-    # sequence batching: the correlation ID, and SEQUENCE_START (1) | SEQUENCE_END (2)
-    correlation_id: int | str = 0
-    flags: int = 0
-
-
-@dataclass(slots=True)
-class WorkerResponse:
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)
-    error: TritonShmError | None = None
 
 
 class ModelInstance(ABC):

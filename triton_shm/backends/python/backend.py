@@ -239,9 +239,12 @@ class PythonModelInstance(ModelInstance):
     def _request(self, r: WorkerRequest) -> pb_utils.InferenceRequest:
         wire_to_enum = pb_utils._WIRE_TO_ENUM
         datatypes = r.datatypes
-        # the worker decoded each input in its datatype's numpy dtype (BF16: uint16 words)
-        inputs = [pb_utils.Tensor._of(name, array, wire_to_enum[datatypes[name]])
-                  for name, array in r.inputs.items()]
+        tensor = pb_utils.Tensor._of
+        # the worker decoded each input in its datatype's numpy dtype (BF16: uint16 words);
+        # a loop, not a comprehension: one frame fewer per request
+        inputs = []
+        for name, array in r.inputs.items():
+            inputs.append(tensor(name, array, wire_to_enum[datatypes[name]]))
         requested = list(r.requested_outputs) if r.requested_outputs else list(self._all_outputs)
         if self._state_outputs:
             requested = [n for n in requested if n not in self._state_outputs]
@@ -296,15 +299,21 @@ class PythonModelInstance(ModelInstance):
         return list(map(self._response, requests, result))
 
     def _response(self, req: WorkerRequest, resp: Any) -> WorkerResponse:
-        if not isinstance(resp, pb_utils.InferenceResponse):
+        if type(resp) is pb_utils.InferenceResponse:  # not a subclass: its fields, not the accessors
+            if resp._error is not None:
+                return WorkerResponse(error=_error_from_triton_error(resp._error))
+            tensors = resp._output_tensors
+        elif isinstance(resp, pb_utils.InferenceResponse):
+            if resp.has_error():
+                return WorkerResponse(error=_error_from_triton_error(resp.error()))
+            tensors = resp.output_tensors()
+        else:
             return WorkerResponse(error=Internal(
                 f"model '{self.spec.name}' returned a {type(resp).__name__} where an "
                 "InferenceResponse was expected"))
-        if resp.has_error():
-            return WorkerResponse(error=_error_from_triton_error(resp.error()))
         wanted = req.requested_outputs or None  # a few names: a list lookup beats building a set
         outputs: dict[str, np.ndarray] = {}
-        for t in resp.output_tensors():
+        for t in tensors:
             if type(t) is not pb_utils.Tensor and not isinstance(t, pb_utils.Tensor):
                 return WorkerResponse(error=Internal(
                     f"model '{self.spec.name}' returned a {type(t).__name__} among the output "

@@ -211,6 +211,13 @@ class Tensor:
     def __init__(self, name: str, numpy_array, triton_dtype: int | None = None):
         if not isinstance(name, str):
             raise TritonModelException("Tensor name must be a string")
+        if triton_dtype is None and type(numpy_array) is np.ndarray:
+            # the common case, a host array of a native number dtype: its enum is one lookup
+            # and the checks below would change nothing (those dtypes are neither U nor V)
+            known = _NUMPY_TO_ENUM.get(numpy_array.dtype)
+            if known:
+                self._name, self._array, self._triton_dtype, self._device_array = name, numpy_array, known, None
+                return
         if not isinstance(numpy_array, np.ndarray):
             words = _bf16_words(numpy_array)
             if words is not None:
@@ -523,6 +530,11 @@ class InferenceResponse:
 
 
 def get_input_tensor_by_name(inference_request, name: str) -> Tensor | None:
+    if type(inference_request) is InferenceRequest:  # the server's own: its fields, not the accessors
+        for t in inference_request._inputs:
+            if (t._name if type(t) is Tensor else t.name()) == name:
+                return t
+        return None
     for t in inference_request.inputs():
         if t.name() == name:
             return t
