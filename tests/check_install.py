@@ -74,10 +74,11 @@ def check_installed_package(venv: Path, outside: Path) -> None:
              "triton_shm.worker._assembler as a, triton_shm.ipc._protocol as p, triton_shm.ipc._ring as r, "
              "triton_shm.frontend.grpc._infer_wire as w, triton_shm.worker._watch as t, "
              "triton_shm.frontend.http._common_shape as h, triton_shm.ipc._arena as ar, triton_shm.core._types as ty, "
-             "triton_shm.backends._types as bt; "
+             "triton_shm.backends._types as bt, triton_shm.frontend.http._request_parser as rq; "
              "print(triton_shm.__file__); "
              "print(c.__file__); print(a.__file__); print(p.__file__); print(r.__file__); print(w.__file__); "
-             "print(t.__file__); print(h.__file__); print(ar.__file__); print(ty.__file__); print(bt.__file__)")
+             "print(t.__file__); print(h.__file__); print(ar.__file__); print(ty.__file__); print(bt.__file__); "
+             "print(rq.__file__)")
     files = run(venv / "bin" / "python", "-c", probe, cwd=outside, env=clean_env()).stdout.split()
     for f in files:
         if not Path(f).resolve().is_relative_to(venv.resolve()):

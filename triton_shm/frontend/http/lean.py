@@ -1,6 +1,7 @@
-"""The lean HTTP/1.1 connection: llhttp (httptools) parsing, the infer route served directly.
+"""The lean HTTP/1.1 connection: llhttp parsing, the infer route served directly.
 
-One :class:`LeanConnection` per TCP connection. Requests are parsed in C; a complete
+One :class:`LeanConnection` per TCP connection. Requests are parsed in C (:mod:`.request_parser`);
+a complete
 ``POST /v2/models/{m}[/versions/{v}]/infer`` goes straight to :func:`.infer.serve_infer`
 and its response is written as one buffer. Every other request is handed, whole, to
 aiohttp on the same connection (:mod:`.bridge`), so all other routes behave as before.
@@ -20,14 +21,13 @@ from collections import deque
 from functools import partial
 from typing import TYPE_CHECKING, Any, Coroutine, cast
 
-import httptools
-
 from ...errors import TritonShmError
 from ..restricted import first_header
 from .api_groups import api_group, refusal_body
 from .infer import JSON_TYPE, InferReply, serve_infer
-from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpLimit, Message, error_body,
-                           held_bytes, infer_route, response_head, timeout_message, url_path)
+from .lean_request import (HttpLimit, Message, error_body, held_bytes, infer_route, response_head,
+                           timeout_message, url_path)
+from .request_parser import BODY, HEADERS, RequestParser, RequestUpgrade
 
 if TYPE_CHECKING:
     from .bridge import AiohttpBridge
@@ -42,11 +42,6 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _JOIN_BELOW = 64 * 1024  # join head and body into one write below this size
 LINGER_TIME = 10.0  # seconds a closing connection reads and drops what the client still sends
 
-_OTHER, _HEADER_LENGTH, _CONTENT_LENGTH = Field.OTHER, Field.HEADER_LENGTH, Field.CONTENT_LENGTH
-_CONTENT_ENCODING, _ACCEPT_ENCODING = Field.CONTENT_ENCODING, Field.ACCEPT_ENCODING
-
-# Connection states, for the timeouts.
-IDLE, HEADERS, BODY = 0, 1, 2
 
 
 class LeanConnection(asyncio.Protocol):
@@ -54,8 +49,8 @@ class LeanConnection(asyncio.Protocol):
         self.ctx = ctx
         self.loop = ctx.loop
         self.transport: asyncio.Transport | None = None
-        self._parser = httptools.HttpRequestParser(self)
-        self._msg: Message | None = None    # being parsed
+        # Calls back headers_complete, body_too_large and message_complete (the ParserSink).
+        self._parser = RequestParser(self, ctx.max_input_size, ctx.restrictions is not None)
         self._queue: deque[Message] = deque()
         self._queued_bytes = 0
         self._busy = False                  # a request is being served
@@ -66,7 +61,6 @@ class LeanConnection(asyncio.Protocol):
         self._discard = False               # closing: ignore further input
         self._lingering = False             # half-closed, waiting for the client to close
         self._eof = False                   # the client half-closed
-        self.state = IDLE
         self.since = self.loop.time()       # start of the current state (for the timeouts)
 
     # -- asyncio.Protocol ----------------------------------------------------------------
@@ -98,24 +92,23 @@ class LeanConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._discard:
             return
-        if self.state == BODY:
+        parser = self._parser
+        if parser.state == BODY:
             self.since = self.loop.time()  # a stalled body times out, a slow one does not
         try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
+            parser.feed_data(data)
+        except RequestUpgrade:
             self._last_request()  # no protocol upgrades: answer what was parsed, then close
-        except httptools.HttpParserCallbackError as e:
-            limit = e.__context__
-            if isinstance(limit, HttpLimit):
-                self._reject(limit.status, limit.message)
-            else:  # a bug of ours: answer and close rather than leave the connection hanging
-                log.error("HTTP parser callback failed", exc_info=limit)
-                self._reject(400, "malformed HTTP request")
-        except httptools.HttpParserError as e:
-            self._reject(400, f"malformed HTTP request: {e}")
+        except HttpLimit as limit:  # over a limit, or malformed
+            self._reject(limit.status, limit.message)
+        except Exception:  # a bug of ours: answer and close rather than leave the connection hanging
+            log.exception("HTTP parser callback failed")
+            self._reject(400, "malformed HTTP request")
+        if parser.began:  # the header timeout counts from a request's first byte
+            self.since = self.loop.time()
         self._serve()
         # Nothing queued and no request being read: nothing is held, so nothing to weigh.
-        if not self._read_paused and (self._queue or self._msg is not None) and self._over_budget():
+        if not self._read_paused and (self._queue or parser.msg is not None) and self._over_budget():
             self._pause_reading()
 
     def eof_received(self) -> bool | None:
@@ -126,57 +119,12 @@ class LeanConnection(asyncio.Protocol):
         self._serve()
         return True
 
-    # -- llhttp callbacks --------------------------------------------------------------------
-    def on_message_begin(self) -> None:
-        self._msg = Message()
-        self.state = HEADERS
-        self.since = self.loop.time()
-
-    def on_url(self, url: bytes) -> None:
-        msg = self._msg
-        assert msg is not None  # llhttp calls back only between message begin and complete
-        msg.url += url
-        if len(msg.url) > MAX_URL:
-            raise HttpLimit(414, f"request line is longer than {MAX_URL} bytes")
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        msg = self._msg
-        assert msg is not None
-        headers = msg.headers
-        headers.append((name, value))
-        if len(name) + len(value) > MAX_FIELD or len(headers) > MAX_HEADERS:
-            raise HttpLimit(431, f"a header field is longer than {MAX_FIELD} bytes"
-                            if len(name) + len(value) > MAX_FIELD else f"more than {MAX_HEADERS} header fields")
-        field = FIELDS.get(name) or FIELDS.get(name.lower())
-        if field is None or field is _OTHER:
-            return
-        if field is _HEADER_LENGTH:
-            msg.header_length = value.decode("latin-1")
-        elif field is _CONTENT_LENGTH:
-            try:
-                declared = int(value)
-            except ValueError:
-                return  # llhttp refuses it
-            if declared > self.ctx.max_input_size:
-                msg.error = (413, self._too_large())
-        elif field is _CONTENT_ENCODING:
-            msg.content_encoding = value.decode("latin-1")
-        elif field is _ACCEPT_ENCODING:
-            msg.accept_encoding = value.decode("latin-1")
-        elif value.lower() == b"100-continue":
-            msg.expect_continue = True
-
-    def on_headers_complete(self) -> None:
-        msg = self._msg
-        assert msg is not None
-        parser = self._parser
-        msg.method = parser.get_method()
-        msg.version = parser.get_http_version()
-        msg.keep_alive = parser.should_keep_alive()
+    # -- the parser's callbacks (ParserSink) -------------------------------------------------
+    def headers_complete(self, msg: Message) -> None:
+        """Only for a message refused already, asking 100-continue, or under restrictions."""
         msg.route = infer_route(msg.method, msg.url)
         if self.ctx.restrictions is not None and msg.error is None:
             msg.refusal = self._refusal(self.ctx.restrictions, msg)
-        self.state = BODY
         if msg.error is not None:  # refused in turn without waiting for the body, then closed
             self._queue_message(msg)
             self._last_request()
@@ -186,26 +134,14 @@ class LeanConnection(asyncio.Protocol):
                 msg.expect_continue = False
             # else: sent by _serve once the requests before this one are answered
 
-    def on_body(self, chunk: bytes) -> None:
-        msg = self._msg
-        assert msg is not None
-        if msg.error is not None or msg.refusal is not None:
-            return  # read and dropped, so the answer can follow
-        msg.size += len(chunk)
-        if msg.size > self.ctx.max_input_size:
-            msg.error = (413, self._too_large())
-            msg.parts.clear()
-            self._queue_message(msg)
-            self._last_request()
-            return
-        msg.parts.append(chunk)
+    def body_too_large(self, msg: Message) -> None:
+        self._queue_message(msg)
+        self._last_request()
 
-    def on_message_complete(self) -> None:
-        msg, self._msg = self._msg, None
-        assert msg is not None
-        self.state = IDLE  # the idle clock starts when the response is written (request_done)
+    def message_complete(self, msg: Message) -> None:
         if self._discard:
             return  # refused already, or input after the last request
+        msg.route = infer_route(msg.method, msg.url)  # cached per request target
         self._queue_message(msg)
         if not msg.keep_alive or msg.error is not None:
             self._last_request()  # nothing after this request is read
@@ -238,7 +174,7 @@ class LeanConnection(asyncio.Protocol):
         if self._discard and not self._queue:
             self._close()  # the last request this connection serves is answered
             return
-        parsing = self._msg
+        parsing = self._parser.msg
         if parsing is not None and parsing.expect_continue and not self._queue and not self._discard:
             parsing.expect_continue = False
             self.write(_CONTINUE)
@@ -340,8 +276,8 @@ class LeanConnection(asyncio.Protocol):
         """A request that cannot be parsed: answer in turn, then close."""
         if self._discard:
             return  # input after the last request this connection serves
-        msg = self._msg or Message()
-        self._msg = None
+        msg = self._parser.msg or Message()
+        self._parser.msg = None
         msg.error = (status, message)
         self._queue_message(msg)
         self._last_request()
@@ -350,16 +286,14 @@ class LeanConnection(asyncio.Protocol):
         self._queue.append(msg)
         self._queued_bytes += held_bytes(msg)
 
-    def _too_large(self) -> str:
-        return f"Maximum request body size {self.ctx.max_input_size} exceeded."  # aiohttp's words
-
     # -- flow control and closing -----------------------------------------------------------------
     def _over_budget(self) -> bool:
         """Too much read ahead of the request being served: queued requests, and the next one's
         body so far (the request at the head may take its whole --http-max-input-size)."""
         held = self._queued_bytes
-        if self._busy and self._msg is not None:
-            held += self._msg.size
+        parsing = self._parser.msg
+        if self._busy and parsing is not None:
+            held += parsing.size
         return len(self._queue) >= MAX_QUEUED or held >= MAX_QUEUED_BYTES
 
     def _pause_reading(self) -> None:
@@ -410,7 +344,7 @@ class LeanConnection(asyncio.Protocol):
                 self.abort()
         elif self._busy or self._queue:
             return
-        elif self.state == HEADERS and elapsed > ctx.header_timeout:
+        elif self._parser.state == HEADERS and elapsed > ctx.header_timeout:
             self._queue_message(timeout_message())
             self._last_request()
             self._serve()

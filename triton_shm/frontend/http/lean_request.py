@@ -105,6 +105,10 @@ def _infer_route(url: bytes) -> tuple[str, str] | None:
     return model, version.decode() if version else ""
 
 
+def too_large_message(max_input_size: int) -> str:
+    return f"Maximum request body size {max_input_size} exceeded."  # aiohttp's words
+
+
 def held_bytes(msg: Message) -> int:
     return msg.size if msg.error is None and msg.refusal is None else 0  # a refused body is dropped
 
