@@ -173,21 +173,20 @@ class InferenceService:
             raise Internal(f"model '{model.name}' answered on a stream without being decoupled")
         return response
 
-    def decoupled(self, request: InferRequest) -> bool:
-        """Whether the request's model may send any number of responses; False when it
-        can not be served (``infer_stream`` raises why)."""
-        try:
-            return self._model_for(request).decoupled
-        except TritonShmError:
-            return False
+    def model_for(self, request: InferRequest) -> "ModelVersion":
+        """The ready model version the request names (its ``decoupled`` says whether it may
+        send any number of responses); raises why it can not be served."""
+        return self._model_for(request)
 
-    async def infer_stream(self, request: InferRequest) -> AsyncIterator[tuple[InferResponse | None, bool]]:
+    async def infer_stream(self, request: InferRequest, model: "ModelVersion | None" = None
+                           ) -> AsyncIterator[tuple[InferResponse | None, bool]]:
         """Every response of one request as ``(item, final)``: ``item`` is a response, a
         TritonShmError (a decoupled model may send errors and go on), or None; the last
         has ``final`` True (a decoupled model may end with no response). Errors before
         the model runs are raised. Works for every model; the caller releases each
-        response."""
-        model = self._model_for(request)
+        response. ``model``: what ``model_for`` returned for it, if the caller asked."""
+        if model is None:
+            model = self._model_for(request)
         if not model.decoupled:
             yield await self._infer(model, request), True
             return

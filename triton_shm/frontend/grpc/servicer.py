@@ -165,9 +165,10 @@ class InferenceRpcs:
             request = parse_infer_request(msg)
             # A non-decoupled model's one response is always flagged final; a decoupled
             # model's responses are flagged only when the client asked for the flag.
+            model = self.service.model_for(request)  # looked up once, for the flag and the run
             flag_final = (request.parameters.get("triton_enable_empty_final_response") is True
-                          or not self.service.decoupled(request))
-            async for response, final in self.service.infer_stream(request):
+                          or not model.decoupled)
+            async for response, final in self.service.infer_stream(request, model):
                 if isinstance(response, TritonShmError):  # an error is a response of its own (final or not)
                     out.put_nowait(error(response.message))
                 elif response is not None:
