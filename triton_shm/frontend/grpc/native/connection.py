@@ -20,13 +20,18 @@ from ...restricted import first_header
 from ..rpc import Mailbox, Method
 from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner
 from .framing import (
+    DATA_FRAME,
+    FRAME_HEADER,
     INTERNAL,
+    PREFACE,
     UNAVAILABLE,
     UNIMPLEMENTED,
     GrpcError,
     MessageReader,
+    frame_length,
     parse_timeout,
     supported_encoding,
+    whole_frames_end,
 )
 
 if TYPE_CHECKING:
@@ -42,6 +47,36 @@ WRITE_CHUNK = 256 * 1024  # engine output gathered per transport write
 OUTPUT_PIECE = 16 * 1024 + 9
 LINGER_SECONDS = 1.0  # reading on after our final GOAWAY
 CALL_TASK = "gRPC call"  # each call's task name (a fixed one: the default is formatted per task)
+
+# A DATA frame at least this long that a read cuts is kept back until its end arrives (below).
+KEEP_FRAME_MIN = 16 * 1024
+
+
+class ReceiveBuffers:
+    """Buffers for input kept back between reads: each holds the start of a cut frame and
+    the next read after it. A connection has one only while it is inside such a frame; at
+    most ``limit`` are out at once (past that a connection lets the engine assemble its
+    frames), and a few are kept for reuse (a new one is zero-filled)."""
+
+    SPARE = 4
+
+    def __init__(self, size: int, limit: int = 128):
+        self.size = size
+        self.limit = limit
+        self.out = 0
+        self.spare: list[memoryview] = []
+
+    def take(self) -> memoryview | None:
+        if self.out >= self.limit:
+            return None
+        self.out += 1
+        return self.spare.pop() if self.spare else memoryview(bytearray(self.size))
+
+    def give(self, buffer: memoryview) -> None:
+        self.out -= 1
+        if len(self.spare) < self.SPARE:
+            self.spare.append(buffer)
+
 
 class TokenBucket:
     """Rate limit for control frames a peer can make us answer (PING, SETTINGS)."""
@@ -68,6 +103,13 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         self.h2 = ngh2.Connection(ngh2.Role.SERVER, server.h2_config)
         self.transport: asyncio.Transport  # from connection_made on
         self.receive_view = server.receive_view  # shared: each read is consumed before the next
+        self.read_size = len(self.receive_view)
+        self.kept_input: memoryview | None = None  # this connection's own buffer, while it keeps input back
+        self.kept = 0  # bytes kept back at its start: a frame the engine has not seen yet
+        self.frame_size = 1  # the last kept DATA frame's size (header included)
+        self.next_read = 0  # how much to read into it: to the end of a frame, if they keep their size
+        self.frame_rest = PREFACE  # input before the next frame header (the rest of one the engine has begun)
+        self.aligned = True  # False once a frame was cut with no buffer to keep it in: not kept again
         self.calls: dict[int, Call] = {}
         self.paused = False
         self.closed = False
@@ -122,27 +164,89 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # The socket is read straight into the server's buffer (no bytes object per read);
-        # the engine copies what it keeps before buffer_updated returns.
-        return self.receive_view
+        # the engine copies what it keeps before buffer_updated returns. Input kept back is
+        # in the connection's own buffer, and the read goes right after it.
+        kept_input = self.kept_input
+        if kept_input is None:
+            return self.receive_view
+        return kept_input[self.kept:self.kept + self.next_read]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.closed or self.terminated:  # lingering after GOAWAY: input is read and dropped
             return
         self.last_read = self.loop.time()
+        kept_input = self.kept_input
+        if kept_input is None:
+            data, end = self.receive_view, nbytes
+        else:
+            data, end = kept_input, self.kept + nbytes
+        cut = self._input_end(data, end)
         # A read is at most the buffer (server.RECEIVE_BUFFER), small enough that a flood
-        # of PINGs or SETTINGS in it meets our rate limit before the engine's own cap.
+        # of PINGs or SETTINGS in it meets our rate limit before the engine's own cap (what
+        # is kept back is one frame's start).
         try:
-            self.h2.receive_data(self.receive_view[:nbytes])
+            if cut:
+                self.h2.receive_data(data[:cut])
         except ngh2.NGH2Error as e:  # fatal for the connection (a flood, a protocol violation)
             log.log(logging.WARNING if isinstance(e, ngh2.DenialOfServiceError) else logging.DEBUG,
                     "gRPC connection from %s dropped: %s", self._peer(), e)
             self._abort()
             return
+        if cut < end:
+            kept_input = cast(memoryview, self.kept_input)  # _input_end took one
+            kept_input[:end - cut] = data[cut:end]
+            self.kept = end - cut
+        elif kept_input is not None:
+            if nbytes < self.next_read:  # the socket had no more: the transfer has paused
+                self._release_input()
+            else:  # reads that end where frames end keep nothing back
+                self.kept = 0
+                self.next_read = max(self.read_size // self.frame_size, 1) * self.frame_size
         self._process_events()
         self.flush()
 
+    def _input_end(self, data: memoryview, end: int) -> int:
+        """How much of ``data[:end]`` to give the engine now: all of it, except the start of
+        a large DATA frame (or a frame header) that the read cut, kept back until the rest
+        arrives. The engine hands a frame on as one bytes object when it gets it whole; a cut
+        one it assembles with two or three more copies (bytes, bytearray, bytes again)."""
+        if not self.aligned:
+            return end
+        pos = self.frame_rest
+        if pos >= end:
+            self.frame_rest = pos - end
+            return end
+        cut = whole_frames_end(data, pos, end)
+        self.frame_rest = 0
+        if cut == end:
+            return end
+        if end - cut >= FRAME_HEADER:
+            length = frame_length(data, cut)
+            if data[cut + 3] != DATA_FRAME or not KEEP_FRAME_MIN <= length <= self.server.max_frame:
+                self.frame_rest = cut + FRAME_HEADER + length - end  # the engine takes it in pieces
+                return end
+            # The next read ends where a frame does if the peer's frames keep this size.
+            self.frame_size = size = FRAME_HEADER + length
+            missing = cut + size - end
+            self.next_read = missing + (self.read_size - missing) // size * size
+        else:  # a frame header cut short
+            self.next_read = self.read_size
+        if self.kept_input is None:
+            self.kept_input = self.server.receive_buffers.take()
+            if self.kept_input is None:  # too many connections keep input back: stop keeping
+                self.aligned = False
+                return end
+        return cut
+
+    def _release_input(self) -> None:
+        if self.kept_input is not None:
+            self.server.receive_buffers.give(self.kept_input)
+            self.kept_input = None
+        self.kept = 0
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._release_input()
         if self not in self.server.connections:  # refused in connection_made
             return
         self.server.connections.discard(self)

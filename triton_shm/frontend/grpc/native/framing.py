@@ -154,6 +154,28 @@ class MessageReader:
         return out
 
 
+# HTTP/2 framing, as far as the receive path needs it to cut its input between frames.
+FRAME_HEADER = 9  # 24-bit length, type, flags, stream id
+DATA_FRAME = 0
+PREFACE = 24  # the client's connection preface comes before its first frame
+
+
+def frame_length(buf: memoryview, pos: int) -> int:
+    """The payload length in the frame header at ``pos``."""
+    return buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
+
+
+def whole_frames_end(buf: memoryview, pos: int, end: int) -> int:
+    """The end of the whole frames in ``buf[pos:end]`` (``pos`` is a frame header): the
+    start of the one cut short by ``end``, or ``end``."""
+    while end - pos >= FRAME_HEADER:
+        after = pos + FRAME_HEADER + (buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2])
+        if after > end:
+            break
+        pos = after
+    return pos
+
+
 def join_message(parts: Iterable[bytes | memoryview], size: int, encoding: bytes | None) -> bytes:
     """One gRPC message (prefix + body) as one bytes object, built by one join."""
     if encoding is None:

@@ -10,7 +10,7 @@ import ngh2
 from ...restricted import Restrictions
 from ..keepalive import HANDSHAKE_TIMEOUT_MS, Keepalive
 from ..rpc import Method
-from .connection import GrpcConnection
+from .connection import GrpcConnection, ReceiveBuffers
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,10 @@ class NativeServer:
         # Every connection reads into this one buffer: a read is fed to the engine (which
         # copies what it keeps) before the loop reads again, for any connection.
         self.receive_view = memoryview(bytearray(RECEIVE_BUFFER))
+        # A connection whose read cut a large DATA frame keeps its start in one of these
+        # and reads on after it, so the engine gets the frame whole.
+        self.max_frame = MAX_FRAME
+        self.receive_buffers = ReceiveBuffers(RECEIVE_BUFFER + MAX_FRAME + 9)
         self._server: asyncio.Server | None = None
         self._idle = asyncio.Event()
 
