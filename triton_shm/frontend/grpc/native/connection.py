@@ -50,6 +50,7 @@ CALL_TASK = "gRPC call"  # each call's task name (a fixed one: the default is fo
 
 # A DATA frame at least this long that a read cuts is kept back until its end arrives (below).
 KEEP_FRAME_MIN = 16 * 1024
+NEVER = 1 << 62  # a frame_rest no input reaches
 
 
 class ReceiveBuffers:
@@ -108,8 +109,9 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         self.kept = 0  # bytes kept back at its start: a frame the engine has not seen yet
         self.frame_size = 1  # the last kept DATA frame's size (header included)
         self.next_read = 0  # how much to read into it: to the end of a frame, if they keep their size
-        self.frame_rest = PREFACE  # input before the next frame header (the rest of one the engine has begun)
-        self.aligned = True  # False once a frame was cut with no buffer to keep it in: not kept again
+        # Input before the next frame header (the rest of one the engine has begun); NEVER
+        # once a frame was cut with no buffer to keep it in: from then on none is kept.
+        self.frame_rest = PREFACE
         self.calls: dict[int, Call] = {}
         self.paused = False
         self.closed = False
@@ -180,46 +182,50 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             data, end = self.receive_view, nbytes
         else:
             data, end = kept_input, self.kept + nbytes
-        cut = self._input_end(data, end)
+        # The engine gets all of it, except the start of a large DATA frame the read cut.
+        cut = end
+        pos = self.frame_rest  # where the first frame header is, if there is one
+        if pos < end:
+            cut = whole_frames_end(data, pos, end)
+            self.frame_rest = 0
+            if cut < end:
+                cut = self._cut_frame(data, cut, end)
+        else:
+            self.frame_rest = pos - end
         # A read is at most the buffer (server.RECEIVE_BUFFER), small enough that a flood
         # of PINGs or SETTINGS in it meets our rate limit before the engine's own cap (what
         # is kept back is one frame's start).
         try:
-            if cut:
-                self.h2.receive_data(data[:cut])
+            self.h2.receive_data(data[:cut])
         except ngh2.NGH2Error as e:  # fatal for the connection (a flood, a protocol violation)
             log.log(logging.WARNING if isinstance(e, ngh2.DenialOfServiceError) else logging.DEBUG,
                     "gRPC connection from %s dropped: %s", self._peer(), e)
             self._abort()
             return
-        if cut < end:
-            kept_input = cast(memoryview, self.kept_input)  # _input_end took one
-            kept_input[:end - cut] = data[cut:end]
-            self.kept = end - cut
-        elif kept_input is not None:
-            if nbytes < self.next_read:  # the socket had no more: the transfer has paused
-                self._release_input()
-            else:  # reads that end where frames end keep nothing back
-                self.kept = 0
-                self.next_read = max(self.read_size // self.frame_size, 1) * self.frame_size
+        if kept_input is not None or cut < end:
+            self._keep_input(data, cut, end, nbytes)
         self._process_events()
         self.flush()
 
-    def _input_end(self, data: memoryview, end: int) -> int:
-        """How much of ``data[:end]`` to give the engine now: all of it, except the start of
-        a large DATA frame (or a frame header) that the read cut, kept back until the rest
-        arrives. The engine hands a frame on as one bytes object when it gets it whole; a cut
-        one it assembles with two or three more copies (bytes, bytearray, bytes again)."""
-        if not self.aligned:
-            return end
-        pos = self.frame_rest
-        if pos >= end:
-            self.frame_rest = pos - end
-            return end
-        cut = whole_frames_end(data, pos, end)
-        self.frame_rest = 0
-        if cut == end:
-            return end
+    def _keep_input(self, data: memoryview, cut: int, end: int, nbytes: int) -> None:
+        """After the engine got ``data[:cut]``: the rest goes to the start of the connection's
+        own buffer; with nothing to keep, the buffer is given back once a read comes short."""
+        if cut < end:
+            kept_input = cast(memoryview, self.kept_input)  # _cut_frame took one
+            kept_input[:end - cut] = data[cut:end]
+            self.kept = end - cut
+        elif nbytes < self.next_read:  # the socket had no more: the transfer has paused
+            self._release_input()
+        else:  # reads that end where frames end keep nothing back
+            self.kept = 0
+            self.next_read = max(self.read_size // self.frame_size, 1) * self.frame_size
+
+    def _cut_frame(self, data: memoryview, cut: int, end: int) -> int:
+        """Where the input for the engine ends, given a read ending inside the frame at
+        ``cut``: there, keeping the frame back until the rest arrives, if it is a large
+        DATA frame (or its header is cut short); else at ``end``. The engine hands a frame
+        on as one bytes object when it gets it whole; a cut one it assembles with two or
+        three more copies (bytes, bytearray, bytes again)."""
         if end - cut >= FRAME_HEADER:
             length = frame_length(data, cut)
             if data[cut + 3] != DATA_FRAME or not KEEP_FRAME_MIN <= length <= self.server.max_frame:
@@ -234,7 +240,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         if self.kept_input is None:
             self.kept_input = self.server.receive_buffers.take()
             if self.kept_input is None:  # too many connections keep input back: stop keeping
-                self.aligned = False
+                self.frame_rest = NEVER
                 return end
         return cut
 

@@ -8,6 +8,15 @@ from __future__ import annotations
 import zlib
 from typing import Iterable
 
+from ....core.codec import NO_EXTENSIONS
+from .frames_py import whole_frames_end
+
+if not NO_EXTENSIONS:
+    try:
+        from ._frames import whole_frames_end  # type: ignore  # noqa: F811
+    except ImportError:  # not built: the pure-Python twin serves
+        pass
+
 # grpc status codes (the wire values of grpc-status).
 OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED = 0, 1, 2, 3, 4
 RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
@@ -163,17 +172,6 @@ PREFACE = 24  # the client's connection preface comes before its first frame
 def frame_length(buf: memoryview, pos: int) -> int:
     """The payload length in the frame header at ``pos``."""
     return buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
-
-
-def whole_frames_end(buf: memoryview, pos: int, end: int) -> int:
-    """The end of the whole frames in ``buf[pos:end]`` (``pos`` is a frame header): the
-    start of the one cut short by ``end``, or ``end``."""
-    while end - pos >= FRAME_HEADER:
-        after = pos + FRAME_HEADER + (buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2])
-        if after > end:
-            break
-        pos = after
-    return pos
 
 
 def join_message(parts: Iterable[bytes | memoryview], size: int, encoding: bytes | None) -> bytes:
