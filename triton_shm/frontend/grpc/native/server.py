@@ -18,9 +18,9 @@ MAX_CONCURRENT_STREAMS = 1000
 STREAM_WINDOW = 4 << 20  # per-stream receive window
 CONNECTION_WINDOW = 32 << 20
 MAX_HEADER_LIST = 64 * 1024
-# DATA frames from the peer: 64 KiB, a quarter of a read, so most arrive within one read
-# (the engine then copies the payload once; one cut by a read's end it assembles with two
-# or more) while a 16 MiB message is still only 256 engine events.
+# DATA frames from the peer: 64 KiB, a quarter of a read (the engine copies each payload
+# once; the connection keeps back the start of one that a read cuts until its end arrives)
+# while a 16 MiB message is still only 256 engine events.
 MAX_FRAME = 64 * 1024
 # The most read from a socket at once, and fed to the engine whole: even a read of nothing
 # but 9-byte SETTINGS frames (29,127) stays under the engine's cap on unsent
