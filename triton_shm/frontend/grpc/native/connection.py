@@ -134,7 +134,11 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             self._abort()
             return
         self._process_events()
-        self.flush()
+        # A read that brought only requests and their data leaves the engine nothing to
+        # send (their answers schedule their own flush): flush only when it has output
+        # (acknowledgements, window updates, resets) or bookkeeping to do.
+        if self.h2.want_write or self.pending_resets or self.waiting_writers or self.shutting_down:
+            self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
