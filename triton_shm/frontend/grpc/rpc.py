@@ -25,11 +25,12 @@ class Mailbox:
     ``await get()`` in the consumer. What a stream uses of asyncio.Queue, without its
     bookkeeping (bounds, putters, task counters), which a stream pays per message."""
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_items", "_waiter", "_loop")
 
-    def __init__(self) -> None:
+    def __init__(self) -> None:  # made on the loop that uses it
         self._items: deque[Any] = deque()
         self._waiter: asyncio.Future | None = None
+        self._loop = asyncio.get_running_loop()  # once: each call checks the process id
 
     def put_nowait(self, item: Any) -> None:
         self._items.append(item)
@@ -45,7 +46,7 @@ class Mailbox:
     async def get(self) -> Any:
         items = self._items
         while not items:
-            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter = self._loop.create_future()
             try:
                 await waiter
             finally:

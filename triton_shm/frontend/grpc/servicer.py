@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
+STREAM_REQUEST_TASK = "gRPC stream request"  # each stream request's task name
 
 
 def _tensor_metadata(tensors: list[dict[str, Any]]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
@@ -136,11 +137,13 @@ class InferenceRpcs:
         the stream stays open, as in Triton."""
         out = Mailbox()
         tasks: set[asyncio.Task] = set()
+        loop = asyncio.get_running_loop()
 
         async def read() -> None:
             try:
                 async for msg in request_iterator:
-                    task = asyncio.ensure_future(self._serve_stream_request(msg, out))
+                    # A fixed name: the default one is formatted for each task.
+                    task = asyncio.Task(self._serve_stream_request(msg, out), loop=loop, name=STREAM_REQUEST_TASK)
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 if tasks:
