@@ -51,12 +51,17 @@ class CallRunner:
 
     h2: ngh2.Connection
     loop: asyncio.AbstractEventLoop
+    calls: dict[int, Call]
+    flush_scheduled: bool
     waiting_writers: set[Call]
     pending_resets: list[int]
     ping_strikes: int
     last_ping: float
 
     def schedule_flush(self) -> None:  # the connection's
+        raise NotImplementedError
+
+    def flush(self) -> None:  # the connection's
         raise NotImplementedError
 
     def _ack(self, sid: int, size: int) -> None:  # the connection's
@@ -110,7 +115,11 @@ class CallRunner:
                 self.pending_resets.append(sid)
         except ngh2.NGH2Error:
             pass  # the stream went away under us
-        self.schedule_flush()
+        if self.flush_scheduled or len(self.calls) > 1:
+            self.schedule_flush()  # coalesced with the other calls' output of this iteration
+        else:  # nothing else to wait for on this connection: write now, not a loop pass later
+            call.task = None  # answered: nothing left to cancel when its stream closes in flush
+            self.flush()
 
     async def _run_stream(self, call: Call) -> None:
         method = call.method
