@@ -6,10 +6,12 @@ connection) is called once per complete message, plus only for the events it act
 (the same interface and refusals as :mod:`.request_parser_py`, documented there).
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
 from libc.string cimport memset
 
-from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpLimit, Message,
-                           too_large_message)
+from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit, Message,
+                           infer_route, too_large_message)
 from .request_parser_py import BODY, HEADERS, IDLE, RequestUpgrade
 
 cdef extern from "llhttp.h":
@@ -46,6 +48,8 @@ cdef extern from "llhttp.h":
 cdef int _IDLE = IDLE, _HEADERS = HEADERS, _BODY = BODY
 cdef Py_ssize_t _MAX_URL = MAX_URL, _MAX_FIELD = MAX_FIELD, _MAX_HEADERS = MAX_HEADERS
 cdef dict _FIELDS = FIELDS
+cdef dict _ROUTES = ROUTES
+cdef object _infer_route = infer_route
 cdef object _OTHER = Field.OTHER, _HEADER_LENGTH = Field.HEADER_LENGTH
 cdef object _CONTENT_LENGTH = Field.CONTENT_LENGTH, _CONTENT_ENCODING = Field.CONTENT_ENCODING
 cdef object _ACCEPT_ENCODING = Field.ACCEPT_ENCODING
@@ -66,7 +70,7 @@ cdef class RequestParser:
     cdef bytes _name
     cdef bytes _value
     cdef list _headers
-    cdef list _parts
+    cdef list _parts        # the body so far (kept across messages, emptied when one completes)
     cdef Py_ssize_t _size
     cdef bint _dropping      # the body is read and dropped (the message is refused)
     cdef object _error       # raised in a callback, re-raised by feed_data
@@ -77,6 +81,7 @@ cdef class RequestParser:
         self._headers_hook = headers_hook
         self.msg = None
         self.state = _IDLE
+        self._parts = []
         llhttp_init(&self._parser, HTTP_REQUEST, &_SETTINGS)
         self._parser.data = <void*>self
 
@@ -110,7 +115,8 @@ cdef class RequestParser:
     cdef int _message_begin(self) except -1:
         self.msg = Message()
         self._headers = self.msg.headers
-        self._parts = self.msg.parts
+        if self._parts:  # left by a message that was refused half-way
+            del self._parts[:]
         self._url = b""
         self._name = self._value = None
         self._size = 0
@@ -202,15 +208,25 @@ cdef class RequestParser:
         if self._size > self._max_input_size:
             self._dropping = True
             msg.error = (413, too_large_message(self._max_input_size))
-            self._parts.clear()
+            del self._parts[:]
             self._sink.body_too_large(msg)
             return 0
         self._parts.append(PyBytes_FromStringAndSize(at, length))
         return 0
 
     cdef int _message_complete(self) except -1:
+        cdef PyObject* route
         msg, self.msg = self.msg, None
-        self._headers = self._parts = None
+        self._headers = None
+        parts = self._parts
+        if parts:
+            msg.body = parts[0] if len(parts) == 1 else b"".join(parts)
+            del parts[:]
+        method = msg.method
+        if method == b"POST":
+            url = msg.url
+            route = PyDict_GetItem(_ROUTES, url)
+            msg.route = <object>route if route is not NULL else _infer_route(method, url)
         self.state = _IDLE
         self._sink.message_complete(msg)
         return 0
