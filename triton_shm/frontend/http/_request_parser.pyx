@@ -10,8 +10,8 @@ from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from libc.string cimport memset
 
-from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit, Message,
-                           infer_route, too_large_message)
+from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit, infer_route,
+                           too_large_message)
 from .request_parser_py import BODY, HEADERS, IDLE, RequestUpgrade
 
 cdef extern from "llhttp.h":
@@ -56,6 +56,23 @@ cdef object _ACCEPT_ENCODING = Field.ACCEPT_ENCODING
 cdef dict _METHODS = {}    # llhttp method number -> its name, as bytes
 cdef dict _VERSIONS = {}   # (major << 8 | minor) -> "major.minor"
 cdef llhttp_settings_t _SETTINGS
+
+
+cdef class Message:
+    """:class:`.lean_request.Message` (which documents it) as a C class: made per request
+    without a Python ``__init__``."""
+    cdef public object method, url, version, headers, body, size, keep_alive, route, error, refusal
+    cdef public object header_length, content_encoding, accept_encoding, expect_continue
+
+    def __cinit__(self):
+        self.method = b""
+        self.version = "1.1"
+        self.url = b""
+        self.headers = []
+        self.body = b""
+        self.size = 0
+        self.expect_continue = False
+        self.keep_alive = False
 
 
 cdef class RequestParser:
@@ -113,8 +130,9 @@ cdef class RequestParser:
 
     # -- what the C callbacks do (an exception stops the parser; feed_data raises it) ------
     cdef int _message_begin(self) except -1:
-        self.msg = Message()
-        self._headers = self.msg.headers
+        msg = Message.__new__(Message)
+        self.msg = msg
+        self._headers = (<Message>msg).headers
         if self._parts:  # left by a message that was refused half-way
             del self._parts[:]
         self._url = b""
@@ -162,7 +180,7 @@ cdef class RequestParser:
             field = _FIELDS.get(name.lower())
         if field is None or field is _OTHER:
             return 0
-        msg = self.msg
+        cdef Message msg = self.msg
         if field is _HEADER_LENGTH:
             msg.header_length = value.decode("latin-1")
         elif field is _CONTENT_LENGTH:
@@ -182,7 +200,7 @@ cdef class RequestParser:
 
     cdef int _headers_complete(self) except -1:
         cdef llhttp_t* p = &self._parser
-        msg = self.msg
+        cdef Message msg = self.msg
         msg.url = self._url
         method = _METHODS.get(p.method)
         if method is None:
@@ -203,7 +221,7 @@ cdef class RequestParser:
         if self._dropping:
             return 0  # read and dropped, so the answer can follow
         self._size += length
-        msg = self.msg
+        cdef Message msg = self.msg
         msg.size = self._size
         if self._size > self._max_input_size:
             self._dropping = True
@@ -216,7 +234,8 @@ cdef class RequestParser:
 
     cdef int _message_complete(self) except -1:
         cdef PyObject* route
-        msg, self.msg = self.msg, None
+        cdef Message msg = self.msg
+        self.msg = None
         self._headers = None
         parts = self._parts
         if parts:
