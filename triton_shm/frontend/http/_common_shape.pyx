@@ -277,7 +277,7 @@ cdef class RouteCodec:
     cdef dict _requests        # JSON header bytes -> _RequestShape
     cdef dict _names           # output name -> (datatype, b'{"name":...,"datatype":...,"shape":[')
     cdef object _reply_model, _reply_version
-    cdef bytes _reply_prefix   # b'"model_name":...,"model_version":...,"outputs":['
+    cdef bytes _reply_prefix   # b'"model_name":...,"model_version":...'
 
     def __init__(self, str model, str version):
         self.model = model
@@ -359,14 +359,13 @@ cdef class RouteCodec:
                 PyBuffer_Release(&blobs[i])
 
     cdef bint _json(self, _Out* o, response, request, Py_buffer* blobs, int* nblobs) except -1:
-        """The JSON header into ``o`` and each output's buffer into ``blobs`` (what
-        ``encode_common`` writes); False for what is left to the general encoder: response
-        parameters, an output with parameters, in shared memory or sent as JSON data."""
+        """The JSON header into ``o`` and each output's buffer into ``blobs``: what
+        ``encode_common`` writes, the fixed parts of it kept per model and output name.
+        False for what is left to the general encoder: an output sent as JSON data, or
+        what is not built here (a shape of other than ints, more outputs or JSON than fits)."""
         cdef PyObject* found
         cdef bint first = True, binary, default_binary
         cdef Py_ssize_t dims
-        if response.parameters:
-            return False
         params = request.parameters
         listed = request.outputs
         if type(params) is not dict or type(listed) is not list:
@@ -375,42 +374,41 @@ cdef class RouteCodec:
         _put(o, b"{", 1)
         response_id = response.id
         if response_id:
-            if type(response_id) is not str:
-                return False
             _put(o, b'"id":', 5)
-            _put_bytes(o, _dumps(response_id))
+            _put_bytes(o, _dumps(response_id, option=_JSON_OPTS))
             _put(o, b",", 1)
         model, version = response.model_name, response.model_version
         if self._reply_prefix is None or model != self._reply_model or version != self._reply_version:
             if type(model) is not str or type(version) is not str:
                 return False
-            self._reply_prefix = (b'"model_name":' + _dumps(model) + b',"model_version":' + _dumps(version)
-                                  + b',"outputs":[')
+            self._reply_prefix = b'"model_name":' + _dumps(model) + b',"model_version":' + _dumps(version)
             self._reply_model, self._reply_version = model, version
         _put_bytes(o, self._reply_prefix)
+        response_params = response.parameters
+        if response_params:
+            _put(o, b',"parameters":', 14)
+            _put_bytes(o, _dumps(response_params, option=_JSON_OPTS))
+        _put(o, b',"outputs":[', 12)
         for out in response.outputs:
-            if nblobs[0] == _MAX_OUTPUTS or out.in_shared_memory or out.parameters:
-                return False
             name = out.name
-            if type(name) is not str:
-                return False
-            binary = default_binary
-            if listed:
-                wanted = None
-                for r in <list>listed:  # the last one of a name counts, as in a dict of them
-                    if r.name == name:
-                        wanted = r.parameters
-                if wanted is not None:
-                    if type(wanted) is not dict:
-                        return False
-                    flag = _get(<dict>wanted, "binary_data")
-                    binary = flag is not None and bool(flag)
-            if not binary:
-                return False  # JSON data: the general encoder
+            shm = out.in_shared_memory
+            if not shm:
+                binary = default_binary
+                if listed:
+                    wanted = None
+                    for r in <list>listed:  # the last one of a name counts, as in a dict of them
+                        if r.name == name:
+                            wanted = r.parameters
+                    if wanted is not None:
+                        binary = bool(wanted.get("binary_data", False))
+                if not binary:
+                    return False  # JSON data: the general encoder
+                if nblobs[0] == _MAX_OUTPUTS:
+                    return False
             datatype = out.datatype
-            found = PyDict_GetItem(self._names, name)
+            found = PyDict_GetItem(self._names, name) if type(name) is str else NULL
             if found is NULL or (<tuple>found)[0] != datatype:
-                if type(datatype) is not str:
+                if type(name) is not str or type(datatype) is not str:
                     return False
                 if len(self._names) >= _MAX_NAMES:
                     self._names.clear()
@@ -435,14 +433,30 @@ cdef class RouteCodec:
                     _put_int(o, PyLong_AsLongLong(d))
                 except OverflowError:
                     return False
+            out_params = out.parameters
+            if shm:  # the data went to the client's region: no data, as Triton
+                if out_params:
+                    _put(o, b'],"parameters":', 15)
+                    _put_bytes(o, _dumps(out_params, option=_JSON_OPTS))
+                    _put(o, b"}", 1)
+                else:
+                    _put(o, b"]}", 2)
+                continue
             try:
                 PyObject_GetBuffer(out.data, &blobs[nblobs[0]], PyBUF_SIMPLE)
             except (BufferError, TypeError):  # not one contiguous buffer
                 return False
             nblobs[0] += 1
-            _put(o, b'],"parameters":{"binary_data_size":', 35)
-            _put_int(o, blobs[nblobs[0] - 1].len)
-            _put(o, b"}}", 2)
+            if out_params:
+                sized = dict(out_params)
+                sized["binary_data_size"] = blobs[nblobs[0] - 1].len
+                _put(o, b'],"parameters":', 15)
+                _put_bytes(o, _dumps(sized, option=_JSON_OPTS))
+                _put(o, b"}", 1)
+            else:
+                _put(o, b'],"parameters":{"binary_data_size":', 35)
+                _put_int(o, blobs[nblobs[0] - 1].len)
+                _put(o, b"}}", 2)
         if nblobs[0] == 0:
             return False
         _put(o, b"]}", 2)

@@ -208,6 +208,7 @@ class LeanConnection(asyncio.Protocol):
             try:
                 request = route.decode(msg.body, msg.header_length)
             except Exception as e:
+                log.exception("unhandled error in POST %s", msg.url.decode("latin-1"))
                 self._failed(msg, e)
                 return
         if request is not None:
@@ -250,6 +251,7 @@ class LeanConnection(asyncio.Protocol):
         except asyncio.CancelledError:
             return
         except Exception as e:
+            log.exception("unhandled error in POST %s", msg.url.decode("latin-1"))
             self._failed(msg, e)
             return
         self.request_done(msg.keep_alive)
@@ -266,7 +268,8 @@ class LeanConnection(asyncio.Protocol):
                 reply = reply_of(response, request)
         finally:
             response.release()  # outputs may be views into shared memory
-        if reply is not None:
+        if data is None:
+            assert reply is not None
             self._respond(msg, 200, reply.content_type, reply.body, reply.headers)
             return
         transport = self.transport  # self.write, inline
@@ -274,8 +277,7 @@ class LeanConnection(asyncio.Protocol):
             transport.write(data)
 
     def _failed(self, msg: Message, e: Exception) -> None:
-        """A bug of ours while serving: answer 500 and go on."""
-        log.exception("unhandled error in POST %s", msg.url.decode("latin-1"), exc_info=e)
+        """A bug of ours while serving (logged by the caller): answer 500 and go on."""
         self._respond(msg, 500, JSON_TYPE, error_body(f"internal server error ({type(e).__name__})"))
         self.request_done(msg.keep_alive)
 

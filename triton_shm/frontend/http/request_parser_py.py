@@ -31,9 +31,6 @@ _OTHER, _HEADER_LENGTH, _CONTENT_LENGTH = Field.OTHER, Field.HEADER_LENGTH, Fiel
 _CONTENT_ENCODING, _ACCEPT_ENCODING = Field.CONTENT_ENCODING, Field.ACCEPT_ENCODING
 
 
-_UNKNOWN = object()  # a request target not in ROUTES yet
-
-
 class RequestUpgrade(Exception):
     """The message parsed last asks for a protocol upgrade (or is a CONNECT)."""
 
@@ -139,7 +136,7 @@ class RequestParser:
             msg.body = parts[0] if len(parts) == 1 else b"".join(parts)
             self._parts = []
         if msg.method == b"POST":
-            route = ROUTES.get(msg.url, _UNKNOWN)
-            msg.route = infer_route(msg.method, msg.url) if route is _UNKNOWN else route
+            url = msg.url
+            msg.route = ROUTES[url] if url in ROUTES else infer_route(msg.method, url)
         self.state = IDLE
         self._sink.message_complete(msg)
