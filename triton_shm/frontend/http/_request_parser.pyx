@@ -78,6 +78,7 @@ cdef class Message:
 cdef class RequestParser:
     cdef llhttp_t _parser
     cdef object _sink
+    cdef object _on_complete  # the sink's message_complete, looked up once
     cdef Py_ssize_t _max_input_size
     cdef bint _headers_hook
     cdef public object msg
@@ -94,6 +95,7 @@ cdef class RequestParser:
 
     def __cinit__(self, sink, Py_ssize_t max_input_size, bint headers_hook):
         self._sink = sink
+        self._on_complete = sink.message_complete
         self._max_input_size = max_input_size
         self._headers_hook = headers_hook
         self.msg = None
@@ -247,17 +249,18 @@ cdef class RequestParser:
             route = PyDict_GetItem(_ROUTES, url)
             msg.route = <object>route if route is not NULL else _infer_route(method, url)
         self.state = _IDLE
-        self._sink.message_complete(msg)
+        self._on_complete(msg)
         return 0
 
 
-# -- llhttp's callbacks: a nonzero return stops it with an error ----------------------------
+# -- llhttp's callbacks: a nonzero return stops it with an error. llhttp runs only inside
+# feed_data, which holds the GIL, so they do not take it again. ----------------------------
 cdef inline int _failed(RequestParser self, BaseException error) noexcept:
     self._error = error
     return -1
 
 
-cdef int _cb_message_begin(llhttp_t* p) noexcept with gil:
+cdef int _cb_message_begin(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._message_begin()
@@ -265,7 +268,7 @@ cdef int _cb_message_begin(llhttp_t* p) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_url(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_url(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_url(at, length)
@@ -273,7 +276,7 @@ cdef int _cb_url(llhttp_t* p, const char* at, size_t length) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_header_field(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_header_field(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_field(at, length)
@@ -281,7 +284,7 @@ cdef int _cb_header_field(llhttp_t* p, const char* at, size_t length) noexcept w
         return _failed(self, e)
 
 
-cdef int _cb_header_value(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_header_value(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_value(at, length)
@@ -289,7 +292,7 @@ cdef int _cb_header_value(llhttp_t* p, const char* at, size_t length) noexcept w
         return _failed(self, e)
 
 
-cdef int _cb_header_value_complete(llhttp_t* p) noexcept with gil:
+cdef int _cb_header_value_complete(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._value_complete()
@@ -297,7 +300,7 @@ cdef int _cb_header_value_complete(llhttp_t* p) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_headers_complete(llhttp_t* p) noexcept with gil:
+cdef int _cb_headers_complete(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         self._headers_complete()
@@ -306,7 +309,7 @@ cdef int _cb_headers_complete(llhttp_t* p) noexcept with gil:
     return 1 if p.upgrade else 0  # 1: no body; llhttp then pauses for the upgrade
 
 
-cdef int _cb_body(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_body(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_body(at, length)
@@ -314,7 +317,7 @@ cdef int _cb_body(llhttp_t* p, const char* at, size_t length) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_message_complete(llhttp_t* p) noexcept with gil:
+cdef int _cb_message_complete(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._message_complete()
