@@ -60,7 +60,7 @@ def _prefix(size: int) -> bytes:
 
 def raw_bytes(data: bytes, framed: bool) -> bytes:
     """Serializer of a body that returns its message already encoded."""
-    return _prefix(len(data)) + data if framed else data
+    return b"\x00" + len(data).to_bytes(4, "big") + data if framed else data  # _prefix, inline: once per reply
 
 
 def pb_serializer(message: Any, framed: bool) -> bytes:
@@ -68,7 +68,7 @@ def pb_serializer(message: Any, framed: bool) -> bytes:
     return _prefix(len(data)) + data if framed else data
 
 
-def _identity(data: bytes | memoryview) -> bytes | memoryview:
+def identity(data: bytes | memoryview) -> bytes | memoryview:
     return data
 
 
@@ -79,7 +79,7 @@ class Method:
     messages itself builds each one with a single join)."""
     path: str  # "/package.Service/Name"
     handler: Callable[..., Any]  # async def (request) -> response, or async generator for streams
-    deserialize: Callable[[bytes | memoryview], Any] = _identity  # a message: bytes or a view of them
+    deserialize: Callable[[bytes | memoryview], Any] = identity  # a message: bytes or a view of them
     serialize: Callable[[Any, bool], bytes] = pb_serializer
     streaming: bool = False  # bidirectional stream (the only streaming kind served)
     group: str | None = None  # its restricted-API group (frontend/restricted.py)

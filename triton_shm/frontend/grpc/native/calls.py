@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Sequence
 
 import ngh2
 
-from ..rpc import Mailbox, Method, rpc_status
+from ..rpc import Mailbox, Method, identity, rpc_status
 from .framing import ACCEPT_ENCODING, DEADLINE_EXCEEDED, OK, MessageReader, compress, encode_message_text, prefix
 
 STREAM_SEND_HIGH = 1 << 20  # a stream's queued response bytes before its producer waits
@@ -123,12 +123,14 @@ class CallRunner:
 
     async def _run_stream(self, call: Call) -> None:
         method = call.method
+        serialize, encoding = method.serialize, call.send_encoding
         replies = method.handler(self._requests(call))
         try:
             async for reply in replies:
                 if call.finished:
                     return
-                self._send_message(call, self._frame(method, reply, call.send_encoding))
+                self._send_message(call, serialize(reply, True) if encoding is None else
+                                   self._frame(method, reply, encoding))
                 if self.h2.queued_body_size(call.stream_id) >= STREAM_SEND_HIGH:
                     call.writable = self.loop.create_future()
                     self.waiting_writers.add(call)
@@ -146,6 +148,7 @@ class CallRunner:
         queue, deserialize = call.queue, call.method.deserialize
         if queue is None:  # only a stream call has its messages queued
             return
+        raw = deserialize is identity  # the body takes the message as it came: no call per message
         while True:
             item = await queue.get()
             if item is None:
@@ -154,7 +157,7 @@ class CallRunner:
                 self._ack(call.stream_id, call.deferred_ack)
                 call.deferred_ack = 0
                 self.schedule_flush()
-            yield deserialize(item)
+            yield item if raw else deserialize(item)
 
     def _wake_writer(self, call: Call) -> None:
         self.waiting_writers.discard(call)
