@@ -99,7 +99,8 @@ class CallRunner:
     def _answer(self, call: Call, message: bytes) -> None:
         """A unary call's whole answer: what ``_send_message`` then ``_finish(call, OK, "")``
         do, in one step (the headers are not sent yet and the call is not finished: the
-        caller checked), with one flush for all of it."""
+        caller checked), and one flush for all of it: at once when the connection has no
+        other call, else with the other calls' output of this loop pass."""
         call.finished = call.headers_sent = True
         if call.timer is not None:
             call.timer.cancel()
