@@ -13,7 +13,7 @@ from .frames_py import whole_frames_end
 
 if not NO_EXTENSIONS:
     try:
-        from ._frames import whole_frames_end  # type: ignore  # noqa: F811
+        from ._frames import whole_frames_end  # type: ignore  # noqa: F401, F811
     except ImportError:  # not built: the pure-Python twin serves
         pass
 
