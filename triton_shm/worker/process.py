@@ -1,8 +1,8 @@
 """The worker process: hosts model instances and runs them on tensors in shared memory.
 
-Started by the front-end as ``python -m triton_shm.worker --fd N --link A,B,C,D --name
-NAME``; the inherited fds are its end of the socket and of its two rings and eventfds
-(``ipc.link``). The main thread reads frames (``ipc.protocol``) from the ring; each model
+Started by the front-end as ``python -m triton_shm.worker --fd N --link A,B,C --name
+NAME``; the inherited fds are its end of the socket, its two rings and the eventfd that
+wakes the front-end (``ipc.link``). The main thread reads frames (``ipc.protocol``) from the ring; each model
 instance has its own thread and queue, so a slow model never blocks another, and loads
 run on a loader thread so inference continues meanwhile.
 """
@@ -69,7 +69,7 @@ def _context(msg: dict[str, Any]) -> ModelContext:
 
 
 # After its last frame, the control thread waits this long for the next one before it
-# sleeps on its eventfd (without the GIL): the front-end's next request is usually that
+# sleeps on its ring's futex (without the GIL): the front-end's next request is usually that
 # close behind, and then it costs neither a wake-up nor a system call (``Link.wait`` spins
 # only while that keeps being so: one request at a time, the spin is never won).
 SPIN_NS = int(os.environ.get("TRITON_SHM_WORKER_SPIN_US", "50")) * 1000
@@ -261,8 +261,8 @@ class Worker:
             pass
         finally:
             watch.end()
-            if self.relief_reading:  # it may sleep on the eventfd: wake it to hand back
-                os.eventfd_write(self.link.rx_wake, 1)
+            if self.relief_reading:  # it may sleep on the ring: wake it to hand back
+                self.link.kick()
             self._reader.acquire()
 
     def need_reader(self) -> None:
@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="triton_shm.worker")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--name", required=True)
-    parser.add_argument("--link", required=True, help="fds of the rings and eventfds (ipc.link.Link.create)")
+    parser.add_argument("--link", required=True, help="fds of the rings and the eventfd (ipc.link.Link.create)")
     parser.add_argument("--log-verbose", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.log_verbose else logging.INFO,
