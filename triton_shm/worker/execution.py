@@ -51,7 +51,7 @@ class InstanceRunner:
         self.solo = False      # the control thread may run its batches (set by the worker at load)
         self.lock = threading.Lock()  # held while a batch runs: executions never overlap
         self.dispatched = 0    # batches handed to it (by the ring's reader only)
-        self.finished = 0      # batches answered (under ``lock``): free when the two are equal
+        self.finished = 0      # batches run (under ``lock``): free when the two are equal
         self.stopped = False
         self.thread = threading.Thread(target=self._run, name=f"instance-{name}", daemon=True)
         self.thread.start()
@@ -74,18 +74,22 @@ class InstanceRunner:
         self.dispatched += 1
         self.queue.put(msg)
 
-    def execute(self, msg: dict[str, Any]) -> None:
-        """Run one batch and send its reply (on the instance's thread or the control thread)."""
+    def run(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Run one batch (on the instance's thread or the control thread): its reply's body,
+        for the caller to send. Counted finished as it returns: the next batch may run
+        (executions never overlap) while this one's reply goes out."""
         with self.lock:
             try:
                 if self.stopped:  # unloaded since the batch was read
-                    body = {"error": NotFound(f"model '{self.model.context.name}' is not loaded in worker "
+                    return {"error": NotFound(f"model '{self.model.context.name}' is not loaded in worker "
                                               f"'{self.worker.name}'").to_wire()}
-                else:
-                    body = self.run_batch(msg["requests"], msg["id"])
-                self.worker.reply(msg["id"], body)
+                return self.run_batch(msg["requests"], msg["id"])
             finally:
                 self.finished += 1
+
+    def execute(self, msg: dict[str, Any]) -> None:
+        """Run one batch and send its reply."""
+        self.worker.reply(msg["id"], self.run(msg))
 
     def _run(self) -> None:
         while (msg := self.queue.get()) is not None:

@@ -250,20 +250,24 @@ class Worker:
     # for the execution: to ``Relief`` when the execution runs long (other models, loads,
     # pings go on) or waits for a frame (BLS, ``need_reader``), and takes it back after.
     # Frames read by the relief are never run inline, so nothing nests or waits on itself.
+    # The reader is taken back before the reply leaves: the reply is what lets the client send
+    # its next request, and a relief still reading would take that one (and queue it).
     def _run_inline(self, runner: InstanceRunner, body: dict[str, Any]) -> None:
         watch = self._watch
         watch.begin()
         runner.dispatched += 1
         self._reader.release()
         try:
-            runner.execute(body)
+            try:
+                result = runner.run(body)
+            finally:
+                watch.end()
+                if self.relief_reading:  # it may sleep on the ring: wake it to hand back
+                    self.link.kick()
+                self._reader.acquire()
+            self.reply(body["id"], result)
         except OSError:  # the front-end has gone: the next read finds the link's end
             pass
-        finally:
-            watch.end()
-            if self.relief_reading:  # it may sleep on the ring: wake it to hand back
-                self.link.kick()
-            self._reader.acquire()
 
     def need_reader(self) -> None:
         """A model is about to wait for a frame (a BLS reply): make sure someone reads them."""
