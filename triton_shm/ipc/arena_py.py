@@ -86,7 +86,7 @@ class BlockAllocator:
     def put(self, data: Any) -> Block:
         """A block holding a copy of ``data`` (a contiguous buffer): ``alloc`` and the copy
         in one call."""
-        view = memoryview(data)
+        view = memoryview(data).cast("B")  # any shape and format, as the C twin takes it
         block = self.alloc(view.nbytes)
         block.view[:] = view
         return block
