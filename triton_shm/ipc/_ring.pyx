@@ -10,7 +10,7 @@ from posix.unistd cimport read, write
 import os
 
 from . import channel
-from .ring_py import HEADER, ON_SOCKET, RingCorrupt, check_capacity
+from .ring_py import HEADER, ON_SOCKET, PEER_CHECK_NS, RingCorrupt, check_capacity
 
 
 cdef class Ring:
@@ -95,7 +95,8 @@ cdef uint64_t _now_ns() noexcept nogil:
 
 cdef class LinkCore:
     """The per-frame half of ``link.Link`` (its base class; documented there): sending
-    and receiving a frame, waiting for one, and clearing the wake-up, in C. ``Link`` sets
+    and receiving a frame, waiting for one, and clearing the wake-up, in C. ``Link`` provides
+    ``socket_state()`` and ``_wait_eventfd(spin_ns)``, and sets
     ``sock``, ``tx``, ``rx``, ``tx_wake``, ``rx_wake`` (an eventfd, or -1: that direction
     wakes its consumer by the futex on the ring's sleeping word) and ``_receiver`` (a
     ``channel.Receiver``)."""
@@ -144,10 +145,17 @@ cdef class LinkCore:
         else:
             tsm_ring_kick(&self.rx.r)
 
-    def wait_ring(self, uint64_t spin_ns, uint64_t timeout_ns):
-        """Wait for a record (futex direction): True when one may be there (or ``kick``),
-        False when none came within ``timeout_ns`` or the wake-up brought none: look at
-        the socket then. Spins first while that pays (see ``Link.wait``)."""
+    def wait(self, uint64_t spin_ns):
+        """Block until a frame may be waiting; False once the peer is gone (``Link.wait``)."""
+        if self.rx_wake >= 0:
+            return self._wait_eventfd(spin_ns)
+        if self._sleep(spin_ns, PEER_CHECK_NS):
+            return True
+        return self.socket_state() != "eof"
+
+    cdef bint _sleep(self, uint64_t spin_ns, uint64_t timeout_ns) except -1:
+        """The futex direction: True when a record may be there (or ``kick``), False when none
+        came within ``timeout_ns`` or the wake-up brought none. Spins first while that pays."""
         cdef int got, rc
         cdef uint64_t slept
         if self._spinning:

@@ -21,12 +21,9 @@ import socket
 
 from . import channel
 from .arena import INTERNAL_PREFIX
-from .ring import HEADER, ON_SOCKET, LinkCore, Ring  # noqa: F401  (ON_SOCKET: the record flag)
+from .ring import HEADER, ON_SOCKET, PEER_CHECK_NS, LinkCore, Ring  # noqa: F401  (the record flag, the check)
 
 RING_CAPACITY = 4 << 20  # a record may take half: every frame (at most MAX_MESSAGE) fits
-# How long a worker sleeps before it looks at the socket for the front-end's end-of-file:
-# only a front-end that died without closing the link waits for it (its close wakes the worker).
-PEER_CHECK_NS = 100_000_000
 
 
 def _ring_memfd(name: str) -> int:
@@ -39,8 +36,17 @@ def _ring_memfd(name: str) -> int:
 class Link(LinkCore):
     """One side of the link. ``tx``/``rx``: the rings this side pushes to and pops from;
     ``tx_wake``/``rx_wake``: their eventfds, -1 for the futex direction (to the worker).
-    ``send(frame, fds)``, ``recv()``, ``wait_ring``, ``wake_peer()``, ``kick()`` and
-    ``clear_wake()`` are ``LinkCore``'s (C when built): the first three run once per frame."""
+    ``send(frame, fds)``, ``recv()``, ``wait(spin_ns)``, ``wake_peer()``, ``kick()`` and
+    ``clear_wake()`` are ``LinkCore``'s (C when built): the first three run once per frame.
+
+    ``wait`` blocks until a frame may be waiting and says False once the peer is gone.
+    Spinning first (up to ``spin_ns``, without the GIL) saves a sleep and a wake-up when
+    the next frame follows within that time, and wastes the whole spin when it does not
+    (one request at a time: the next one is a client round trip away). So it spins only
+    while that pays, as an adaptive mutex does: a spin that ran out turns spinning off, a
+    sleep shorter than the spin would have been turns it back on. The socket is looked at
+    only when the sleep brought no record (every ``PEER_CHECK_NS`` while idle): a frame of
+    its own is always followed by its ring record, whose push wakes the sleeper."""
 
     def __init__(self, sock: socket.socket, tx_ring: int, rx_ring: int, tx_wake: int, rx_wake: int):
         self.sock = sock
@@ -71,7 +77,7 @@ class Link(LinkCore):
         rx_ring, tx_ring, tx_wake = fds
         return cls(sock, tx_ring, rx_ring, tx_wake, -1)
 
-    # sending and receiving a frame: LinkCore's (send, recv, clear_wake)
+    # sending, receiving and waiting for a frame: LinkCore's (send, recv, wait, clear_wake)
 
     def socket_state(self) -> str:
         """What the socket holds now: "eof" (the peer is gone), "data" (a message waits) or "empty"."""
@@ -86,23 +92,9 @@ class Link(LinkCore):
         """End-of-file on the socket (no frame waiting there)."""
         return self.socket_state() == "eof"
 
-    def wait(self, spin_ns: int) -> bool:
-        """Block until a frame may be waiting; False once the peer is gone.
-
-        Spinning (up to ``spin_ns``, without the GIL) saves a sleep and a wake-up when the
-        next frame follows within that time, and wastes the whole spin when it does not
-        (one request at a time: the next one is a client round trip away). So spin only
-        while it pays, as an adaptive mutex does: a spin that ran out turns spinning off,
-        a sleep shorter than the spin would have been turns it back on (``wait_ring``).
-        The socket is looked at only when the sleep brought no record: a frame of its own
-        is always followed by its ring record (whose push wakes us)."""
-        if self.rx_wake < 0:
-            return self.wait_ring(spin_ns, PEER_CHECK_NS) or self.socket_state() != "eof"
-        return self._wait_eventfd(spin_ns)
-
     def _wait_eventfd(self, spin_ns: int) -> bool:
-        """``wait`` for the eventfd direction (the front-end's; only benchmarks block on it):
-        poll the eventfd and the socket."""
+        """``wait`` for the eventfd direction (the front-end's, which only benchmarks block
+        on): poll the eventfd and the socket."""
         if self.rx.spin(spin_ns) or not self.rx.prepare_sleep():
             return True
         if self._poll is None:

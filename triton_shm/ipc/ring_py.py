@@ -29,6 +29,9 @@ _U32 = struct.Struct("<I")
 _REC = struct.Struct("<II")
 _HEAD, _TAIL, _SLEEPING = 0, 64 // 8, 128 // 4  # word indexes: u64 head and tail, u32 sleeping
 ON_SOCKET = 1  # record flag of ``link``: the frame is the next message on the socket
+# How long a worker sleeps before it looks at the socket for the front-end's end-of-file:
+# only a front-end that died without closing the link waits for it (its close wakes the worker).
+PEER_CHECK_NS = 100_000_000
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine(), 202)
@@ -171,7 +174,8 @@ class Ring:
 
 class LinkCore:
     """The per-frame half of ``link.Link`` (its base class; documented there): sending
-    and receiving a frame, waiting for one, and clearing the wake-up. ``Link`` sets
+    and receiving a frame, waiting for one, and clearing the wake-up. ``Link`` provides
+    ``socket_state()`` and ``_wait_eventfd(spin_ns)``, and sets
     ``sock``, ``tx``, ``rx``, ``tx_wake``, ``rx_wake`` (an eventfd, or -1: that direction
     wakes its consumer by the futex on the ring's sleeping word) and ``_receiver`` (a
     ``channel.Receiver``)."""
@@ -211,14 +215,15 @@ class LinkCore:
         else:
             self.rx.kick()
 
-    def wait_ring(self, spin_ns: int, timeout_ns: int) -> bool:
-        """Wait for a record (futex direction): True when one may be there (or ``kick``),
-        False when none came within ``timeout_ns`` or the wake-up brought none. (The twin
-        does not spin: ``spin_ns`` is for the same signature.)"""
+    def wait(self, spin_ns: int) -> bool:
+        """Block until a frame may be waiting; False once the peer is gone (``Link.wait``).
+        The twin does not spin."""
+        if self.rx_wake >= 0:
+            return self._wait_eventfd(spin_ns)  # type: ignore[attr-defined]  # Link's
         rx = self.rx
-        if not rx.prepare_sleep():
+        if not rx.prepare_sleep() or rx.sleep(PEER_CHECK_NS) == 2 or rx.pending():
             return True
-        return rx.sleep(timeout_ns) == 2 or rx.pending()
+        return self.socket_state() != "eof"  # type: ignore[attr-defined]  # Link's
 
     def recv(self) -> tuple[bytes, list[int]] | None:
         """The next frame and its fds, or None while the ring is empty. Raises

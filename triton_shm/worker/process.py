@@ -214,8 +214,8 @@ class Worker:
         return None
 
     def _dispatch(self, msg: "protocol.Message", fds: list[int], inline: bool = False) -> None:
-        for seg_id, offset, size in msg.frees:  # freed output blocks ride along
-            self.arena.free(seg_id, offset, size)
+        if msg.frees:  # freed output blocks ride along
+            self.arena.free_records(msg.frees)
         op = msg.op
         if op == Op.INFER:
             body = msg.body
