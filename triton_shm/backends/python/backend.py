@@ -22,7 +22,7 @@ import threading
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -259,13 +259,13 @@ class PythonModelInstance(ModelInstance):
             r.id, r.correlation_id, inputs, requested, self.context.name, self.context.version, r.flags,
             pb_utils._parameters_json(r.parameters) if r.parameters else "{}")
         if r.sender is not None:
-            self._attach_sender(request, r)
+            self._attach_sender(request, r, r.sender)
         return request
 
-    def _attach_sender(self, request: pb_utils.InferenceRequest, r: WorkerRequest) -> None:
+    def _attach_sender(self, request: pb_utils.InferenceRequest, r: WorkerRequest,
+                       sender: Callable[[WorkerResponse | None, bool], None]) -> None:
         """A decoupled request's response sender (apart: its closure would cost ``_request``
         cells on every call)."""
-        sender = r.sender
         request._response_sender = pb_utils.InferenceResponseSender(
             lambda resp, final: sender(None if resp is None else self._response(r, resp), final),
             r.is_cancelled)
