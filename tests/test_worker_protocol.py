@@ -374,6 +374,20 @@ def test_a_worker_whose_ring_breaks_says_so_and_exits_nonzero():
         proc.wait()
 
 
+def test_a_worker_whose_front_end_dies_without_closing_the_link_leaves():
+    """A front-end killed outright wakes nobody: the sleeping worker finds the end-of-file
+    when its sleep times out (``PEER_CHECK_NS``) and stops as after a close."""
+    link, proc = _spawn_worker()
+    try:
+        link.sock.close()  # as the kernel closes a dead process's socket: no futex wake
+        assert proc.wait(60) == 0
+        assert "stops" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        link.close()
+
+
 # -- a worker that breaks the protocol, against a running server --------------------------------
 # The model below is the fault hook: only these tests load it. It finds its worker (gc) and
 # replaces the worker's next reply with a broken one, or breaks the worker's ring, or stops
