@@ -34,7 +34,7 @@ ON_SOCKET = 1  # record flag of ``link``: the frame is the next message on the s
 PEER_CHECK_NS = 100_000_000
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_SYS_FUTEX = {"x86_64": 202, "aarch64": 98}.get(platform.machine(), 202)
+_SYS_FUTEX = ctypes.c_long({"x86_64": 202, "aarch64": 98}.get(platform.machine(), 202))  # syscall(long, ...)
 _FUTEX_WAIT, _FUTEX_WAKE = 0, 1
 _INT_MAX = 0x7FFFFFFF
 
