@@ -195,6 +195,7 @@ cdef enum:
     _MAX_OUTPUTS = 16     # binary outputs one response is built for here
     _JSON_CAP = 4096      # the response's JSON header, at most (else the general encoder)
     _HEAD_CAP = 512       # the response head
+    _COPY_BELOW = 4096    # an input up to this size is copied out of the body, a larger one viewed
 
 cdef bytes _HEAD_START = b"HTTP/1.1 200 OK\r\nDate: "
 cdef bytes _HEAD_TYPE = b"\r\nContent-Type: application/octet-stream\r\nContent-Length: "
@@ -235,12 +236,18 @@ cdef class _RequestShape:
     cdef object build(self, str model, str version, bytes body, Py_ssize_t offset):
         cdef tuple t
         cdef Py_ssize_t n
-        view = memoryview(body)
+        view = None
         tensors = []
         for entry in self.inputs:
             t = <tuple>entry
             n = t[4]
-            tensors.append(_InputTensor(t[0], t[1], list(<list>t[2]), view[offset:offset + n], _fresh(<dict>t[3])))
+            if n <= _COPY_BELOW:  # a copy of a few bytes costs less than a view of them
+                data = PyBytes_FromStringAndSize(PyBytes_AS_STRING(body) + offset, n)
+            else:
+                if view is None:
+                    view = memoryview(body)
+                data = view[offset:offset + n]
+            tensors.append(_InputTensor(t[0], t[1], list(<list>t[2]), data, _fresh(<dict>t[3])))
             offset += n
         requested = [_RequestedOutput(<str>(<tuple>o)[0], _fresh(<dict>(<tuple>o)[1])) for o in self.outputs]
         return _InferRequest(model, version, "", _fresh(self.parameters), tensors, requested)
