@@ -20,7 +20,7 @@ from .shm_registry import SharedMemoryRegistry
 from ..worker.devices import cuda_available
 from .tracing import Tracer
 from .types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
-from .validation import RequestPlan, validate_request
+from .validation import RequestPlan, checked_plan, plain_plan, validate_request
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
@@ -31,6 +31,11 @@ SERVER_NAME = "triton"
 # Only what really works is advertised (perf_analyzer reads this list).
 EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
               "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
+
+
+# The regions of a request that uses no client shared memory: one empty dict every such
+# request shares (read, never written, below the service).
+_NO_REGIONS: dict = {}
 
 
 class InferenceService:
@@ -162,16 +167,18 @@ class InferenceService:
         return self.log_settings.update(changes)
 
     # -- inference -----------------------------------------------------------------------
-    async def infer(self, request: InferRequest) -> InferResponse:
-        """Run one request. The caller must call ``response.release()`` when done with it."""
+    def infer(self, request: InferRequest) -> Awaitable[InferResponse]:
+        """Run one request: await what this returns. The caller must call
+        ``response.release()`` when done with it. Not a coroutine itself (a coroutine
+        fewer per request): what is wrong before the model runs (unknown model, invalid
+        request) raises at the call."""
         model = self._model_for(request)
         if model.decoupled:
             raise Unsupported(f"model '{model.name}' is decoupled (it may send any number of responses): use "
                               "the gRPC stream (ModelStreamInfer) or the generate_stream endpoint")
-        response = await self._infer(model, request)
-        if response is None:  # only a decoupled model answers on a stream
-            raise Internal(f"model '{model.name}' answered on a stream without being decoupled")
-        return response
+        # A model that is not decoupled answers every request with a response (only a
+        # decoupled one answers on a stream, with None here).
+        return self._infer(model, request)  # type: ignore[return-value]
 
     def model_for(self, request: InferRequest) -> "ModelVersion":
         """The ready model version the request names (its ``decoupled`` says whether it may
@@ -272,10 +279,13 @@ class InferenceService:
         so its validation error raises at the call, not at the await."""
         if self.tracer.active or model.caches_responses:  # both time the request from its arrival
             return self._infer_with_features(model, request, stream)
-        plan = validate_request(model, request)
+        plan = plain_plan(model, request) or checked_plan(model, request)  # validate_request's two steps
         if plan.shm_inputs or plan.shm_outputs:
             return self._infer_with_features(model, request, stream, plan)
-        return model.queue().submit(request, plan, {}, None, stream)
+        scheduler = model.scheduler
+        if scheduler is None:
+            scheduler = model.queue()  # raises why it has none
+        return scheduler.submit(request, plan, _NO_REGIONS, None, stream)
 
     async def _infer_with_features(self, model: "ModelVersion", request: InferRequest,
                                    stream: ResponseStream | None, plan: RequestPlan | None = None
