@@ -20,7 +20,7 @@ import collections
 import functools
 from asyncio import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable
 
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from .clock import Clock, LoopClock, Wakeup
@@ -134,10 +134,15 @@ class Scheduler:
             timeout_us = value
         return timeout_us * 1000 if timeout_us > 0 else None
 
-    async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
-                     trace: Any = None, stream: ResponseStream | None = None) -> InferResponse | None:
-        """Queue a request and wait until its batch has executed. The response, or for a
-        decoupled model None: its responses go to ``stream``."""
+    def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
+               trace: Any = None, stream: ResponseStream | None = None) -> Awaitable[InferResponse | None]:
+        """Queue a request: what this returns resolves once its batch has executed, to the
+        response, or for a decoupled model to None (its responses go to ``stream``). A
+        refusal (unloading, queue full, a bad priority or timeout) raises at the call. A
+        request that goes straight to a free instance gets its future itself, not a
+        coroutine around it (one fewer per request): nothing is left to do for it but
+        wait (it is in no queue to leave if its caller goes); it counts as pending until
+        answered."""
         if self._closing:
             raise Unavailable(f"model '{self.model.name}' version {self.model.version} is unloading")
         # Most requests name neither a priority nor a timeout (most name no parameter at
@@ -152,22 +157,30 @@ class Scheduler:
         now = self.clock.now()
         timeout = self._timeout_ns(request, policy) if params and "timeout" in params else policy.default_timeout_ns
         deadline = now + timeout if timeout else None
+        direct = False  # straight to a free slot: no deadline, nothing waiting before it, batching off
+        if deadline is None and queue is self._direct and not queue and self.idle:
+            direct = True
         pending = Pending(request, plan, regions, stream, plan.batch_size or 1, level, now, deadline,
-                          policy.reject_on_timeout, Future(loop=self._loop), self._seq, None, trace)
+                          policy.reject_on_timeout, Future(loop=self._loop), self._seq, None, trace, direct)
         if trace is not None:
             trace.stamp("QUEUE_START", now)
         self._seq += 1
-        self.stats.pending += 1
+        self.stats.pending += 1  # until the caller stops waiting (_wait), or for a direct one until answered
+        if direct:
+            # What _pump's direct path does with the one request waiting and a free
+            # slot, without the detour through the queue: it goes to that slot now.
+            self._start([pending], self._take_slot())
+            if self._wakeup.when_ns is not None:  # nothing waits: no timer either
+                self._wakeup.arm(None)
+            return pending.future
+        queue.append(pending)
+        return self._wait(pending, queue)
+
+    async def _wait(self, pending: Pending, queue: collections.deque[Pending]) -> InferResponse | None:
+        """A queued request's dispatch and wait (``submit``'s)."""
         try:
-            if queue is self._direct and not queue and deadline is None and self.idle:
-                # What _pump's direct path does with the one request waiting and a free
-                # slot, without the detour through the queue: it goes to that slot now.
-                self._start([pending], self._take_slot())
-                if self._wakeup.when_ns is not None:  # nothing waits: no timer either
-                    self._wakeup.arm(None)
-            else:
-                queue.append(pending)
-                self._pump()
+            self._pump()
+            params = pending.request.parameters
             if pending.deadline_ns is None or not pending.reject_on_timeout or not params.get("timeout"):
                 return await pending.future
             # A timeout the client asked for bounds the whole request: a model that hangs
@@ -176,7 +189,8 @@ class Scheduler:
             return await self._wait_until(pending, pending.deadline_ns)
         except asyncio.CancelledError:
             # The caller is gone (a client's RST_STREAM or disconnect): a request still in
-            # the queue is dropped so it never reaches an instance; one already in a batch runs.
+            # the queue is dropped so it never reaches an instance (nor an answer); one
+            # already in a batch runs.
             try:
                 queue.remove(pending)
             except ValueError:
@@ -373,6 +387,8 @@ class Scheduler:
                 enqueued = p.enqueued_ns
                 self.stats.record_single(p.rows, self.clock.now() - enqueued, start - enqueued, in_ns, infer_ns,
                                          out_ns)
+                if p.count_on_answer:
+                    self.stats.pending -= 1
                 if not p.future.done():
                     p.future.set_result(result)
                 elif isinstance(result, InferResponse):  # the caller stopped waiting: free what it missed
@@ -394,6 +410,8 @@ class Scheduler:
         if isinstance(result, Exception):
             reason = "REJECTED" if isinstance(result, Unavailable) else "BACKEND"
             self.stats.record_failure(self.clock.now() - p.enqueued_ns, reason)
+        if p.count_on_answer:  # only without preserve_ordering (a direct request)
+            self.stats.pending -= 1
         if not self.preserve_ordering:
             _resolve(p, result)
             return

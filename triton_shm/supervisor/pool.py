@@ -205,9 +205,12 @@ class WorkerPool:
         # what reads the reply: a partial, fewer objects than a closure (no cells)
         on_reply = functools.partial(self._on_reply, worker, arena, blocks, mv, batch, done, on_stream)
         try:
-            requests = []
-            for p in batch:  # a loop, not a comprehension: no frame of its own (one request, mostly)
-                requests.append(self._request_record(worker, arena, p, blocks))
+            if len(batch) == 1:  # most batches: a list display, no appends
+                requests = [self._request_record(worker, arena, batch[0], blocks)]
+            else:
+                requests = []
+                for p in batch:  # a loop, not a comprehension: no frame of its own
+                    requests.append(self._request_record(worker, arena, p, blocks))
             if on_stream is None:
                 worker.request(protocol.encode_infer, (mv.key, index, requests), on_reply)
                 return
@@ -405,8 +408,8 @@ class WorkerPool:
         except Exception:
             worker.release(descriptors)
             raise
-        return InferResponse(model_name=mv.name, model_version=mv.version_name, id=request.id,
-                             outputs=outputs, _release=functools.partial(worker.release, descriptors))
+        return InferResponse(mv.name, mv.version_name, request.id, {}, outputs,  # positional: no keywords to parse
+                             functools.partial(worker.release, descriptors))
 
 
 # bytes per element of every fixed-size datatype (BYTES is variable: not here)
