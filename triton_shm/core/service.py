@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable
 
 from .. import TRITON_PROTOCOL_VERSION
-from ..errors import Internal, InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
+from ..errors import InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
 from . import settings as log_settings
 from .cached_inference import infer_cached
 from .model_config import config_to_json, validate_model_name
