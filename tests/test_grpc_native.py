@@ -341,6 +341,39 @@ def test_truncated_message_is_internal(server):
     assert_serving(server)
 
 
+def test_unary_request_framing(server):
+    """A unary call's one request message in any DATA frames; anything else is INTERNAL."""
+    conn = RawH2(server)
+    message = infer_message()
+
+    def data(sid: int, payload: bytes, end: bool = False) -> bytes:
+        return DataFrame(sid, data=payload, flags=["END_STREAM"] if end else []).serialize()
+
+    # one message cut inside its prefix and inside its body: served
+    conn.send(conn.headers(1) + data(1, message[:2]) + data(1, message[2:9]) + data(1, message[9:], end=True))
+    assert stream_headers(conn, 1)["grpc-status"] == "0"
+    more = "more than one request message on a unary call"
+    # a second whole message in a payload of its own, and two in one payload
+    conn.send(conn.headers(3) + data(3, message) + data(3, message, end=True))
+    assert stream_headers(conn, 3) == {":status": "200", "content-type": "application/grpc",
+                                       "grpc-accept-encoding": "identity,deflate,gzip",
+                                       "grpc-status": "13", "grpc-message": more}  # trailers-only
+    conn.send(conn.headers(5) + data(5, message + message, end=True))
+    assert stream_headers(conn, 5)["grpc-message"] == more
+    # a whole message, then the start of another: the request ends inside a message
+    conn.send(conn.headers(7) + data(7, message) + data(7, message[:9], end=True))
+    status = stream_headers(conn, 7)
+    assert status["grpc-status"] == "13", status
+    assert status["grpc-message"] == "request ended inside a message (truncated gRPC message)"
+    # no message at all: END_STREAM on an empty DATA frame, or on the HEADERS
+    conn.send(conn.headers(9) + data(9, b"", end=True))
+    assert stream_headers(conn, 9)["grpc-message"] == "unary call ended without a request message"
+    conn.send(conn.headers(11, end_stream=True))
+    assert stream_headers(conn, 11)["grpc-message"] == "unary call ended without a request message"
+    conn.close()
+    assert_serving(server)
+
+
 def test_unknown_method_and_not_grpc(server):
     conn = RawH2(server)
     conn.call(1, infer_message(), path="/inference.GRPCInferenceService/NoSuchThing")

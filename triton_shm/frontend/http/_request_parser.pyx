@@ -6,9 +6,11 @@ connection) is called once per complete message, plus only for the events it act
 (the same interface and refusals as :mod:`.request_parser_py`, documented there).
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
 from libc.string cimport memset
 
-from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpLimit, Message,
+from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit, infer_route,
                            too_large_message)
 from .request_parser_py import BODY, HEADERS, IDLE, RequestUpgrade
 
@@ -46,6 +48,8 @@ cdef extern from "llhttp.h":
 cdef int _IDLE = IDLE, _HEADERS = HEADERS, _BODY = BODY
 cdef Py_ssize_t _MAX_URL = MAX_URL, _MAX_FIELD = MAX_FIELD, _MAX_HEADERS = MAX_HEADERS
 cdef dict _FIELDS = FIELDS
+cdef dict _ROUTES = ROUTES
+cdef object _infer_route = infer_route
 cdef object _OTHER = Field.OTHER, _HEADER_LENGTH = Field.HEADER_LENGTH
 cdef object _CONTENT_LENGTH = Field.CONTENT_LENGTH, _CONTENT_ENCODING = Field.CONTENT_ENCODING
 cdef object _ACCEPT_ENCODING = Field.ACCEPT_ENCODING
@@ -54,9 +58,27 @@ cdef dict _VERSIONS = {}   # (major << 8 | minor) -> "major.minor"
 cdef llhttp_settings_t _SETTINGS
 
 
+cdef class Message:
+    """:class:`.lean_request.Message` (which documents it) as a C class: made per request
+    without a Python ``__init__``."""
+    cdef public object method, url, version, headers, body, size, keep_alive, route, error, refusal
+    cdef public object header_length, content_encoding, accept_encoding, expect_continue
+
+    def __cinit__(self):
+        self.method = b""
+        self.version = "1.1"
+        self.url = b""
+        self.headers = []
+        self.body = b""
+        self.size = 0
+        self.expect_continue = False
+        self.keep_alive = False
+
+
 cdef class RequestParser:
     cdef llhttp_t _parser
     cdef object _sink
+    cdef object _on_complete  # the sink's message_complete, looked up once
     cdef Py_ssize_t _max_input_size
     cdef bint _headers_hook
     cdef public object msg
@@ -66,17 +88,19 @@ cdef class RequestParser:
     cdef bytes _name
     cdef bytes _value
     cdef list _headers
-    cdef list _parts
+    cdef list _parts        # the body so far (kept across messages, emptied when one completes)
     cdef Py_ssize_t _size
     cdef bint _dropping      # the body is read and dropped (the message is refused)
     cdef object _error       # raised in a callback, re-raised by feed_data
 
     def __cinit__(self, sink, Py_ssize_t max_input_size, bint headers_hook):
         self._sink = sink
+        self._on_complete = sink.message_complete
         self._max_input_size = max_input_size
         self._headers_hook = headers_hook
         self.msg = None
         self.state = _IDLE
+        self._parts = []
         llhttp_init(&self._parser, HTTP_REQUEST, &_SETTINGS)
         self._parser.data = <void*>self
 
@@ -108,9 +132,11 @@ cdef class RequestParser:
 
     # -- what the C callbacks do (an exception stops the parser; feed_data raises it) ------
     cdef int _message_begin(self) except -1:
-        self.msg = Message()
-        self._headers = self.msg.headers
-        self._parts = self.msg.parts
+        msg = Message.__new__(Message)
+        self.msg = msg
+        self._headers = (<Message>msg).headers
+        if self._parts:  # left by a message that was refused half-way
+            del self._parts[:]
         self._url = b""
         self._name = self._value = None
         self._size = 0
@@ -156,7 +182,7 @@ cdef class RequestParser:
             field = _FIELDS.get(name.lower())
         if field is None or field is _OTHER:
             return 0
-        msg = self.msg
+        cdef Message msg = self.msg
         if field is _HEADER_LENGTH:
             msg.header_length = value.decode("latin-1")
         elif field is _CONTENT_LENGTH:
@@ -176,7 +202,7 @@ cdef class RequestParser:
 
     cdef int _headers_complete(self) except -1:
         cdef llhttp_t* p = &self._parser
-        msg = self.msg
+        cdef Message msg = self.msg
         msg.url = self._url
         method = _METHODS.get(p.method)
         if method is None:
@@ -197,32 +223,44 @@ cdef class RequestParser:
         if self._dropping:
             return 0  # read and dropped, so the answer can follow
         self._size += length
-        msg = self.msg
+        cdef Message msg = self.msg
         msg.size = self._size
         if self._size > self._max_input_size:
             self._dropping = True
             msg.error = (413, too_large_message(self._max_input_size))
-            self._parts.clear()
+            del self._parts[:]
             self._sink.body_too_large(msg)
             return 0
         self._parts.append(PyBytes_FromStringAndSize(at, length))
         return 0
 
     cdef int _message_complete(self) except -1:
-        msg, self.msg = self.msg, None
-        self._headers = self._parts = None
+        cdef PyObject* route
+        cdef Message msg = self.msg
+        self.msg = None
+        self._headers = None
+        parts = self._parts
+        if parts:
+            msg.body = parts[0] if len(parts) == 1 else b"".join(parts)
+            del parts[:]
+        method = msg.method
+        if method == b"POST":
+            url = msg.url
+            route = PyDict_GetItem(_ROUTES, url)
+            msg.route = <object>route if route is not NULL else _infer_route(method, url)
         self.state = _IDLE
-        self._sink.message_complete(msg)
+        self._on_complete(msg)
         return 0
 
 
-# -- llhttp's callbacks: a nonzero return stops it with an error ----------------------------
+# -- llhttp's callbacks: a nonzero return stops it with an error. llhttp runs only inside
+# feed_data, which holds the GIL, so they do not take it again. ----------------------------
 cdef inline int _failed(RequestParser self, BaseException error) noexcept:
     self._error = error
     return -1
 
 
-cdef int _cb_message_begin(llhttp_t* p) noexcept with gil:
+cdef int _cb_message_begin(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._message_begin()
@@ -230,7 +268,7 @@ cdef int _cb_message_begin(llhttp_t* p) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_url(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_url(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_url(at, length)
@@ -238,7 +276,7 @@ cdef int _cb_url(llhttp_t* p, const char* at, size_t length) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_header_field(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_header_field(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_field(at, length)
@@ -246,7 +284,7 @@ cdef int _cb_header_field(llhttp_t* p, const char* at, size_t length) noexcept w
         return _failed(self, e)
 
 
-cdef int _cb_header_value(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_header_value(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_value(at, length)
@@ -254,7 +292,7 @@ cdef int _cb_header_value(llhttp_t* p, const char* at, size_t length) noexcept w
         return _failed(self, e)
 
 
-cdef int _cb_header_value_complete(llhttp_t* p) noexcept with gil:
+cdef int _cb_header_value_complete(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._value_complete()
@@ -262,7 +300,7 @@ cdef int _cb_header_value_complete(llhttp_t* p) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_headers_complete(llhttp_t* p) noexcept with gil:
+cdef int _cb_headers_complete(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         self._headers_complete()
@@ -271,7 +309,7 @@ cdef int _cb_headers_complete(llhttp_t* p) noexcept with gil:
     return 1 if p.upgrade else 0  # 1: no body; llhttp then pauses for the upgrade
 
 
-cdef int _cb_body(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_body(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_body(at, length)
@@ -279,7 +317,7 @@ cdef int _cb_body(llhttp_t* p, const char* at, size_t length) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_message_complete(llhttp_t* p) noexcept with gil:
+cdef int _cb_message_complete(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._message_complete()

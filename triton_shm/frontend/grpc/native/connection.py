@@ -134,7 +134,11 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             self._abort()
             return
         self._process_events()
-        self.flush()
+        # A read that brought only requests and their data leaves the engine nothing to
+        # send (their answers schedule their own flush): flush only when it has output
+        # (acknowledgements, window updates, resets) or bookkeeping to do.
+        if self.h2.want_write or self.pending_resets or self.waiting_writers or self.shutting_down:
+            self.flush()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -172,9 +176,10 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             while True:
                 while not self.paused:
                     out = h2.data_to_send(WRITE_CHUNK)
-                    if not out:
+                    if out:
+                        transport.write(out)
+                    if len(out) < WRITE_CHUNK:  # the engine fills the chunk while it has output
                         break
-                    transport.write(out)
                 if self.paused or not self.pending_resets or not self._send_resets():
                     break
         except ngh2.NGH2Error:
@@ -226,15 +231,11 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
     def _on_request(self, event: ngh2.RequestReceived) -> None:
         sid = event.stream_id
         headers = dict(event.headers)  # one C loop; a repeated header's last value, as a scan gives
-        path = headers.get(b":path", b"")
-        content_type = headers.get(b"content-type", b"")
-        timeout = headers.get(b"grpc-timeout")
-        encoding = headers.get(b"grpc-encoding")
-        accept = headers.get(b"grpc-accept-encoding")
-        if headers.get(b":method") != b"POST":
+        get = headers.get  # each header is read where it is needed: most calls need few
+        if get(b":method") != b"POST":
             self._http_error(sid, b"405")
             return
-        if not content_type.startswith(b"application/grpc"):
+        if not get(b"content-type", b"").startswith(b"application/grpc"):
             self._http_error(sid, b"415")
             return
         if self.shutting_down:  # after our GOAWAY: not processed, safe for the client to retry
@@ -243,15 +244,19 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             except ngh2.NGH2Error:
                 pass
             return
+        path = get(b":path", b"")
         target = self.server.methods.get(path)
-        encoding = None if encoding in (None, b"identity") else encoding
+        encoding = get(b"grpc-encoding")
         send_encoding = None
-        if encoding is not None and accept is not None and encoding in accept.replace(b" ", b"").split(b","):
-            send_encoding = encoding  # answer in the encoding the client chose, if it takes it back
+        if encoding == b"identity":
+            encoding = None
+        elif encoding is not None:
+            accept = get(b"grpc-accept-encoding")
+            if accept is not None and encoding in accept.replace(b" ", b"").split(b","):
+                send_encoding = encoding  # answer in the encoding the client chose, if it takes it back
         # an unknown path still gets a call, to be answered UNIMPLEMENTED below
         rpc_method = target or Method(path.decode("utf-8", "replace"), _unimplemented)
-        call = Call(sid, rpc_method, MessageReader(self.server.max_message_bytes, encoding or b"identity"),
-                    send_encoding)
+        call = Call(sid, rpc_method, encoding or b"identity", send_encoding)
         self.calls[sid] = call
         if event.end_stream:
             call.remote_closed = True
@@ -267,7 +272,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         if encoding is not None and not supported_encoding(encoding):
             self._finish(call, UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')} is not supported")
             return
-        if timeout is not None:
+        if (timeout := get(b"grpc-timeout")) is not None:
             try:
                 seconds = parse_timeout(timeout)
             except ValueError as e:
@@ -275,6 +280,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
                 return
             call.timer = self.loop.call_later(seconds, self._deadline, call)
         if target.streaming:
+            call.reader = MessageReader(self.server.max_message_bytes, call.encoding)
             call.queue = Mailbox()
             if call.remote_closed:
                 call.queue.put_nowait(None)
@@ -289,19 +295,35 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         if call is None or call.finished:
             self._ack(sid, size)  # already answered: give the window back, drop the bytes
             return
-        try:
-            messages = call.reader.feed(data)
-        except GrpcError as e:
-            self._ack(sid, size)
-            self._finish(call, e.code, e.message)
-            return
+        reader = call.reader
         if call.queue is None:
             self._ack(sid, size)  # unary: the reader holds it, bounded by the message limit
-            call.messages += messages
-            if len(call.messages) > 1:
+            messages = call.messages
+            if (reader is None and size > 5 and data[0] == 0
+                    and int.from_bytes(data[1:5], "big") == size - 5 <= self.server.max_message_bytes):
+                # The common case, a payload that is exactly one uncompressed message, at a
+                # message boundary (no reader yet: every payload so far was one): what
+                # MessageReader.feed returns for it, without making the reader.
+                messages.append(memoryview(data)[5:])
+            else:
+                if reader is None:
+                    reader = call.reader = MessageReader(self.server.max_message_bytes, call.encoding)
+                try:
+                    messages += reader.feed(data)
+                except GrpcError as e:
+                    self._finish(call, e.code, e.message)
+                    return
+            if len(messages) > 1:
                 self._finish(call, INTERNAL, "more than one request message on a unary call")
                 return
         else:
+            assert reader is not None  # a stream's reader is made with the call
+            try:
+                messages = reader.feed(data)
+            except GrpcError as e:
+                self._ack(sid, size)
+                self._finish(call, e.code, e.message)
+                return
             for m in messages:
                 call.queue.put_nowait(m)
             if call.queue.qsize() < STREAM_QUEUE_DEPTH:
@@ -322,7 +344,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
     def _end_of_request(self, call: Call) -> None:
         if call.finished:
             return
-        if call.reader.pending:
+        if call.reader is not None and call.reader.pending:
             self._finish(call, INTERNAL, "request ended inside a message (truncated gRPC message)")
         elif call.queue is not None:
             call.queue.put_nowait(None)
@@ -361,7 +383,8 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             call.timer.cancel()
         if call.task is not None and not call.task.done():
             call.task.cancel()  # cancels the request in the scheduler and the worker
-        self._wake_writer(call)
+        if call.writable is not None:  # only then is it among the waiting writers
+            self._wake_writer(call)
 
     def _http_error(self, sid: int, status: bytes) -> None:
         """Not a gRPC request at all: a plain HTTP answer, as gRPC servers give."""
