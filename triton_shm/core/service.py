@@ -10,7 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable
 
 from .. import TRITON_PROTOCOL_VERSION
-from ..errors import InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
+from ..errors import Internal, InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
 from . import settings as log_settings
 from .cached_inference import infer_cached
 from .model_config import config_to_json, validate_model_name
@@ -167,18 +167,17 @@ class InferenceService:
         return self.log_settings.update(changes)
 
     # -- inference -----------------------------------------------------------------------
-    def infer(self, request: InferRequest) -> Awaitable[InferResponse]:
-        """Run one request: await what this returns. The caller must call
-        ``response.release()`` when done with it. Not a coroutine itself (a coroutine
-        fewer per request): what is wrong before the model runs (unknown model, invalid
-        request) raises at the call."""
+    async def infer(self, request: InferRequest) -> InferResponse:
+        """Run one request. The caller must call ``response.release()`` when done with it.
+        A coroutine: the lean HTTP path drives it with ``send`` itself."""
         model = self._model_for(request)
         if model.decoupled:
             raise Unsupported(f"model '{model.name}' is decoupled (it may send any number of responses): use "
                               "the gRPC stream (ModelStreamInfer) or the generate_stream endpoint")
-        # A model that is not decoupled answers every request with a response (only a
-        # decoupled one answers on a stream, with None here).
-        return self._infer(model, request)  # type: ignore[return-value]
+        response = await self._infer(model, request)
+        if response is None:  # only a decoupled model answers on a stream
+            raise Internal(f"model '{model.name}' answered on a stream without being decoupled")
+        return response
 
     def model_for(self, request: InferRequest) -> "ModelVersion":
         """The ready model version the request names (its ``decoupled`` says whether it may
