@@ -48,6 +48,8 @@ COMMON = [  # (header document, binary part)
      b""),
     ({"inputs": []}, b""),
     ({"inputs": [binary_input("A"), binary_input("A")], "outputs": []}, F32 * 2),  # duplicates: core refuses
+    ({"inputs": [binary_input("SMALL"), {**binary_input("BIG", 8192), "shape": [2048]}]},  # copied, and viewed
+     F32 + bytes(range(256)) * 32),
 ]
 
 NOT_COMMON = [  # each left to the general parser, which serves or refuses it

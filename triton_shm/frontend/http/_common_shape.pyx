@@ -6,7 +6,8 @@ from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes
 from cpython.dict cimport PyDict_Copy, PyDict_GetItem, PyDict_Next
 from cpython.long cimport PyLong_AsLongLong
 from cpython.object cimport PyObject
-from libc.string cimport memcpy
+from cpython.unicode cimport PyUnicode_1BYTE_KIND, PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND
+from libc.string cimport memcmp, memcpy
 
 import orjson
 
@@ -194,10 +195,28 @@ cdef enum:
     _MAX_OUTPUTS = 16     # binary outputs one response is built for here
     _JSON_CAP = 4096      # the response's JSON header, at most (else the general encoder)
     _HEAD_CAP = 512       # the response head
+    _COPY_BELOW = 4096    # an input up to this size is copied out of the body, a larger one viewed
 
 cdef bytes _HEAD_START = b"HTTP/1.1 200 OK\r\nDate: "
 cdef bytes _HEAD_TYPE = b"\r\nContent-Type: application/octet-stream\r\nContent-Length: "
 cdef bytes _HEAD_JSON = b"\r\nInference-Header-Content-Length: "
+
+
+cdef Py_ssize_t _digits(object s) noexcept:
+    """The value of a str of 1 to 18 ASCII digits, else -1."""
+    cdef Py_ssize_t n, i, v = 0
+    cdef const unsigned char* d
+    if type(s) is not str:
+        return -1
+    n = PyUnicode_GET_LENGTH(s)
+    if n == 0 or n > 18 or PyUnicode_KIND(s) != PyUnicode_1BYTE_KIND:
+        return -1
+    d = <const unsigned char*>PyUnicode_DATA(s)
+    for i in range(n):
+        if d[i] < 48 or d[i] > 57:
+            return -1
+        v = v * 10 + (d[i] - 48)
+    return v
 
 
 cdef inline dict _fresh(dict d):
@@ -208,6 +227,7 @@ cdef class _RequestShape:
     """A common-shape request decoded once: what the next body with the same JSON header
     (and size) decodes to, bar the tensors' data. Each request gets fresh shape lists and
     parameter dicts, as parsing would give it."""
+    cdef bytes key       # the JSON header
     cdef Py_ssize_t size
     cdef dict parameters
     cdef list inputs     # (name, datatype, shape, parameters, nbytes)
@@ -216,19 +236,26 @@ cdef class _RequestShape:
     cdef object build(self, str model, str version, bytes body, Py_ssize_t offset):
         cdef tuple t
         cdef Py_ssize_t n
-        view = memoryview(body)
+        view = None
         tensors = []
         for entry in self.inputs:
             t = <tuple>entry
             n = t[4]
-            tensors.append(_InputTensor(t[0], t[1], list(<list>t[2]), view[offset:offset + n], _fresh(<dict>t[3])))
+            if n <= _COPY_BELOW:  # a copy of a few bytes costs less than a view of them
+                data = PyBytes_FromStringAndSize(PyBytes_AS_STRING(body) + offset, n)
+            else:
+                if view is None:
+                    view = memoryview(body)
+                data = view[offset:offset + n]
+            tensors.append(_InputTensor(t[0], t[1], list(<list>t[2]), data, _fresh(<dict>t[3])))
             offset += n
         requested = [_RequestedOutput(<str>(<tuple>o)[0], _fresh(<dict>(<tuple>o)[1])) for o in self.outputs]
         return _InferRequest(model, version, "", _fresh(self.parameters), tensors, requested)
 
 
-cdef _RequestShape _shape_of(request, Py_ssize_t size):
+cdef _RequestShape _shape_of(request, bytes key, Py_ssize_t size):
     cdef _RequestShape s = _RequestShape.__new__(_RequestShape)
+    s.key = key
     s.size = size
     s.parameters = _fresh(request.parameters)
     s.inputs = [(t.name, t.datatype, list(t.shape), _fresh(t.parameters), len(t.data)) for t in request.inputs]
@@ -275,6 +302,7 @@ cdef void _put_int(_Out* o, long long v) noexcept:
 cdef class RouteCodec:
     cdef readonly str model, version
     cdef dict _requests        # JSON header bytes -> _RequestShape
+    cdef _RequestShape _last   # the one decoded last
     cdef dict _names           # output name -> (datatype, b'{"name":...,"datatype":...,"shape":[')
     cdef object _reply_model, _reply_version
     cdef bytes _reply_prefix   # b'"model_name":...,"model_version":...'
@@ -288,32 +316,50 @@ cdef class RouteCodec:
     def decode(self, body, header_length):
         cdef Py_ssize_t n, size
         cdef PyObject* known
+        cdef _RequestShape shape
         if header_length is None or type(body) is not bytes:
             return None
-        try:
-            length = int(header_length)
-        except ValueError:
-            return None
         size = PyBytes_GET_SIZE(body)
-        if not 0 < length < size:
-            return None
-        n = length
-        key = PyBytes_FromStringAndSize(PyBytes_AS_STRING(body), n)
-        known = PyDict_GetItem(self._requests, key)
-        if known is not NULL:
-            # The same header decodes alike; a body of another size is not the common shape.
-            if (<_RequestShape>known).size != size:
+        n = _digits(header_length)
+        if n < 0:  # not plain digits: int() reads it, as the general path does
+            try:
+                length = int(header_length)
+            except ValueError:
                 return None
-            return (<_RequestShape>known).build(self.model, self.version, body, n)
+            if not 0 < length < size:
+                return None
+            n = length
+        elif not 0 < n < size:
+            return None
+        # The header decoded last first (a client sends one again and again), then the others.
+        shape = self._last
+        if shape is None or PyBytes_GET_SIZE(shape.key) != n or \
+                memcmp(PyBytes_AS_STRING(shape.key), PyBytes_AS_STRING(body), n) != 0:
+            key = PyBytes_FromStringAndSize(PyBytes_AS_STRING(body), n)
+            known = PyDict_GetItem(self._requests, key)
+            if known is NULL:
+                return self._decode_new(key, body, size)
+            shape = <_RequestShape>known
+            self._last = shape
+        # The same header decodes alike; a body of another size is not the common shape.
+        if shape.size != size:
+            return None
+        return shape.build(self.model, self.version, body, n)
+
+    cdef object _decode_new(self, bytes key, bytes body, Py_ssize_t size):
+        """A header not seen before: parsed, decoded and, unless it has an id (new with every
+        request), kept."""
         try:
             doc = _loads(key)
         except _JSONDecodeError:
             return None
-        request = decode_common(doc, self.model, self.version, memoryview(body), n)
-        if request is not None and "id" not in <dict>doc:  # an id is new with every request: not kept
+        request = decode_common(doc, self.model, self.version, memoryview(body), PyBytes_GET_SIZE(key))
+        if request is not None and "id" not in <dict>doc:
             if len(self._requests) >= _MAX_SHAPES:
                 self._requests.clear()
-            self._requests[key] = _shape_of(request, size)
+            shape = _shape_of(request, key, size)
+            self._requests[key] = shape
+            self._last = shape
         return request
 
     def respond(self, response, request, bytes date, bytes connection):
@@ -400,7 +446,10 @@ cdef class RouteCodec:
                         if r.name == name:
                             wanted = r.parameters
                     if wanted is not None:
-                        binary = bool(wanted.get("binary_data", False))
+                        if type(wanted) is not dict:
+                            return False
+                        flag = _get(<dict>wanted, "binary_data")
+                        binary = flag is not None and bool(flag)
                 if not binary:
                     return False  # JSON data: the general encoder
                 if nblobs[0] == _MAX_OUTPUTS:

@@ -10,12 +10,13 @@ from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from libc.string cimport memset
 
-from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit, infer_route,
-                           too_large_message)
+from .lean_request import MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit, infer_route, too_large_message
 from .request_parser_py import BODY, HEADERS, IDLE, RequestUpgrade
 
 cdef extern from "llhttp.h":
     ctypedef struct llhttp_t:
+        unsigned long long content_length
+        unsigned short flags
         unsigned char method
         unsigned char http_major
         unsigned char http_minor
@@ -37,6 +38,8 @@ cdef extern from "llhttp.h":
         HPE_PAUSED_UPGRADE
     ctypedef enum llhttp_type_t:
         HTTP_REQUEST
+    ctypedef enum llhttp_flags:
+        F_CONTENT_LENGTH
     void llhttp_settings_init(llhttp_settings_t* settings)
     void llhttp_init(llhttp_t* parser, llhttp_type_t type, const llhttp_settings_t* settings)
     llhttp_errno_t llhttp_execute(llhttp_t* parser, const char* data, size_t len)
@@ -47,12 +50,14 @@ cdef extern from "llhttp.h":
 
 cdef int _IDLE = IDLE, _HEADERS = HEADERS, _BODY = BODY
 cdef Py_ssize_t _MAX_URL = MAX_URL, _MAX_FIELD = MAX_FIELD, _MAX_HEADERS = MAX_HEADERS
-cdef dict _FIELDS = FIELDS
 cdef dict _ROUTES = ROUTES
 cdef object _infer_route = infer_route
-cdef object _OTHER = Field.OTHER, _HEADER_LENGTH = Field.HEADER_LENGTH
-cdef object _CONTENT_LENGTH = Field.CONTENT_LENGTH, _CONTENT_ENCODING = Field.CONTENT_ENCODING
-cdef object _ACCEPT_ENCODING = Field.ACCEPT_ENCODING
+# The fields read (lean_request.Field), matched in C: no dict lookup, no lower() per field.
+# Content-Length is llhttp's to read (the declared size is checked at the headers' end).
+cdef enum _Read:
+    _OTHER, _HEADER_LENGTH, _CONTENT_ENCODING, _ACCEPT_ENCODING, _EXPECT
+cdef bytes _N_HEADER_LENGTH = Field.HEADER_LENGTH.value, _N_EXPECT = Field.EXPECT.value
+cdef bytes _N_CONTENT_ENCODING = Field.CONTENT_ENCODING.value, _N_ACCEPT_ENCODING = Field.ACCEPT_ENCODING.value
 cdef dict _METHODS = {}    # llhttp method number -> its name, as bytes
 cdef dict _VERSIONS = {}   # (major << 8 | minor) -> "major.minor"
 cdef llhttp_settings_t _SETTINGS
@@ -73,6 +78,35 @@ cdef class Message:
         self.size = 0
         self.expect_continue = False
         self.keep_alive = False
+
+
+cdef bint _named(bytes name, bytes lower) noexcept:
+    """``name`` is ``lower`` bar the case of ASCII letters (as ``name.lower() == lower``)."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(name), i
+    cdef const char* a = PyBytes_AS_STRING(name)
+    cdef const char* b = PyBytes_AS_STRING(lower)
+    cdef char c
+    if n != PyBytes_GET_SIZE(lower):
+        return False
+    for i in range(n):
+        c = a[i]
+        if b'A' <= c <= b'Z':
+            c += 32
+        if c != b[i]:
+            return False
+    return True
+
+
+cdef _Read _field(bytes name) noexcept:
+    if _named(name, _N_HEADER_LENGTH):
+        return _HEADER_LENGTH
+    if _named(name, _N_CONTENT_ENCODING):
+        return _CONTENT_ENCODING
+    if _named(name, _N_ACCEPT_ENCODING):
+        return _ACCEPT_ENCODING
+    if _named(name, _N_EXPECT):
+        return _EXPECT
+    return _OTHER
 
 
 cdef class RequestParser:
@@ -177,24 +211,15 @@ cdef class RequestParser:
         self._headers.append((name, value))
         if len(self._headers) > _MAX_HEADERS:
             raise HttpLimit(431, f"more than {MAX_HEADERS} header fields")
-        field = _FIELDS.get(name)
-        if field is None:
-            field = _FIELDS.get(name.lower())
-        if field is None or field is _OTHER:
+        cdef _Read field = _field(name)
+        if field == _OTHER:
             return 0
         cdef Message msg = self.msg
-        if field is _HEADER_LENGTH:
+        if field == _HEADER_LENGTH:
             msg.header_length = value.decode("latin-1")
-        elif field is _CONTENT_LENGTH:
-            try:
-                declared = int(value)
-            except ValueError:
-                return 0  # llhttp refuses it
-            if declared > self._max_input_size:
-                msg.error = (413, too_large_message(self._max_input_size))
-        elif field is _CONTENT_ENCODING:
+        elif field == _CONTENT_ENCODING:
             msg.content_encoding = value.decode("latin-1")
-        elif field is _ACCEPT_ENCODING:
+        elif field == _ACCEPT_ENCODING:
             msg.accept_encoding = value.decode("latin-1")
         elif value.lower() == b"100-continue":
             msg.expect_continue = True
@@ -203,6 +228,8 @@ cdef class RequestParser:
     cdef int _headers_complete(self) except -1:
         cdef llhttp_t* p = &self._parser
         cdef Message msg = self.msg
+        if p.flags & F_CONTENT_LENGTH and p.content_length > <unsigned long long>self._max_input_size:
+            msg.error = (413, too_large_message(self._max_input_size))
         msg.url = self._url
         method = _METHODS.get(p.method)
         if method is None:
