@@ -50,6 +50,7 @@ COMMON = [  # (header document, binary part)
     ({"inputs": [binary_input("A"), binary_input("A")], "outputs": []}, F32 * 2),  # duplicates: core refuses
     ({"inputs": [binary_input("SMALL"), {**binary_input("BIG", 8192), "shape": [2048]}]},  # copied, and viewed
      F32 + bytes(range(256)) * 32),
+    ({"inputs": [binary_input("IN")], "parameters": {"note": "n" * 5000}}, F32),  # a header too long to keep
 ]
 
 NOT_COMMON = [  # each left to the general parser, which serves or refuses it

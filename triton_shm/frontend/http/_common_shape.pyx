@@ -190,7 +190,8 @@ def encode_common(response, request):
 
 # -- one infer route of the lean HTTP path (RouteCodec; the twin's docstring says what it does) --
 cdef enum:
-    _MAX_SHAPES = 16      # request headers kept per route (a client sends one or a few)
+    _MAX_SHAPES = 8       # request headers kept per route (a client sends one or a few) ...
+    _MAX_KEPT_HEADER = 4096  # ... each of at most this size: at most 32 KiB of them per route
     _MAX_NAMES = 64       # output names kept per route
     _MAX_OUTPUTS = 16     # binary outputs one response is built for here
     _JSON_CAP = 4096      # the response's JSON header, at most (else the general encoder)
@@ -354,7 +355,7 @@ cdef class RouteCodec:
         except _JSONDecodeError:
             return None
         request = decode_common(doc, self.model, self.version, memoryview(body), PyBytes_GET_SIZE(key))
-        if request is not None and "id" not in <dict>doc:
+        if request is not None and "id" not in <dict>doc and PyBytes_GET_SIZE(key) <= _MAX_KEPT_HEADER:
             if len(self._requests) >= _MAX_SHAPES:
                 self._requests.clear()
             shape = _shape_of(request, key, size)

@@ -66,18 +66,26 @@ cdef llhttp_settings_t _SETTINGS
 cdef class Message:
     """:class:`.lean_request.Message` (which documents it) as a C class: made per request
     without a Python ``__init__``."""
-    cdef public object method, url, version, headers, body, size, keep_alive, route, error, refusal
+    cdef public object method, url, version, body, size, keep_alive, route, error, refusal
     cdef public object header_length, content_encoding, accept_encoding, expect_continue
+    cdef list _fields  # name, value, name, value...: one list, the pairs made only when read
 
     def __cinit__(self):
         self.method = b""
         self.version = "1.1"
         self.url = b""
-        self.headers = []
+        self._fields = []
         self.body = b""
         self.size = 0
         self.expect_continue = False
         self.keep_alive = False
+
+    @property
+    def headers(self):
+        """The header fields as (name, value) pairs, in order (read by the bridge and the
+        restricted-API check only)."""
+        fields = self._fields
+        return list(zip(fields[::2], fields[1::2]))
 
 
 cdef bint _named(bytes name, bytes lower) noexcept:
@@ -121,7 +129,7 @@ cdef class RequestParser:
     cdef bytes _url
     cdef bytes _name
     cdef bytes _value
-    cdef list _headers
+    cdef list _headers      # the message's fields, flat
     cdef list _parts        # the body so far (kept across messages, emptied when one completes)
     cdef Py_ssize_t _size
     cdef bint _dropping      # the body is read and dropped (the message is refused)
@@ -168,7 +176,7 @@ cdef class RequestParser:
     cdef int _message_begin(self) except -1:
         msg = Message.__new__(Message)
         self.msg = msg
-        self._headers = (<Message>msg).headers
+        self._headers = (<Message>msg)._fields
         if self._parts:  # left by a message that was refused half-way
             del self._parts[:]
         self._url = b""
@@ -208,8 +216,9 @@ cdef class RequestParser:
         cdef bytes name = self._name if self._name is not None else b""
         cdef bytes value = self._value if self._value is not None else b""
         self._name = self._value = None
-        self._headers.append((name, value))
-        if len(self._headers) > _MAX_HEADERS:
+        self._headers.append(name)
+        self._headers.append(value)
+        if len(self._headers) > 2 * _MAX_HEADERS:
             raise HttpLimit(431, f"more than {MAX_HEADERS} header fields")
         cdef _Read field = _field(name)
         if field == _OTHER:
