@@ -27,7 +27,8 @@ except ImportError:  # not built
 
 IMPLEMENTATIONS = [pytest.param(common_shape_py, id="python"),
                    pytest.param(_common_shape, id="c",
-                                marks=pytest.mark.skipif(_common_shape is None, reason="extension not built or not in use"))]
+                                marks=pytest.mark.skipif(_common_shape is None,
+                                                         reason="extension not built or not in use"))]
 
 F32 = np.arange(16, dtype="<f4").tobytes()
 

@@ -15,7 +15,9 @@ if types.USING_EXTENSION:
     try:
         from ._common_shape import RouteCodec, decode_common, encode_common  # type: ignore  # noqa: F811
         USING_EXTENSION = True
-    except ImportError:  # not built: the pure-Python twin serves
+    # not built, or built against another layout of the C types (Cython's import check
+    # raises ValueError): the pure-Python twin serves
+    except (ImportError, ValueError):
         pass
 
 __all__ = ["USING_EXTENSION", "RouteCodec", "decode_common", "encode_common"]
