@@ -71,6 +71,8 @@ def extensions() -> list[Extension]:
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.frontend.grpc._infer_wire", ["triton_shm/frontend/grpc/_infer_wire.pyx"],
                   extra_compile_args=["-O2", "-Wall"]),
+        Extension("triton_shm.frontend.grpc.native._frames", ["triton_shm/frontend/grpc/native/_frames.pyx"],
+                  extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.frontend.http._common_shape", ["triton_shm/frontend/http/_common_shape.pyx"],
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.frontend.http._request_parser",

@@ -4,7 +4,8 @@
  *
  *   0     u64 head      bytes the consumer has consumed (only it writes)
  *   64    u64 tail      bytes the producer has published (only it writes)
- *   128   u32 sleeping  1: the consumer is, or is about to be, blocked on its eventfd
+ *   128   u32 sleeping  1: the consumer is, or is about to be, asleep (on this word as a futex,
+ *                       or on its eventfd: the link decides which, per direction)
  *   4096  data          capacity bytes, a power of two
  *
  * Positions grow without wrapping (u64); the index in data is pos & (capacity - 1).
@@ -24,8 +25,13 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <time.h>
+#include <unistd.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
 
 #define TSM_RING_HEADER 4096u
 #define TSM_RING_WRAP 0xFFFFFFFFu
@@ -33,12 +39,16 @@
 #define TSM_RING_OK 1
 #define TSM_RING_FULL (-1)
 #define TSM_RING_CORRUPT (-2)
+#define TSM_RING_TIMED_OUT 0  /* tsm_ring_sleep's results */
+#define TSM_RING_WOKEN 1
+#define TSM_RING_KICKED 2
 
 typedef struct {
     uint8_t *base;      /* the mapping */
     uint64_t capacity;  /* data bytes, a power of two */
     uint64_t pos;       /* our own position (tail for the producer, head for the consumer):
                            the copy in shared memory is what the peer may have scribbled on */
+    uint32_t kicked;    /* consumer: another thread of its own process asked it to wake (tsm_ring_kick) */
 } tsm_ring;
 
 static inline uint64_t *tsm_ring_head(const tsm_ring *r) { return (uint64_t *)(r->base); }
@@ -51,7 +61,7 @@ static inline uint64_t tsm_ring_pad(uint64_t n) { return (n + 7u) & ~(uint64_t)7
 static inline uint64_t tsm_ring_max_record(const tsm_ring *r) { return r->capacity / 2 - 8; }
 
 /* Producer: append one record. Returns TSM_RING_OK, or TSM_RING_FULL (nothing written).
- * *wake is set when the consumer sleeps and must be woken through its eventfd. */
+ * *wake is set when the consumer sleeps and must be woken (tsm_ring_wake, or its eventfd). */
 static inline int tsm_ring_push(tsm_ring *r, const uint8_t *data, uint32_t len, uint32_t flags, int *wake) {
     uint64_t tail = r->pos;
     uint64_t head = __atomic_load_n(tsm_ring_head(r), __ATOMIC_ACQUIRE);
@@ -142,6 +152,45 @@ static inline int tsm_ring_prepare_sleep(tsm_ring *r) {
 
 static inline void tsm_ring_awake(tsm_ring *r) {
     __atomic_store_n(tsm_ring_sleeping(r), 0, __ATOMIC_RELAXED);
+}
+
+/* The futex on the sleeping word. Not FUTEX_PRIVATE_FLAG: the word is shared between processes. */
+static inline long tsm_futex(uint32_t *word, int op, uint32_t value, const struct timespec *timeout) {
+    return syscall(SYS_futex, word, op, value, timeout, NULL, 0);
+}
+
+/* Producer (or anyone): wake a consumer that sleeps in tsm_ring_sleep (tsm_ring_push says when one
+ * does, and has cleared the sleeping word already; anyone else clears it here). */
+static inline void tsm_ring_wake(tsm_ring *r) {
+    __atomic_store_n(tsm_ring_sleeping(r), 0, __ATOMIC_SEQ_CST);
+    tsm_futex(tsm_ring_sleeping(r), FUTEX_WAKE, INT_MAX, NULL);
+}
+
+/* Consumer: sleep on the sleeping word after tsm_ring_prepare_sleep returned 1 (call without the
+ * GIL), until a push wakes it, tsm_ring_kick, or timeout_ns (0: no limit). Leaves it awake.
+ * Returns TSM_RING_WOKEN (woken, or the word had changed already: look at the ring), TSM_RING_KICKED
+ * or TSM_RING_TIMED_OUT. A wake-up is never lost: FUTEX_WAIT sleeps only while the word is still 1,
+ * and a producer clears it before it wakes. */
+static inline int tsm_ring_sleep(tsm_ring *r, uint64_t timeout_ns) {
+    struct timespec ts = {(time_t)(timeout_ns / 1000000000u), (long)(timeout_ns % 1000000000u)};
+    int result = TSM_RING_WOKEN;
+    if (!__atomic_load_n(&r->kicked, __ATOMIC_SEQ_CST)) {  /* after prepare_sleep's store: see tsm_ring_kick */
+        if (tsm_futex(tsm_ring_sleeping(r), FUTEX_WAIT, 1, timeout_ns ? &ts : NULL) < 0 && errno == ETIMEDOUT)
+            result = TSM_RING_TIMED_OUT;
+    }
+    __atomic_store_n(tsm_ring_sleeping(r), 0, __ATOMIC_RELAXED);
+    if (__atomic_exchange_n(&r->kicked, 0, __ATOMIC_SEQ_CST))
+        result = TSM_RING_KICKED;
+    return result;
+}
+
+/* Another thread of the consumer's process: wake the consumer's sleep (or make its next one return
+ * at once). Either the consumer sees the flag after its prepare_sleep, or this sees its sleeping word
+ * set, clears it and wakes it. */
+static inline void tsm_ring_kick(tsm_ring *r) {
+    __atomic_store_n(&r->kicked, 1, __ATOMIC_SEQ_CST);
+    if (__atomic_exchange_n(tsm_ring_sleeping(r), 0, __ATOMIC_SEQ_CST))
+        tsm_ring_wake(r);
 }
 
 /* Consumer: wait up to ns nanoseconds for a record without sleeping (call without the

@@ -341,6 +341,39 @@ def test_truncated_message_is_internal(server):
     assert_serving(server)
 
 
+def test_unary_request_framing(server):
+    """A unary call's one request message in any DATA frames; anything else is INTERNAL."""
+    conn = RawH2(server)
+    message = infer_message()
+
+    def data(sid: int, payload: bytes, end: bool = False) -> bytes:
+        return DataFrame(sid, data=payload, flags=["END_STREAM"] if end else []).serialize()
+
+    # one message cut inside its prefix and inside its body: served
+    conn.send(conn.headers(1) + data(1, message[:2]) + data(1, message[2:9]) + data(1, message[9:], end=True))
+    assert stream_headers(conn, 1)["grpc-status"] == "0"
+    more = "more than one request message on a unary call"
+    # a second whole message in a payload of its own, and two in one payload
+    conn.send(conn.headers(3) + data(3, message) + data(3, message, end=True))
+    assert stream_headers(conn, 3) == {":status": "200", "content-type": "application/grpc",
+                                       "grpc-accept-encoding": "identity,deflate,gzip",
+                                       "grpc-status": "13", "grpc-message": more}  # trailers-only
+    conn.send(conn.headers(5) + data(5, message + message, end=True))
+    assert stream_headers(conn, 5)["grpc-message"] == more
+    # a whole message, then the start of another: the request ends inside a message
+    conn.send(conn.headers(7) + data(7, message) + data(7, message[:9], end=True))
+    status = stream_headers(conn, 7)
+    assert status["grpc-status"] == "13", status
+    assert status["grpc-message"] == "request ended inside a message (truncated gRPC message)"
+    # no message at all: END_STREAM on an empty DATA frame, or on the HEADERS
+    conn.send(conn.headers(9) + data(9, b"", end=True))
+    assert stream_headers(conn, 9)["grpc-message"] == "unary call ended without a request message"
+    conn.send(conn.headers(11, end_stream=True))
+    assert stream_headers(conn, 11)["grpc-message"] == "unary call ended without a request message"
+    conn.close()
+    assert_serving(server)
+
+
 def test_unknown_method_and_not_grpc(server):
     conn = RawH2(server)
     conn.call(1, infer_message(), path="/inference.GRPCInferenceService/NoSuchThing")
@@ -482,6 +515,50 @@ def test_16_mib_calls_on_parallel_connections_keep_their_own_data(server):
         results = list(pool.map(call, values))
     for x, y in zip(values, results):
         np.testing.assert_array_equal(y, x)
+
+
+def test_large_frames_cut_anywhere_between_reads_arrive_whole(server):
+    """A large DATA frame that a read cuts is kept back until its end arrives: cut inside a
+    frame header (byte by byte through one), just after one, inside a payload and exactly
+    at a frame's end, over frames of several sizes, the message arrives (and comes back)
+    byte for byte, and the connection serves the next call."""
+    x = np.random.default_rng(7).random(150_000, dtype=np.float32)  # 600 kB
+    req = service_pb2.ModelInferRequest(model_name="identity_fp32")
+    req.inputs.add(name="INPUT0", datatype="FP32", shape=[x.size])
+    req.raw_input_contents.append(x.tobytes())
+    body = req.SerializeToString()
+    message = b"\x00" + struct.pack(">I", len(body)) + body
+    conn = RawH2(server, settings={SettingsFrame.INITIAL_WINDOW_SIZE: 1 << 24})
+    conn.send(WindowUpdateFrame(0, window_increment=1 << 24).serialize())
+    # the server's SETTINGS (64 KiB frames) are acknowledged before any DATA is sent
+    assert conn.wait_for(lambda f: isinstance(f, SettingsFrame) and "ACK" not in f.flags)
+    wire, starts, pos, sizes = conn.headers(1), [], 0, (65536, 20000, 65536, 17000, 1000)
+    while pos < len(message):
+        chunk = message[pos:pos + sizes[len(starts) % len(sizes)]]
+        pos += len(chunk)
+        starts.append(len(wire))
+        wire += DataFrame(1, data=chunk, flags=["END_STREAM"] if pos == len(message) else []).serialize()
+    assert len(starts) >= 12
+    cuts = sorted({starts[1] + 3, starts[2] + 9, starts[3] + 9 + 30000, starts[5], starts[6] + 40000,
+                   *range(starts[8] + 1, starts[8] + 9), starts[10] + 9 + 100})
+    for a, b in zip([0, *cuts], [*cuts, len(wire)]):
+        conn.send(wire[a:b])
+        time.sleep(0.02)  # so that the server reads the pieces apart
+    data, status = b"", {}
+    for f in conn.frames():
+        if f.stream_id == 1 and isinstance(f, DataFrame):
+            data += f.data
+        elif f.stream_id == 1 and isinstance(f, HeadersFrame):
+            status.update(f.headers)
+            if "END_STREAM" in f.flags:
+                break
+    assert status["grpc-status"] == "0", status
+    reply = service_pb2.ModelInferResponse.FromString(data[5:])
+    assert reply.raw_output_contents[0] == x.tobytes()
+    conn.call(3, infer_message())
+    assert stream_headers(conn, 3)["grpc-status"] == "0"
+    conn.close()
+    assert_serving(server)
 
 
 def sleepy_inputs(seconds: float) -> list:
@@ -647,6 +724,30 @@ def test_message_reader_splits_and_bounds():
     reader = MessageReader(10, b"identity")
     reader.feed(b"\x00\x00\x00")
     assert reader.pending  # a truncated prefix is seen at end of stream
+
+
+@pytest.mark.parametrize("twin", ["frames_py", "_frames"])
+def test_whole_frames_end(twin):
+    import importlib
+    frames = importlib.import_module(f"triton_shm.frontend.grpc.native.{twin}")
+    wire = memoryview(SettingsFrame(0).serialize() + DataFrame(1, data=b"x" * 300).serialize()
+                      + PingFrame(0, opaque_data=b"12345678").serialize())
+    ends = [9, 9 + 309, 9 + 309 + 17]
+    assert frames.whole_frames_end(wire, 0, len(wire)) == len(wire)
+    for end in range(len(wire) + 1):  # every cut: the start of the frame it falls in
+        assert frames.whole_frames_end(wire, 0, end) == max([0] + [e for e in ends if e <= end])
+    assert frames.whole_frames_end(wire, 9, len(wire)) == len(wire)
+    assert frames.whole_frames_end(wire, 0, len(wire) + 100) == len(wire)  # never past the buffer
+
+
+def test_receive_buffers_are_bounded_and_reused():
+    from triton_shm.frontend.grpc.native.connection import ReceiveBuffers
+    pool = ReceiveBuffers(1000, limit=2)
+    a, b = pool.take(), pool.take()
+    assert a is not None and b is not None and len(a) == 1000
+    assert pool.take() is None  # past the limit a connection keeps nothing back
+    pool.give(a)
+    assert pool.take() is a
 
 
 @pytest.mark.parametrize("encoding", [b"gzip", b"deflate"])

@@ -2,7 +2,8 @@
 decodes equals what the general JSON parser decodes, what it encodes is byte for byte what
 the general encoder writes, and whatever is not the common shape is left to the general
 path (None, with the parsed document unchanged), so that path's answer or error stays the
-only one."""
+only one. The same for a lean infer route's codec (RouteCodec), which also keeps what it
+decoded and wrote before: its answers stay the same however often it is asked."""
 from __future__ import annotations
 
 import copy
@@ -13,6 +14,8 @@ import pytest
 
 from triton_shm.core.types import InferRequest, InferResponse, OutputTensor, RequestedOutput
 from triton_shm.frontend.http import codec, common_shape_py
+from triton_shm.frontend.http.infer import BINARY_TYPE, HEADER_LENGTH
+from triton_shm.frontend.http.lean_request import Message, response_head
 
 try:
     from triton_shm.frontend.http import _common_shape
@@ -45,6 +48,9 @@ COMMON = [  # (header document, binary part)
      b""),
     ({"inputs": []}, b""),
     ({"inputs": [binary_input("A"), binary_input("A")], "outputs": []}, F32 * 2),  # duplicates: core refuses
+    ({"inputs": [binary_input("SMALL"), {**binary_input("BIG", 8192), "shape": [2048]}]},  # copied, and viewed
+     F32 + bytes(range(256)) * 32),
+    ({"inputs": [binary_input("IN")], "parameters": {"note": "n" * 5000}}, F32),  # a header too long to keep
 ]
 
 NOT_COMMON = [  # each left to the general parser, which serves or refuses it
@@ -151,3 +157,86 @@ def test_binary_responses_encode_as_the_general_encoder_does(impl, index):
 def test_json_responses_are_left_to_the_general_encoder(impl, index):
     response, request = JSON_RESPONSES[index]
     assert impl.encode_common(response, request) is None
+
+
+# -- RouteCodec: one infer route of the lean HTTP path -------------------------------------
+DATE = b"Tue, 01 Dec 2026 18:00:00 GMT"
+
+
+def http_response(response: InferResponse, request: InferRequest, connection: str) -> bytes:
+    """The 200 response the lean path writes with the general encoder."""
+    msg = Message()
+    msg.keep_alive = connection != "Connection: close\r\n"
+    msg.version = "1.0" if connection == "Connection: keep-alive\r\n" else "1.1"
+    body, length = codec.encode_document(response, request)
+    return response_head(msg, 200, BINARY_TYPE, len(body), {HEADER_LENGTH: str(length)}, DATE.decode()) + body
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("index", range(len(COMMON)))
+def test_the_route_decodes_a_common_body_alike_every_time(impl, index):
+    doc, binary = COMMON[index]
+    body, length = body_of(doc, binary)
+    route = impl.RouteCodec("m", "2")
+    if not binary:  # no binary part: nothing a JSON request would gain here, the general parser decodes it
+        assert route.decode(body, str(length)) is None
+        return
+    first, again = route.decode(body, str(length)), route.decode(body, str(length))
+    assert as_tuple(first) == as_tuple(again) == general(doc, body, length)
+    for a, b in zip(first.inputs, again.inputs):  # each request its own objects, as parsing gives it
+        assert a.shape is not b.shape and a.parameters is not b.parameters
+    assert first.parameters is not again.parameters
+    assert all(a.parameters is not b.parameters for a, b in zip(first.outputs, again.outputs))
+    # The same header framing a body of another size is no longer the common shape.
+    assert route.decode(body + b"x", str(length)) is None
+    assert route.decode(body[:-1], str(length)) is None
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("index", range(len(NOT_COMMON)))
+def test_the_route_leaves_other_bodies_to_the_general_parser(impl, index):
+    doc, binary = NOT_COMMON[index]
+    body, length = body_of(doc, binary)
+    route = impl.RouteCodec("m", "2")
+    assert route.decode(body, str(length)) is None
+    assert route.decode(body, str(length)) is None
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_the_route_leaves_odd_header_lengths_to_the_general_parser(impl):
+    doc, binary = COMMON[0]
+    body, length = body_of(doc, binary)
+    route = impl.RouteCodec("m", "")
+    for header_length in (None, "x", "", "0", "-3", str(len(body)), str(len(body) + 1), str(length - 1)):
+        assert route.decode(body, header_length) is None
+    assert route.decode(body, f" {length} ") is not None  # int() reads it, as the general path does
+    assert route.decode(b"{" + body[1:length - 1] + b"]" + binary, str(length)) is None  # not JSON
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("connection", ["", "Connection: close\r\n", "Connection: keep-alive\r\n"])
+@pytest.mark.parametrize("index", range(len(BINARY_RESPONSES)))
+def test_the_route_writes_binary_responses_as_the_general_path_does(impl, index, connection):
+    response, request = BINARY_RESPONSES[index]
+    route = impl.RouteCodec("m", "")
+    expected = http_response(response, request, connection)
+    assert route.respond(response, request, DATE, connection.encode()) == expected
+    assert route.respond(response, request, DATE, connection.encode()) == expected  # from what it keeps
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("index", range(len(JSON_RESPONSES)))
+def test_the_route_leaves_json_responses_to_the_general_encoder(impl, index):
+    response, request = JSON_RESPONSES[index]
+    assert impl.RouteCodec("m", "").respond(response, request, DATE, b"") is None
+
+
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+def test_the_route_follows_a_model_and_an_output_that_change(impl):
+    route = impl.RouteCodec("m", "")
+    request = InferRequest("m", parameters={"binary_data_output": True})
+    for model, version, datatype, shape in [("m", "1", "FP32", [1]), ("m", "2", "INT32", (1,)),
+                                            ("n\u00e9\"", "1", "UINT8", [4]), ("m", "1", "FP32", [2, 2])]:
+        data = b"\x00" * 4 * (4 if shape == [2, 2] else 1)
+        response = InferResponse(model, version, outputs=[OutputTensor("O\\", datatype, shape, data)])
+        assert route.respond(response, request, DATE, b"") == http_response(response, request, "")

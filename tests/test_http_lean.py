@@ -173,6 +173,34 @@ def test_keep_alive_mixes_infer_and_other_routes(server):
     c.close()
 
 
+def test_the_same_request_again_answers_alike(server):
+    """A client sends one JSON header again and again (what the lean path keeps per route):
+    every answer is the same, and the same header on a body of another size is refused
+    as the first time."""
+    c = Conn(server)
+    answers = []
+    for _ in range(4):
+        c.send(infer_request(path="/v2/models/add_sub/versions/1/infer"))
+        status, headers, body = c.read_response()
+        check_add_sub(status, headers, body)
+        headers.pop("date")
+        answers.append((status, headers, body))
+    assert answers[1:] == answers[:-1]
+    if LEAN:  # aiohttp adds its own (Server)
+        assert answers[0][1] == {"content-type": "application/octet-stream", "content-length": str(len(answers[0][2])),
+                                 "inference-header-content-length": answers[0][1]["inference-header-content-length"]}
+    body, headers = add_sub_body()
+    for extra, error in [(b"z", "unexpected additional input data for model 'add_sub'"),
+                         (-1, "unexpected size for input 'INPUT1', expecting 1 additional bytes for model "
+                              "'add_sub'")]:
+        sent = body + extra if isinstance(extra, bytes) else body[:extra]
+        c.send(request("POST", "/v2/models/add_sub/versions/1/infer", sent, headers))
+        assert assert_json_error(*c.read_response(), 400) == error
+    c.send(infer_request(path="/v2/models/add_sub/versions/1/infer"))
+    check_add_sub(*c.read_response())
+    c.close()
+
+
 def test_pipelined_requests_answer_in_order(server):
     good_body, good_headers = add_sub_body("x")
     reqs, checks = [], []

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 
@@ -97,10 +98,13 @@ def test_allocator_places_blocks_like_the_reference_first_fit(impl):
     for _ in range(3000):
         if live and rng.random() < 0.45:
             b = live.pop(rng.randrange(len(live)))
-            if rng.random() < 0.5:
+            how = rng.random()
+            if how < 0.33:
                 alloc.free(b.segment.id, b.offset, b.size)
-            else:
+            elif how < 0.66:
                 alloc.free_blocks([b])
+            else:  # as a frame's FREE records
+                alloc.free_records([(b.segment.id, b.offset, b.size)])
             model_give(b.segment.id, b.offset, impl.reserved(b.size))
         else:
             n = rng.choice([0, 1, 63, 64, 65, 200, 1000, 3000])
@@ -118,6 +122,9 @@ def test_allocator_places_blocks_like_the_reference_first_fit(impl):
     strided = memoryview(bytes(range(10)))[::2]  # not contiguous: copied all the same
     block = alloc.put(strided)
     assert bytes(block.view) == bytes([0, 2, 4, 6, 8])
+    shaped = alloc.put(memoryview(struct.pack("<4f", 1, 2, 3, 4)).cast("f", [2, 2]))  # any shape and format
+    assert bytes(shaped.view) == struct.pack("<4f", 1, 2, 3, 4)
+    live.append(shaped)
     alloc.free_blocks([*live, block])
     assert alloc.alloc(1 << 14).offset == 0 and alloc.alloc(1 << 14).segment.id == 2
     assert alloc.dropped == []

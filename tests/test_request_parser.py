@@ -74,11 +74,22 @@ def test_one_call_per_message_with_the_fields_the_lean_path_reads(cls):
 
 
 @pytest.mark.parametrize("cls", PARSERS)
+def test_a_complete_message_carries_its_infer_route(cls):
+    versioned = INFER.replace(b"/add_sub/infer", b"/add_sub/versions/3/infer?x=1")
+    _, sink = parse(cls, INFER + versioned + GET + INFER.replace(b"/infer", b"/ready"))
+    routes = [m.route for _, m in sink.events]
+    assert [(r.model, r.version) for r in routes[:2]] == [("add_sub", ""), ("add_sub", "3")]
+    assert routes[2:] == [None, None]
+    _, sink = parse(cls, INFER)
+    assert sink.events[0][1].route is routes[0]  # made once per request target
+
+
+@pytest.mark.parametrize("cls", PARSERS)
 def test_headers_hook_and_a_refusal_drops_the_body(cls):
     _, sink = parse(cls, INFER, hook=True, sink=Sink(refuse="no"))
     assert [e for e, _ in sink.events] == ["headers", "complete"]
     msg = sink.events[1][1]
-    assert msg.refusal == "no" and msg.parts == [] and msg.size == 0
+    assert msg.refusal == "no" and msg.body == b"" and msg.size == 0
 
 
 @pytest.mark.parametrize("cls", PARSERS)
@@ -120,13 +131,13 @@ def test_body_limits(cls):
     _, sink = parse(cls, declared)
     assert [e for e, _ in sink.events] == ["headers", "complete"]
     msg = sink.events[0][1]
-    assert msg.error == (413, f"Maximum request body size {MAX_INPUT} exceeded.") and msg.parts == []
+    assert msg.error == (413, f"Maximum request body size {MAX_INPUT} exceeded.") and msg.body == b""
     chunk = b"%x\r\n%s\r\n" % (MAX_INPUT // 2 + 1, b"z" * (MAX_INPUT // 2 + 1))
     streamed = b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 3 + b"0\r\n\r\n"
     _, sink = parse(cls, streamed, pieces=7)
     assert [e for e, _ in sink.events] == ["too_large", "complete"]
     msg = sink.events[0][1]
-    assert msg.error == (413, f"Maximum request body size {MAX_INPUT} exceeded.") and msg.parts == []
+    assert msg.error == (413, f"Maximum request body size {MAX_INPUT} exceeded.") and msg.body == b""
 
 
 @pytest.mark.parametrize("cls", PARSERS)

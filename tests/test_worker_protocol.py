@@ -278,6 +278,61 @@ def test_ring_positions_are_never_seen_half_written(Ring):
         proc.wait()
 
 
+def _asleep(link: Link) -> bool:
+    """The worker side of ``link`` (its peer) sleeps on its ring's sleeping word."""
+    return struct.unpack_from("<I", link._maps[0], 128)[0] == 1
+
+
+def test_the_worker_side_sleeps_on_its_ring_and_wakes_for_a_push_a_kick_and_the_close():
+    """The worker's ``wait`` sleeps on the futex of its ring (no eventfd): a frame in the
+    ring wakes it, so does a frame with fds on the socket (its ring record follows),
+    another of its threads (``kick``), and the front-end's ``close`` (it then reports the
+    front-end gone)."""
+    import queue
+    import threading
+    ours, theirs, fds = Link.create()
+    peer = Link.attach(theirs, fds)
+    assert ours.tx_wake == -1 and peer.rx_wake == -1  # the direction to the worker has no eventfd
+    results: queue.Queue = queue.Queue()
+    go = threading.Semaphore(0)
+
+    def worker_side() -> None:
+        while go.acquire() and (woke := peer.wait(0)) is not None:
+            results.put((woke, peer.recv()))
+            if not woke:
+                return
+
+    thread = threading.Thread(target=worker_side, daemon=True)
+    thread.start()
+
+    def wake(action) -> tuple[bool, object]:
+        go.release()
+        deadline = time.monotonic() + 30
+        while not _asleep(ours):
+            assert time.monotonic() < deadline, "the worker side never went to sleep"
+            time.sleep(0.001)
+        action()
+        return results.get(timeout=30)
+
+    try:
+        assert wake(lambda: ours.send(b"frame")) == (True, (b"frame", []))
+        r, w = os.pipe()
+        try:
+            woke, (frame, got_fds) = wake(lambda: ours.send(b"with fds", [r]))
+            assert (woke, frame, len(got_fds)) == (True, b"with fds", 1)
+            os.close(got_fds[0])
+        finally:
+            os.close(r)
+            os.close(w)
+        assert wake(peer.kick) == (True, None)
+        assert wake(ours.close) == (False, None)
+    finally:
+        ours.close()
+        thread.join(30)
+        peer.close()
+    assert not thread.is_alive()
+
+
 def _spawn_worker() -> tuple[Link, subprocess.Popen]:
     link, theirs, fds = Link.create()
     proc = subprocess.Popen([sys.executable, "-m", "triton_shm.worker", "--fd", str(theirs.fileno()),
@@ -301,7 +356,7 @@ def test_a_worker_whose_ring_breaks_says_so_and_exits_nonzero():
     link, proc = _spawn_worker()
     try:
         struct.pack_into("<Q", link._maps[0], 64, 1 << 40)  # our tail to it, past its ring's end
-        os.eventfd_write(link.tx_wake, 1)
+        link.wake_peer()
         assert proc.wait(60) == 1
         assert "its link to the front-end broke: ring index past its end" in proc.stderr.read()
     finally:
@@ -317,6 +372,20 @@ def test_a_worker_whose_ring_breaks_says_so_and_exits_nonzero():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_worker_whose_front_end_dies_without_closing_the_link_leaves():
+    """A front-end killed outright wakes nobody: the sleeping worker finds the end-of-file
+    when its sleep times out (``PEER_CHECK_NS``) and stops as after a close."""
+    link, proc = _spawn_worker()
+    try:
+        link.sock.close()  # as the kernel closes a dead process's socket: no futex wake
+        assert proc.wait(60) == 0
+        assert "stops" not in proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        link.close()
 
 
 # -- a worker that breaks the protocol, against a running server --------------------------------

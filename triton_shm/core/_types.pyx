@@ -157,9 +157,10 @@ cdef class Pending(BatchRequest):
     """A queued request (the scheduler's): what the pool needs and the queue's own state.
     A subclass may add attributes (it gets a ``__dict__`` or its own ``__slots__``)."""
     cdef public object rows, priority, enqueued_ns, deadline_ns, reject_on_timeout, future, seq, result, trace
+    cdef public object count_on_answer
 
     def __init__(self, request, plan, regions, stream, rows, priority, enqueued_ns, deadline_ns, reject_on_timeout,
-                 future=_FRESH, seq=0, result=None, trace=None):
+                 future=_FRESH, seq=0, result=None, trace=None, count_on_answer=False):
         self.request = request
         self.plan = plan
         self.regions = regions
@@ -173,7 +174,8 @@ cdef class Pending(BatchRequest):
         self.seq = seq
         self.result = result
         self.trace = trace
+        self.count_on_answer = count_on_answer
 
     def __repr__(self):
         return _repr(self, ("request", "plan", "regions", "stream", "rows", "priority", "enqueued_ns", "deadline_ns",
-                            "reject_on_timeout", "future", "seq", "result", "trace"))
+                            "reject_on_timeout", "future", "seq", "result", "trace", "count_on_answer"))

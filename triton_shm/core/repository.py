@@ -36,6 +36,9 @@ class TensorSpec:
     # and every dimension is known and non-zero; 0 otherwise. Lets validation check a
     # plain request's sizes with one comparison (validation.plain_plan).
     fixed_bytes: int = field(init=False, default=0)
+    # An input's bit among its model's inputs (1 << its index, set by the ModelVersion):
+    # validation tracks the inputs a request names in one int.
+    bit: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         count = 1
@@ -76,7 +79,11 @@ class ModelVersion:
     decoupled: bool = field(init=False)      # may send any number of responses per request
     caches_responses: bool = field(init=False)  # response_cache.enable
     required_inputs: int = field(init=False)     # inputs that are not optional
+    required_mask: int = field(init=False)       # their TensorSpec.bit, or-ed
     output_names: tuple[str, ...] = field(init=False)  # in config order
+    # validation.plain_plan's plans of requests that name no outputs, by batch size:
+    # equal for every such request, and read-only, so made once
+    plain_plans: dict[int, Any] = field(init=False)
 
     def __post_init__(self) -> None:
         self.key = f"{self.name}/{self.version}#{self.generation}"
@@ -89,7 +96,13 @@ class ModelVersion:
         self.decoupled = config.model_transaction_policy.decoupled
         self.caches_responses = config.response_cache.enable
         self.required_inputs = sum(not spec.optional for spec in self.inputs.values())
+        self.required_mask = 0
+        for i, spec in enumerate(self.inputs.values()):
+            spec.bit = 1 << i
+            if not spec.optional:
+                self.required_mask |= spec.bit
         self.output_names = tuple(self.outputs)
+        self.plain_plans = {}
 
     def queue(self) -> "Scheduler | EnsembleScheduler | SequenceScheduler":
         """Where this version's requests go (it has one once loaded)."""
@@ -134,16 +147,6 @@ class ModelEntry:
 
     def ready_versions(self) -> list[ModelVersion]:
         return [v for _, v in sorted(self.versions.items()) if v.ready]
-
-
-def _latest_ready(entry: ModelEntry) -> ModelVersion | None:
-    """``entry.ready_versions()[-1]`` (or None) without sorting: every request without a
-    version asks for it."""
-    latest, latest_version = None, -1
-    for version, mv in entry.versions.items():
-        if version > latest_version and mv.state == READY:
-            latest, latest_version = mv, version
-    return latest
 
 
 def check_links_inside(model_dir: Path) -> None:
@@ -232,7 +235,12 @@ class ModelRepository:
             if mv is None or (require_ready and not mv.ready):
                 raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
             return mv
-        latest = _latest_ready(entry)
+        # ``entry.ready_versions()[-1]`` without sorting or a call of its own: every
+        # request that names no version asks for it
+        latest, latest_version = None, -1
+        for v, mv in entry.versions.items():
+            if v > latest_version and mv.state == READY:
+                latest, latest_version = mv, v
         if latest is not None:
             return latest
         if require_ready:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import collections
 import functools
+from asyncio import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable
 
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from .clock import Clock, LoopClock, Wakeup
@@ -109,6 +110,8 @@ class Scheduler:
         self._held: dict[int, Pending] = {}     # finished, waiting for earlier ones
         self._wakeup = Wakeup(self.clock, self._pump)
         self._closing = False
+        self._loop = asyncio.get_running_loop()  # each request's future: made on it, not looked up
+        self._one_instance = len(model.instances) == 1  # then every free slot is that instance's
 
     # -- admission -----------------------------------------------------------------------
     def _priority(self, request: InferRequest) -> int:
@@ -131,35 +134,54 @@ class Scheduler:
             timeout_us = value
         return timeout_us * 1000 if timeout_us > 0 else None
 
-    async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
-                     trace: Any = None, stream: ResponseStream | None = None) -> InferResponse | None:
-        """Queue a request and wait until its batch has executed. The response, or for a
-        decoupled model None: its responses go to ``stream``."""
+    def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
+               trace: Any = None, stream: ResponseStream | None = None) -> Awaitable[InferResponse | None]:
+        """Queue a request: what this returns resolves once its batch has executed, to the
+        response, or for a decoupled model to None (its responses go to ``stream``). A
+        refusal (unloading, queue full, a bad priority or timeout) raises at the call. A
+        request that goes straight to a free instance gets its future itself, not a
+        coroutine around it (one fewer per request): nothing is left to do for it but
+        wait (it is in no queue to leave if its caller goes); it counts as pending until
+        answered."""
         if self._closing:
             raise Unavailable(f"model '{self.model.name}' version {self.model.version} is unloading")
-        # Most requests name neither a priority nor a timeout: the level and the deadline
-        # are then the defaults.
+        # Most requests name neither a priority nor a timeout (most name no parameter at
+        # all): the level and the deadline are then the defaults.
         params = request.parameters
-        level = self._priority(request) if "priority" in params else self.default_level
+        level = self._priority(request) if params and "priority" in params else self.default_level
         policy = self.policies[level]
         queue = self.queues[level]
         if policy.max_queue_size and len(queue) >= policy.max_queue_size:
             self.stats.record_failure(0, "REJECTED")
             raise Unavailable(f"Exceeds maximum queue size for model '{self.model.name}'")
         now = self.clock.now()
-        timeout = self._timeout_ns(request, policy) if "timeout" in params else policy.default_timeout_ns
-        pending = Pending(request, plan, regions, stream, plan.batch_size or 1, level, now,
-                          now + timeout if timeout else None, policy.reject_on_timeout,
-                          asyncio.get_running_loop().create_future(), self._seq, trace=trace)
+        timeout = self._timeout_ns(request, policy) if params and "timeout" in params else policy.default_timeout_ns
+        deadline = now + timeout if timeout else None
+        direct = False  # straight to a free slot: no deadline, nothing waiting before it, batching off
+        if deadline is None and queue is self._direct and not queue and self.idle:
+            direct = True
+        pending = Pending(request, plan, regions, stream, plan.batch_size or 1, level, now, deadline,
+                          policy.reject_on_timeout, Future(loop=self._loop), self._seq, None, trace, direct)
         if trace is not None:
             trace.stamp("QUEUE_START", now)
         self._seq += 1
+        self.stats.pending += 1  # until the caller stops waiting (_wait), or for a direct one until answered
+        if direct:
+            # What _pump's direct path does with the one request waiting and a free
+            # slot, without the detour through the queue: it goes to that slot now.
+            self._start([pending], self._take_slot())
+            if self._wakeup.when_ns is not None:  # nothing waits: no timer either
+                self._wakeup.arm(None)
+            return pending.future
         queue.append(pending)
-        self.stats.pending += 1
+        return self._wait(pending, queue)
+
+    async def _wait(self, pending: Pending, queue: collections.deque[Pending]) -> InferResponse | None:
+        """A queued request's dispatch and wait (``submit``'s)."""
         try:
             self._pump()
-            client_timeout = request.parameters.get("timeout")
-            if not client_timeout or pending.deadline_ns is None or not pending.reject_on_timeout:
+            params = pending.request.parameters
+            if pending.deadline_ns is None or not pending.reject_on_timeout or not params.get("timeout"):
                 return await pending.future
             # A timeout the client asked for bounds the whole request: a model that hangs
             # does not hold the client (its instance stays busy until the model returns).
@@ -167,7 +189,8 @@ class Scheduler:
             return await self._wait_until(pending, pending.deadline_ns)
         except asyncio.CancelledError:
             # The caller is gone (a client's RST_STREAM or disconnect): a request still in
-            # the queue is dropped so it never reaches an instance; one already in a batch runs.
+            # the queue is dropped so it never reaches an instance (nor an answer); one
+            # already in a batch runs.
             try:
                 queue.remove(pending)
             except ValueError:
@@ -281,12 +304,15 @@ class Scheduler:
 
     def _take_slot(self) -> tuple[str, int]:
         """A free slot, on an instance with nothing to do if there is one."""
-        for i, instance in enumerate(self.idle):
-            if not self._running[instance]:
-                del self.idle[i]
-                break
-        else:
+        if self._one_instance:
             instance = self.idle.popleft()
+        else:
+            for i, instance in enumerate(self.idle):
+                if not self._running[instance]:
+                    del self.idle[i]
+                    break
+            else:
+                instance = self.idle.popleft()
         self._running[instance] += 1
         return instance
 
@@ -343,8 +369,31 @@ class Scheduler:
                    results: list[Any], timing: tuple[int, int, int] | None) -> None:
         """The worker answered (or died): the instance takes its next batch first, then
         each request gets its result. ``timing`` is None when the model did not run."""
-        self._free_slot(instance)
-        self._pump()
+        if self.claims:
+            self._free_slot(instance)
+        else:  # _free_slot without a rate limiter
+            self._running[instance] -= 1
+            self.idle.append(instance)
+        queue = self._direct
+        if queue is None or queue or self._wakeup.when_ns is not None:  # else _pump has nothing to do
+            self._pump()
+        if timing is not None and len(batch) == 1:
+            p, result = batch[0], results[0]
+            if p.trace is None and not self.preserve_ordering and not isinstance(result, Exception):
+                # The common answer: one request that ran and succeeded, not traced, no
+                # order to keep. What the loop below does for it, in fewer calls: its
+                # execution and its success recorded at once, then _finish's _resolve.
+                in_ns, infer_ns, out_ns = timing
+                enqueued = p.enqueued_ns
+                self.stats.record_single(p.rows, self.clock.now() - enqueued, start - enqueued, in_ns, infer_ns,
+                                         out_ns)
+                if p.count_on_answer:
+                    self.stats.pending -= 1
+                if not p.future.done():
+                    p.future.set_result(result)
+                elif isinstance(result, InferResponse):  # the caller stopped waiting: free what it missed
+                    result.release()
+                return
         in_ns, infer_ns, out_ns = timing or (0, 0, 0)
         if timing is not None:  # the model ran (even if every request failed), as Triton counts executions
             rows = batch[0].rows if len(batch) == 1 else sum(p.rows for p in batch)
@@ -361,6 +410,8 @@ class Scheduler:
         if isinstance(result, Exception):
             reason = "REJECTED" if isinstance(result, Unavailable) else "BACKEND"
             self.stats.record_failure(self.clock.now() - p.enqueued_ns, reason)
+        if p.count_on_answer:  # only without preserve_ordering (a direct request)
+            self.stats.pending -= 1
         if not self.preserve_ordering:
             _resolve(p, result)
             return

@@ -20,7 +20,7 @@ from .shm_registry import SharedMemoryRegistry
 from ..worker.devices import cuda_available
 from .tracing import Tracer
 from .types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
-from .validation import RequestPlan, validate_request
+from .validation import RequestPlan, checked_plan, plain_plan, validate_request
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
@@ -31,6 +31,11 @@ SERVER_NAME = "triton"
 # Only what really works is advertised (perf_analyzer reads this list).
 EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
               "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
+
+
+# The regions of a request that uses no client shared memory: one empty dict every such
+# request shares (read, never written, below the service).
+_NO_REGIONS: dict = {}
 
 
 class InferenceService:
@@ -163,7 +168,8 @@ class InferenceService:
 
     # -- inference -----------------------------------------------------------------------
     async def infer(self, request: InferRequest) -> InferResponse:
-        """Run one request. The caller must call ``response.release()`` when done with it."""
+        """Run one request. The caller must call ``response.release()`` when done with it.
+        A coroutine: the lean HTTP path drives it with ``send`` itself."""
         model = self._model_for(request)
         if model.decoupled:
             raise Unsupported(f"model '{model.name}' is decoupled (it may send any number of responses): use "
@@ -272,10 +278,13 @@ class InferenceService:
         so its validation error raises at the call, not at the await."""
         if self.tracer.active or model.caches_responses:  # both time the request from its arrival
             return self._infer_with_features(model, request, stream)
-        plan = validate_request(model, request)
+        plan = plain_plan(model, request) or checked_plan(model, request)  # validate_request's two steps
         if plan.shm_inputs or plan.shm_outputs:
             return self._infer_with_features(model, request, stream, plan)
-        return model.queue().submit(request, plan, {}, None, stream)
+        scheduler = model.scheduler
+        if scheduler is None:
+            scheduler = model.queue()  # raises why it has none
+        return scheduler.submit(request, plan, _NO_REGIONS, None, stream)
 
     async def _infer_with_features(self, model: "ModelVersion", request: InferRequest,
                                    stream: ResponseStream | None, plan: RequestPlan | None = None

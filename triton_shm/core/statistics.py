@@ -150,6 +150,45 @@ class ModelStats:
             for phase, ns in zip(SUMMARY_PHASES, (total_ns, queue_ns, input_ns, infer_ns, output_ns)):
                 self.summaries[phase].observe(ns // 1000, now)
 
+    def record_single(self, samples: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
+                      output_ns: int) -> None:
+        """``record_execution(samples, ...)`` then ``record_success(samples, ...)``: a batch of
+        one request that succeeded (most are), in one call."""
+        self.execution_count += 1
+        b = self.batches.get(samples)
+        if b is None:
+            b = self.batches[samples] = BatchStats()
+        d = b.compute_input
+        d.count += 1
+        d.ns += input_ns
+        d = b.compute_infer
+        d.count += 1
+        d.ns += infer_ns
+        d = b.compute_output
+        d.count += 1
+        d.ns += output_ns
+        self.inference_count += samples
+        self.last_inference_ms = int(time.time() * 1000)
+        d = self._success
+        d.count += 1
+        d.ns += total_ns
+        d = self._queue
+        d.count += 1
+        d.ns += queue_ns
+        d = self._input
+        d.count += 1
+        d.ns += input_ns
+        d = self._infer
+        d.count += 1
+        d.ns += infer_ns
+        d = self._output
+        d.count += 1
+        d.ns += output_ns
+        if self.summaries is not None:
+            now = time.monotonic()
+            for phase, ns in zip(SUMMARY_PHASES, (total_ns, queue_ns, input_ns, infer_ns, output_ns)):
+                self.summaries[phase].observe(ns // 1000, now)
+
     def record_cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None:
         """One request answered from the response cache: a success that never ran the model."""
         self.last_inference_ms = int(time.time() * 1000)

@@ -107,3 +107,6 @@ class Pending(BatchRequest):
     seq: int = 0
     result: Any = None            # preserve_ordering: held until earlier requests are answered
     trace: Any = None             # a tracing.Trace when this request is traced
+    # the scheduler's pending count drops when it is answered (no coroutine of the
+    # scheduler's waits for it to drop the count when the caller stops waiting)
+    count_on_answer: bool = False

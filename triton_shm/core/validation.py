@@ -91,15 +91,16 @@ def plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | None
     (``TensorSpec.fixed_bytes``), no shared memory, unique known outputs without
     classification. For such a request every check of ``validate_request`` passes and
     its plan is this one, so skipping them changes nothing; anything else returns None
-    without raising, and ``checked_plan`` runs every check and words the error."""
+    without raising, and ``checked_plan`` runs every check and words the error. Unique
+    names covering the required ones: no input's bit twice, every required bit.
+    Plans are read-only: a request that names no outputs gets its model's shared one."""
     specs, max_batch = model.inputs, model.max_batch_size
-    batch_size = required = 0
-    names = set()
+    batch_size = seen = 0  # seen: the TensorSpec.bit of every input named so far
     for inp in request.inputs:
         spec = specs.get(inp.name)
         data = inp.data
         if (spec is None or data is None or inp.datatype != spec.datatype or not spec.fixed_bytes
-                or (inp.parameters and not _SHM_KEYS.isdisjoint(inp.parameters))):
+                or seen & spec.bit or (inp.parameters and not _SHM_KEYS.isdisjoint(inp.parameters))):
             return None
         nbytes = data.nbytes if type(data) is memoryview else len(data)
         shape = inp.shape
@@ -113,12 +114,16 @@ def plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | None
             return None
         if nbytes > MAX_TENSOR_BYTES:  # its element count is capped in checked_plan's message
             return None
-        required += not spec.optional
-        names.add(inp.name)
-    if required != model.required_inputs or len(names) != len(request.inputs):
+        seen |= spec.bit
+    required = model.required_mask
+    if seen & required != required:
         return None
-    if not request.outputs:
-        return RequestPlan(list(model.output_names), batch_size, NOTHING, NOTHING, NOTHING)
+    if not request.outputs:  # every output: the same plan for every such request of this batch size
+        plan = model.plain_plans.get(batch_size)
+        if plan is None:
+            plan = model.plain_plans[batch_size] = RequestPlan(list(model.output_names), batch_size, NOTHING,
+                                                               NOTHING, NOTHING)
+        return plan
     outputs: list[str] = []
     for out in request.outputs:
         if (out.name not in model.outputs or out.name in outputs

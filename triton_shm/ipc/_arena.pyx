@@ -196,7 +196,7 @@ cdef class BlockAllocator:
         finally:
             PyBuffer_Release(&src)
 
-    def free(self, segment_id, uint64_t offset, uint64_t nbytes):
+    cdef int _free(self, segment_id, uint64_t offset, uint64_t nbytes) except -1:
         cdef _SegmentFree free = self._by_id.get(segment_id)
         if free is None:
             raise Internal(f"free of a block in unknown segment {segment_id}")
@@ -205,12 +205,21 @@ cdef class BlockAllocator:
             del self._by_id[segment_id]
             self._order.remove(free)
             self._drop(free.segment)
+        return 0
+
+    def free(self, segment_id, uint64_t offset, uint64_t nbytes):
+        self._free(segment_id, offset, nbytes)
 
     def free_blocks(self, blocks):
         """``free`` of each block, in one call."""
         cdef Block b
         for b in blocks:
-            self.free(b.segment.id, b.offset, b.size)
+            self._free(b.segment.id, b.offset, b.size)
+
+    def free_records(self, records):
+        """``free`` of each ``(segment id, offset, size)`` (a frame's FREE records), in one call."""
+        for segment_id, offset, size in records:
+            self._free(segment_id, offset, size)
 
     def _find(self, nbytes):
         """A block of ``nbytes``, or None when no segment has room."""

@@ -4,12 +4,13 @@ from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.errno cimport EAGAIN, errno
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 from posix.unistd cimport read, write
 
 import os
 
 from . import channel
-from .ring_py import HEADER, ON_SOCKET, RingCorrupt, check_capacity
+from .ring_py import HEADER, ON_SOCKET, PEER_CHECK_NS, RingCorrupt, check_capacity
 
 
 cdef class Ring:
@@ -26,6 +27,7 @@ cdef class Ring:
         self.r.base = &self.view[0]
         self.r.capacity = capacity
         self.r.pos = 0
+        self.r.kicked = 0
 
     @property
     def max_record(self) -> int:
@@ -85,13 +87,34 @@ cdef int _eventfd_write(int fd) except -1:
     return 0
 
 
+cdef uint64_t _now_ns() noexcept nogil:
+    cdef timespec t
+    clock_gettime(CLOCK_MONOTONIC, &t)
+    return <uint64_t>t.tv_sec * 1000000000u + <uint64_t>t.tv_nsec
+
+
 cdef class LinkCore:
     """The per-frame half of ``link.Link`` (its base class; documented there): sending
-    and receiving a frame, and clearing the wake-up, in C. ``Link`` sets ``sock``,
-    ``tx``, ``rx``, ``tx_wake``, ``rx_wake`` and ``_receiver`` (a ``channel.Receiver``)."""
+    and receiving a frame, waiting for one, and clearing the wake-up, in C. ``Link`` provides
+    ``socket_state()`` and ``_wait_eventfd(spin_ns)``, and sets
+    ``sock``, ``tx``, ``rx``, ``tx_wake``, ``rx_wake`` (an eventfd, or -1: that direction
+    wakes its consumer by the futex on the ring's sleeping word) and ``_receiver`` (a
+    ``channel.Receiver``)."""
     cdef public Ring tx, rx
     cdef public int tx_wake, rx_wake
     cdef public object sock, _receiver
+    cdef bint _spinning
+
+    def __cinit__(self):
+        self._spinning = True
+
+    cdef inline int _wake(self) except -1:
+        if self.tx_wake >= 0:
+            _eventfd_write(self.tx_wake)
+        else:
+            with nogil:
+                tsm_ring_wake(&self.tx.r)
+        return 0
 
     def send(self, frame, fds=None):
         """Raises BlockingIOError when the ring (or the socket) is full."""
@@ -109,7 +132,46 @@ cdef class LinkCore:
         if rc == TSM_RING_FULL:
             raise BlockingIOError("ring full")
         if wake:
-            _eventfd_write(self.tx_wake)
+            self._wake()
+
+    def wake_peer(self):
+        """Wake the peer as a push would, with nothing pushed (it looks at the link again)."""
+        self._wake()
+
+    def kick(self):
+        """From another thread of this process: wake the thread that waits for our ring."""
+        if self.rx_wake >= 0:
+            _eventfd_write(self.rx_wake)
+        else:
+            tsm_ring_kick(&self.rx.r)
+
+    def wait(self, uint64_t spin_ns):
+        """Block until a frame may be waiting; False once the peer is gone (``Link.wait``)."""
+        if self.rx_wake >= 0:
+            return self._wait_eventfd(spin_ns)
+        if self._sleep(spin_ns, PEER_CHECK_NS):
+            return True
+        return self.socket_state() != "eof"
+
+    cdef bint _sleep(self, uint64_t spin_ns, uint64_t timeout_ns) except -1:
+        """The futex direction: True when a record may be there (or ``kick``), False when none
+        came within ``timeout_ns`` or the wake-up brought none. Spins first while that pays."""
+        cdef int got, rc
+        cdef uint64_t slept
+        if self._spinning:
+            with nogil:
+                got = tsm_ring_spin(&self.rx.r, spin_ns)
+            if got:
+                return True
+            self._spinning = False
+        if not tsm_ring_prepare_sleep(&self.rx.r):
+            return True
+        with nogil:
+            slept = _now_ns()
+            rc = tsm_ring_sleep(&self.rx.r, timeout_ns)
+            slept = _now_ns() - slept
+        self._spinning = slept < spin_ns
+        return rc == TSM_RING_KICKED or tsm_ring_pending(&self.rx.r) != 0
 
     def recv(self):
         """The next frame and its fds, or None while the ring is empty. Raises

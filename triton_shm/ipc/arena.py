@@ -62,7 +62,8 @@ class Arena(BlockAllocator):
     """Allocator over a growing set of segments. Thread-safe.
 
     ``alloc(nbytes)``, ``put(data)`` (alloc and copy), ``free(segment id, offset,
-    nbytes)`` and ``free_blocks(blocks)`` are ``BlockAllocator``'s (C: no Python code
+    nbytes)``, ``free_blocks(blocks)`` and ``free_records(records)`` (a frame's FREE
+    records) are ``BlockAllocator``'s (C: no Python code
     runs per block while a segment has room); this class adds and drops segments.
     ``on_new_segment(segment)`` is called (under the lock) when a segment is created so
     the owner can pass its fd to the peer before any descriptor naming it is sent.

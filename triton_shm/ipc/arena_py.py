@@ -87,6 +87,8 @@ class BlockAllocator:
         """A block holding a copy of ``data`` (a contiguous buffer): ``alloc`` and the copy
         in one call."""
         view = memoryview(data)
+        if view.c_contiguous:  # any shape and format, as the C twin takes it
+            view = view.cast("B")
         block = self.alloc(view.nbytes)
         block.view[:] = view
         return block
@@ -107,6 +109,11 @@ class BlockAllocator:
         """``free`` of each block, in one call."""
         for b in blocks:
             self.free(b.segment.id, b.offset, b.size)
+
+    def free_records(self, records: Iterable[tuple[int, int, int]]) -> None:
+        """``free`` of each ``(segment id, offset, size)`` (a frame's FREE records), in one call."""
+        for segment_id, offset, size in records:
+            self.free(segment_id, offset, size)
 
     def _find(self, nbytes: int) -> Block | None:
         """A block of ``nbytes``, or None when no segment has room."""

@@ -1,12 +1,16 @@
 """The link between the front-end and one worker: one shared-memory ring per direction,
-an eventfd per direction, and the SEQPACKET socket.
+a wake-up per direction, and the SEQPACKET socket.
 
-Every frame travels in the sender's ring, in order. Its eventfd is written only when the
-receiver has said it is going to sleep (``ring``'s handshake), so while the receiver is
-awake and draining, frames cross without a system call. The socket stays for what a ring
-cannot carry: file descriptors (the frame goes on the socket with its fds, and an empty
-record flagged ``ON_SOCKET`` keeps its place in the ring's order) and liveness: the
-peer's death is end-of-file on the socket.
+Every frame travels in the sender's ring, in order. The receiver is woken only when it
+has said it is going to sleep (``ring``'s handshake), so while it is awake and draining,
+frames cross without a system call. The front-end sleeps in its event loop, so the worker
+wakes it through an eventfd; the worker sleeps on its ring's sleeping word as a futex,
+so the front-end wakes it with FUTEX_WAKE, and the wait needs no eventfd read after it.
+The socket stays for what a ring cannot carry: file descriptors (the frame goes on the
+socket with its fds, and an empty record flagged ``ON_SOCKET`` keeps its place in the
+ring's order, so its push wakes the worker) and liveness: the peer's death is end-of-file
+on the socket. A futex cannot see that, so the worker's sleep ends every
+``PEER_CHECK_NS`` to look at the socket, and the front-end's ``close`` wakes it at once.
 """
 from __future__ import annotations
 
@@ -14,11 +18,10 @@ import mmap
 import os
 import select
 import socket
-import time
 
 from . import channel
 from .arena import INTERNAL_PREFIX
-from .ring import HEADER, ON_SOCKET, LinkCore, Ring  # noqa: F401  (ON_SOCKET: the record flag)
+from .ring import HEADER, ON_SOCKET, PEER_CHECK_NS, LinkCore, Ring  # noqa: F401  (the record flag, the check)
 
 RING_CAPACITY = 4 << 20  # a record may take half: every frame (at most MAX_MESSAGE) fits
 
@@ -31,9 +34,19 @@ def _ring_memfd(name: str) -> int:
 
 
 class Link(LinkCore):
-    """One side of the link. ``tx``/``rx``: the rings this side pushes to and pops from.
-    ``send(frame, fds)``, ``recv()`` and ``clear_wake()`` are ``LinkCore``'s (C when
-    built): they run once per frame."""
+    """One side of the link. ``tx``/``rx``: the rings this side pushes to and pops from;
+    ``tx_wake``/``rx_wake``: their eventfds, -1 for the futex direction (to the worker).
+    ``send(frame, fds)``, ``recv()``, ``wait(spin_ns)``, ``wake_peer()``, ``kick()`` and
+    ``clear_wake()`` are ``LinkCore``'s (C when built): the first three run once per frame.
+
+    ``wait`` blocks until a frame may be waiting and says False once the peer is gone.
+    Spinning first (up to ``spin_ns``, without the GIL) saves a sleep and a wake-up when
+    the next frame follows within that time, and wastes the whole spin when it does not
+    (one request at a time: the next one is a client round trip away). So it spins only
+    while that pays, as an adaptive mutex does: a spin that ran out turns spinning off, a
+    sleep shorter than the spin would have been turns it back on. The socket is looked at
+    only when the sleep brought no record (every ``PEER_CHECK_NS`` while idle): a frame of
+    its own is always followed by its ring record, whose push wakes the sleeper."""
 
     def __init__(self, sock: socket.socket, tx_ring: int, rx_ring: int, tx_wake: int, rx_wake: int):
         self.sock = sock
@@ -46,7 +59,6 @@ class Link(LinkCore):
         self._sock_fd = sock.fileno()
         self._receiver = channel.Receiver(sock)
         self._poll: select.poll | None = None
-        self._spinning = True  # whether ``wait`` spins first: see there
 
     @classmethod
     def create(cls) -> tuple["Link", socket.socket, list[int]]:
@@ -54,19 +66,18 @@ class Link(LinkCore):
         ``attach`` takes them (they must be inherited by the worker, then closed here)."""
         ours, theirs = channel.socket_pair()
         to_worker, from_worker = _ring_memfd("in"), _ring_memfd("out")
-        wake_worker = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         wake_us = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
-        fds = [os.dup(to_worker), os.dup(from_worker), os.dup(wake_worker), os.dup(wake_us)]
+        fds = [os.dup(to_worker), os.dup(from_worker), os.dup(wake_us)]
         ours.setblocking(False)
-        return cls(ours, to_worker, from_worker, wake_worker, wake_us), theirs, fds
+        return cls(ours, to_worker, from_worker, -1, wake_us), theirs, fds
 
     @classmethod
     def attach(cls, sock: socket.socket, fds: list[int]) -> "Link":
         """The worker's side, from ``create``'s fds."""
-        rx_ring, tx_ring, rx_wake, tx_wake = fds
-        return cls(sock, tx_ring, rx_ring, tx_wake, rx_wake)
+        rx_ring, tx_ring, tx_wake = fds
+        return cls(sock, tx_ring, rx_ring, tx_wake, -1)
 
-    # sending and receiving a frame: LinkCore's (send, recv, clear_wake)
+    # sending, receiving and waiting for a frame: LinkCore's (send, recv, wait, clear_wake)
 
     def socket_state(self) -> str:
         """What the socket holds now: "eof" (the peer is gone), "data" (a message waits) or "empty"."""
@@ -81,26 +92,16 @@ class Link(LinkCore):
         """End-of-file on the socket (no frame waiting there)."""
         return self.socket_state() == "eof"
 
-    def wait(self, spin_ns: int) -> bool:
-        """Block until a frame may be waiting; False once the peer is gone.
-
-        Spinning (up to ``spin_ns``, without the GIL) saves a sleep and a wake-up when the
-        next frame follows within that time, and wastes the whole spin when it does not
-        (one request at a time: the next one is a client round trip away). So spin only
-        while it pays, as an adaptive mutex does: a spin that ran out turns spinning off,
-        a sleep shorter than the spin would have been turns it back on."""
-        if self._spinning and self.rx.spin(spin_ns):
-            return True
-        self._spinning = False
-        if not self.rx.prepare_sleep():
+    def _wait_eventfd(self, spin_ns: int) -> bool:
+        """``wait`` for the eventfd direction (the front-end's, which only benchmarks block
+        on): poll the eventfd and the socket."""
+        if self.rx.spin(spin_ns) or not self.rx.prepare_sleep():
             return True
         if self._poll is None:
             self._poll = select.poll()
             self._poll.register(self.rx_wake, select.POLLIN)
             self._poll.register(self._sock_fd, select.POLLIN)
-        slept = time.monotonic_ns()
         events = self._poll.poll()
-        self._spinning = time.monotonic_ns() - slept < spin_ns
         self.rx.awake()
         self.clear_wake()
         for fd, _ in events:  # the socket is readable: a frame of its own, or the peer's end-of-file
@@ -109,13 +110,17 @@ class Link(LinkCore):
         return True
 
     def close(self) -> None:
-        """Closing the socket is what the peer sees (end-of-file)."""
+        """Closing the socket is what the peer sees (end-of-file); a worker asleep on its
+        futex is woken to look."""
         self.sock.close()
+        if self.tx_wake < 0:
+            self.wake_peer()
         for fd in (self.tx_wake, self.rx_wake):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
         for m in self._maps:
             try:
                 m.close()

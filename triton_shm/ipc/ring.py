@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from .ring_py import HEADER, ON_SOCKET, LinkCore, RingCorrupt, Ring  # noqa: F401
+from .ring_py import HEADER, ON_SOCKET, PEER_CHECK_NS, LinkCore, RingCorrupt, Ring  # noqa: F401
 
 USING_EXTENSION = False
 if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
@@ -15,4 +15,4 @@ if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
     except ImportError:  # not built: the pure-Python twin serves
         pass
 
-__all__ = ["HEADER", "LinkCore", "ON_SOCKET", "Ring", "RingCorrupt", "USING_EXTENSION"]
+__all__ = ["HEADER", "LinkCore", "ON_SOCKET", "PEER_CHECK_NS", "Ring", "RingCorrupt", "USING_EXTENSION"]

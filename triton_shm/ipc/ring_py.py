@@ -4,7 +4,8 @@ with ``struct`` on the mapping. Same API and errors.
 Python has no memory fences. The data-before-position order holds on x86-64 (stores are
 not reordered with stores, loads not with loads), but the wake-up handshake needs a
 store-load fence, so this twin never skips a wake: every push asks for one. Spinning is
-not offered (it would hold the GIL).
+not offered (it would hold the GIL). The futex on the sleeping word goes through
+``ctypes`` (``syscall(2)``; ctypes lets the GIL go meanwhile).
 
 The words the peer reads (head, tail, sleeping) go through native-width memoryview
 items: one aligned load or store each, as in C. Never ``struct.pack_into`` there: it clears
@@ -12,7 +13,10 @@ the field before it writes the value, and a peer that reads in between sees a po
 0 (a ring "past its end", or full)."""
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
+import platform
 import struct
 from typing import Any
 
@@ -25,6 +29,30 @@ _U32 = struct.Struct("<I")
 _REC = struct.Struct("<II")
 _HEAD, _TAIL, _SLEEPING = 0, 64 // 8, 128 // 4  # word indexes: u64 head and tail, u32 sleeping
 ON_SOCKET = 1  # record flag of ``link``: the frame is the next message on the socket
+# How long a worker sleeps before it looks at the socket for the front-end's end-of-file:
+# only a front-end that died without closing the link waits for it (its close wakes the worker).
+PEER_CHECK_NS = 100_000_000
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_SYS_FUTEX = ctypes.c_long({"x86_64": 202, "aarch64": 98}.get(platform.machine(), 202))  # syscall(long, ...)
+_FUTEX_WAIT, _FUTEX_WAKE = 0, 1
+_INT_MAX = 0x7FFFFFFF
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+def _futex_wait(addr: int, timeout_ns: int) -> bool:
+    """Sleep while the u32 at ``addr`` is 1 (``csrc/ring.h``'s tsm_ring_sleep); False on timeout."""
+    ts = _Timespec(timeout_ns // 1_000_000_000, timeout_ns % 1_000_000_000) if timeout_ns else None
+    rc = _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAIT, 1, ctypes.byref(ts) if ts else None,
+                       None, 0)
+    return not (rc < 0 and ctypes.get_errno() == errno.ETIMEDOUT)
+
+
+def _futex_wake(addr: int) -> None:
+    _libc.syscall(_SYS_FUTEX, ctypes.c_void_p(addr), _FUTEX_WAKE, _INT_MAX, None, None, 0)
 
 
 class RingCorrupt(Internal):
@@ -46,6 +74,8 @@ class Ring:
         self.capacity = capacity
         self.max_record = capacity // 2 - 8
         self.pos = 0  # ours: the copy in shared memory is what the peer may scribble on
+        self.kicked = False  # the consumer's own: see ``kick``
+        self._futex: Any = None  # the sleeping word as a ctypes object (its address), made on first use
 
     def push(self, data, flags: int = 0) -> int:
         n = len(data)
@@ -114,11 +144,41 @@ class Ring:
     def spin(self, ns: int) -> bool:
         return self.pending()
 
+    def _futex_addr(self) -> int:
+        if self._futex is None:
+            self._futex = ctypes.c_uint32.from_buffer(self.buf, _SLEEPING * 4)
+        return ctypes.addressof(self._futex)
+
+    def wake(self) -> None:
+        """Wake a consumer asleep on the sleeping word (``tsm_ring_wake``)."""
+        self._u32[_SLEEPING] = 0
+        _futex_wake(self._futex_addr())
+
+    def sleep(self, timeout_ns: int) -> int:
+        """After ``prepare_sleep`` said yes: 0 timed out, 1 woken, 2 kicked (``tsm_ring_sleep``)."""
+        result = 1
+        if not self.kicked and not _futex_wait(self._futex_addr(), timeout_ns):
+            result = 0
+        self._u32[_SLEEPING] = 0
+        if self.kicked:
+            self.kicked = False
+            result = 2
+        return result
+
+    def kick(self) -> None:
+        """Another thread of the consumer's process wakes its sleep (the GIL orders the flag)."""
+        self.kicked = True
+        if self._u32[_SLEEPING]:
+            self.wake()
+
 
 class LinkCore:
     """The per-frame half of ``link.Link`` (its base class; documented there): sending
-    and receiving a frame, and clearing the wake-up. ``Link`` sets ``sock``, ``tx``,
-    ``rx``, ``tx_wake``, ``rx_wake`` and ``_receiver`` (a ``channel.Receiver``)."""
+    and receiving a frame, waiting for one, and clearing the wake-up. ``Link`` provides
+    ``socket_state()`` and ``_wait_eventfd(spin_ns)``, and sets
+    ``sock``, ``tx``, ``rx``, ``tx_wake``, ``rx_wake`` (an eventfd, or -1: that direction
+    wakes its consumer by the futex on the ring's sleeping word) and ``_receiver`` (a
+    ``channel.Receiver``)."""
 
     sock: Any  # socket.socket
     tx: Ring
@@ -139,7 +199,31 @@ class LinkCore:
         if rc < 0:
             raise BlockingIOError("ring full")
         if rc:
+            self.wake_peer()
+
+    def wake_peer(self) -> None:
+        """Wake the peer as a push would, with nothing pushed (it looks at the link again)."""
+        if self.tx_wake >= 0:
             os.eventfd_write(self.tx_wake, 1)
+        else:
+            self.tx.wake()
+
+    def kick(self) -> None:
+        """From another thread of this process: wake the thread that waits for our ring."""
+        if self.rx_wake >= 0:
+            os.eventfd_write(self.rx_wake, 1)
+        else:
+            self.rx.kick()
+
+    def wait(self, spin_ns: int) -> bool:
+        """Block until a frame may be waiting; False once the peer is gone (``Link.wait``).
+        The twin does not spin."""
+        if self.rx_wake >= 0:
+            return self._wait_eventfd(spin_ns)  # type: ignore[attr-defined]  # Link's
+        rx = self.rx
+        if not rx.prepare_sleep() or rx.sleep(PEER_CHECK_NS) == 2 or rx.pending():
+            return True
+        return self.socket_state() != "eof"  # type: ignore[attr-defined]  # Link's
 
     def recv(self) -> tuple[bytes, list[int]] | None:
         """The next frame and its fds, or None while the ring is empty. Raises

@@ -42,6 +42,7 @@ RELEASE_BYTES = 8 << 20
 DRAIN_BATCH = 256  # frames read from a worker's ring before the event loop gets a turn
 ORPHAN_RECHECK_S = 0.001  # a socket message waiting for its ring record is looked at again after this
 ORPHAN_LIMIT_S = 5.0  # ... and past this, the worker is taken to misuse the socket
+_REPLY = Op.REPLY  # the decoder's ops are these members: compared by identity
 
 
 class WorkerHandle:
@@ -208,15 +209,21 @@ class WorkerHandle:
             raise Unavailable(f"worker '{self.name}' is not running")
         try:
             self.link.send(frame, fds)
-        except BlockingIOError:
+        except (BlockingIOError, BrokenPipeError, ConnectionError) as e:
+            raise self._send_error(e) from None
+
+    def _send_error(self, e: OSError) -> Unavailable:
+        """What a send that failed with ``e`` raises."""
+        if isinstance(e, BlockingIOError):
             # The worker is not draining its ring; treat as overload rather than block the loop.
-            raise Unavailable(f"worker '{self.name}' is not keeping up (its ring is full)") from None
-        except (BrokenPipeError, ConnectionError):
-            raise Unavailable(f"worker '{self.name}' is not running") from None
+            return Unavailable(f"worker '{self.name}' is not keeping up (its ring is full)")
+        return Unavailable(f"worker '{self.name}' is not running")
 
     def _take_releases(self) -> list[list[int]]:
         """Freed output blocks ride on the next frame: no message of their own."""
-        releases, self._releases, self._release_bytes = self._releases, [], 0
+        releases = self._releases
+        if releases:  # else the empty list serves again (the encoders only read it)
+            self._releases, self._release_bytes = [], 0
         return releases
 
     def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
@@ -235,17 +242,25 @@ class WorkerHandle:
         UNAVAILABLE if the worker dies first. It is called synchronously from the ring
         reader. ``on_stream`` receives the STREAM frames that carry this id (decoupled
         responses), until ``end_stream``."""
-        if self.link is None:
+        link = self.link
+        if link is None:
             raise Unavailable(f"worker '{self.name}' is not running")
-        msg_id = self.next_id() if msg_id is None else msg_id
+        if msg_id is None:
+            msg_id = next(self._ids)
+        # _take_releases and _send_frame, written out: every request passes here
+        releases = self._releases
+        if releases:  # else the empty list serves again (the encoders only read it)
+            self._releases, self._release_bytes = [], 0
         self._pending[msg_id] = on_reply
         if on_stream is not None:
             self._streams[msg_id] = on_stream
         try:
-            self._send_frame(encode(msg_id, *args, self._take_releases()), fds)
-        except BaseException:
+            link.send(encode(msg_id, *args, releases), fds)
+        except BaseException as e:
             self._pending.pop(msg_id, None)
             self._streams.pop(msg_id, None)
+            if isinstance(e, (BlockingIOError, BrokenPipeError, ConnectionError)):
+                raise self._send_error(e) from None
             raise
         return msg_id
 
@@ -302,6 +317,16 @@ class WorkerHandle:
             except protocol.ProtocolError as e:
                 channel.close_fds(fds)
                 self._bad_frame(e)
+                continue
+            if msg.op is _REPLY and not fds:
+                # _dispatch and _deliver for a reply (the decoder's body is a dict), written
+                # out: one per request
+                on_reply = self._pending.pop(msg.id, None)
+                if on_reply is not None:
+                    try:
+                        on_reply(msg.body)
+                    except Exception:
+                        log.exception("handling a worker reply failed")
                 continue
             if fds and msg.op != Op.CONTROL:
                 channel.close_fds(fds)

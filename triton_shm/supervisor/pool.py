@@ -197,37 +197,27 @@ class WorkerPool:
         batch cannot be sent."""
         worker_name, index = instance
         worker = self.workers[worker_name]
-        if not worker.alive or worker.arena is None:
-            raise Unavailable(f"model '{mv.name}' is not available: worker '{worker_name}' is restarting")
         arena = worker.arena
-        blocks: list[Block] = []
+        if not worker.alive or arena is None:
+            raise Unavailable(f"model '{mv.name}' is not available: worker '{worker_name}' is restarting")
         on_stream = self._stream_handler(worker, mv, batch) if mv.decoupled else None
-
-        def on_reply(reply: dict[str, Any] | Exception) -> None:
-            if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
-                arena.free_blocks(blocks)
-            if isinstance(reply, Exception):
-                done([reply] * len(batch), None)
+        blocks: list[Block] = []
+        # what reads the reply: a partial, fewer objects than a closure (no cells)
+        on_reply = functools.partial(self._on_reply, worker, arena, blocks, mv, batch, done, on_stream)
+        try:
+            if len(batch) == 1:  # most batches: a list display, no appends
+                requests = [self._request_record(worker, arena, batch[0], blocks)]
+            else:
+                requests = []
+                for p in batch:  # a loop, not a comprehension: no frame of its own
+                    requests.append(self._request_record(worker, arena, p, blocks))
+            if on_stream is None:
+                worker.request(protocol.encode_infer, (mv.key, index, requests), on_reply)
                 return
-            try:
-                results, timing = self._batch_results(worker, mv, batch, reply, on_stream)
-            except TritonShmError as e:
-                results, timing = [e] * len(batch), None
-            except Exception as e:  # a fault of ours reading the reply: the batch fails, nothing waits
-                log.exception("reading worker '%s's reply failed", worker.name)
-                error = Internal(f"reading worker '{worker.name}'s reply failed: {type(e).__name__}: {e}")
-                results, timing = [error] * len(batch), None
-            done(results, timing)
-
-        msg_id = worker.next_id()
-        if on_stream is not None:
+            msg_id = worker.next_id()
             for i, p in enumerate(batch):
                 if p.stream is not None:
                     p.stream.cancel = functools.partial(worker.cancel, msg_id, i)
-        try:
-            requests = []
-            for p in batch:  # a loop, not a comprehension: no frame of its own (one request, mostly)
-                requests.append(self._request_record(worker, arena, p, blocks))
             worker.request(protocol.encode_infer, (mv.key, index, requests), on_reply, on_stream=on_stream,
                            msg_id=msg_id)
         except BaseException:
@@ -235,34 +225,55 @@ class WorkerPool:
                 arena.free_blocks(blocks)
             raise
 
-    def _batch_results(self, worker: WorkerHandle, mv: "ModelVersion", batch: Sequence[BatchRequest],
-                       reply: dict[str, Any], on_stream) -> tuple[list[InferResponse | Exception | None],
-                                                                   tuple[int, int, int]]:
-        responses = reply.get("responses")
-        if not isinstance(responses, list) or len(responses) != len(batch):
-            raise Internal(f"worker '{worker.name}' answered a batch of {len(batch)} with a malformed reply")
-        results: list[InferResponse | Exception | None] = []
-        for i, (p, r) in enumerate(zip(batch, responses)):
-            if not isinstance(r, dict):
-                results.append(Internal(f"worker '{worker.name}' sent a malformed response"))
-            elif "error" in r:
-                error = TritonShmError.from_wire(r["error"])
-                if on_stream is not None:  # the request ends here: its stream gets the error
-                    on_stream({"id": reply.get("id"), "index": i, "error": r["error"], "final": True})
-                results.append(error)
-            elif on_stream is not None:
-                results.append(None)  # executed; its responses arrive on its stream
-            else:
-                try:
-                    results.append(self._response(worker, mv, p, r["outputs"], complete=True))
-                except Exception as e:  # noqa: BLE001 - the worker is not trusted: a malformed entry fails its request
-                    results.append(e if isinstance(e, TritonShmError)
-                                   else Internal(f"worker '{worker.name}' sent a malformed response: {e}"))
-        timing = reply.get("timing") or (0, 0, 0)
+    def _on_reply(self, worker: WorkerHandle, arena: Arena, blocks: list[Block], mv: "ModelVersion",
+                  batch: Sequence[BatchRequest], done: Callable[[list[InferResponse | Exception | None],
+                                                                 tuple[int, int, int] | None], None],
+                  on_stream: Callable[[dict[str, Any] | None], None] | None, reply: dict[str, Any] | Exception
+                  ) -> None:
+        """A batch's reply (or the exception that ends it): its input blocks are freed,
+        then ``done`` gets each request's result."""
+        if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
+            arena.free_blocks(blocks)
+        if isinstance(reply, Exception):
+            done([reply] * len(batch), None)
+            return
         try:
-            return results, (int(timing[0]), int(timing[1]), int(timing[2]))
-        except (TypeError, ValueError, IndexError):
-            raise Internal(f"worker '{worker.name}' sent a malformed timing") from None
+            responses = reply.get("responses")
+            if not isinstance(responses, list) or len(responses) != len(batch):
+                raise Internal(f"worker '{worker.name}' answered a batch of {len(batch)} with a malformed reply")
+            results: list[InferResponse | Exception | None] = []
+            i = 0
+            for r in responses:  # a loop over the requests, not zip or enumerate: no objects of their own
+                if not isinstance(r, dict):
+                    results.append(Internal(f"worker '{worker.name}' sent a malformed response"))
+                elif "error" in r:
+                    error = TritonShmError.from_wire(r["error"])
+                    if on_stream is not None:  # the request ends here: its stream gets the error
+                        on_stream({"id": reply.get("id"), "index": i, "error": r["error"], "final": True})
+                    results.append(error)
+                elif on_stream is not None:
+                    results.append(None)  # executed; its responses arrive on its stream
+                else:
+                    try:
+                        results.append(self._response(worker, mv, batch[i], r["outputs"], True))
+                    except Exception as e:  # noqa: BLE001 - the worker is not trusted: a malformed entry fails its request
+                        results.append(e if isinstance(e, TritonShmError)
+                                       else Internal(f"worker '{worker.name}' sent a malformed response: {e}"))
+                i += 1
+            timing = reply.get("timing")
+            if type(timing) is not tuple:  # a REPLY's is the decoder's tuple of three ints: anything else is checked
+                timing = timing or (0, 0, 0)
+                try:
+                    timing = (int(timing[0]), int(timing[1]), int(timing[2]))
+                except (TypeError, ValueError, IndexError):
+                    raise Internal(f"worker '{worker.name}' sent a malformed timing") from None
+        except TritonShmError as e:
+            results, timing = [e] * len(batch), None
+        except Exception as e:  # a fault of ours reading the reply: the batch fails, nothing waits
+            log.exception("reading worker '%s's reply failed", worker.name)
+            error = Internal(f"reading worker '{worker.name}'s reply failed: {type(e).__name__}: {e}")
+            results, timing = [error] * len(batch), None
+        done(results, timing)
 
     def _stream_handler(self, worker: WorkerHandle, mv: "ModelVersion",
                         batch: Sequence[BatchRequest]) -> Callable[[dict[str, Any] | None], None]:
@@ -348,7 +359,8 @@ class WorkerPool:
                   encoded: list[list[Any]], complete: bool = False) -> InferResponse:
         """``complete``: every requested output, once each (a decoupled response may
         carry some of them). ``encoded`` comes from the decoder, which has checked the
-        types: names and datatypes are str, shapes lists of ints >= 0, descriptors ints."""
+        types: names and datatypes are str, shapes lists of ints >= 0 (each its own, made
+        for this frame), descriptors ints."""
         plan, request = p.plan, p.request
         descriptors: list[list[int]] = []
         outputs: list[OutputTensor] = []
@@ -356,11 +368,15 @@ class WorkerPool:
         for e in encoded:  # a loop, not a comprehension: no frame of its own
             names.append(e[0])
         state_outputs, shm_outputs = plan.state_outputs, plan.shm_outputs
-        # a model may leave its state as it was; only a sequence model has any
-        asked = [n for n in names if n not in state_outputs] if state_outputs else names
-        if len(set(names)) != len(names) or (complete and asked != plan.outputs
-                                             and sorted(asked) != sorted(plan.outputs)):
-            raise Internal(f"worker returned outputs {names} for model '{mv.name}' where {plan.outputs} were asked")
+        # Exactly the outputs asked, in their order (the common answer), are unique too:
+        # validation made them so. Anything else is checked in full.
+        if not (complete and names == plan.outputs and not state_outputs):
+            # a model may leave its state as it was; only a sequence model has any
+            asked = [n for n in names if n not in state_outputs] if state_outputs else names
+            if len(set(names)) != len(names) or (complete and asked != plan.outputs
+                                                 and sorted(asked) != sorted(plan.outputs)):
+                raise Internal(f"worker returned outputs {names} for model '{mv.name}' where {plan.outputs} "
+                               "were asked")
         specs = mv.outputs
         try:
             for name, datatype, shape, desc in encoded:
@@ -374,7 +390,7 @@ class WorkerPool:
                     if not (desc[0] == "r" and desc[1] == region.id and desc[2] == ref.offset
                             and 0 <= desc[3] <= ref.byte_size):
                         raise Internal(f"worker misplaced output '{name}' bound for shared memory")
-                    outputs.append(OutputTensor(name, datatype, list(shape), b"", in_shared_memory=True,
+                    outputs.append(OutputTensor(name, datatype, shape, b"", in_shared_memory=True,
                                                 shm_byte_size=desc[3]))
                     continue
                 view = worker.outputs.view(desc)  # checks the descriptor against the worker's segments
@@ -388,12 +404,12 @@ class WorkerPool:
                     codec.validate_bytes(view, count)
                 elif count * size != view.nbytes:
                     raise Internal(f"worker returned {view.nbytes} bytes for output '{name}' of shape {shape}")
-                outputs.append(OutputTensor(name, datatype, list(shape), view))
+                outputs.append(OutputTensor(name, datatype, shape, view))  # the decoder's own list: no copy
         except Exception:
             worker.release(descriptors)
             raise
-        return InferResponse(model_name=mv.name, model_version=mv.version_name, id=request.id,
-                             outputs=outputs, _release=functools.partial(worker.release, descriptors))
+        return InferResponse(mv.name, mv.version_name, request.id, {}, outputs,  # positional: no keywords to parse
+                             functools.partial(worker.release, descriptors))
 
 
 # bytes per element of every fixed-size datatype (BYTES is variable: not here)

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from .process import LoadedModel, Worker
 
 log = logging.getLogger("triton_shm.worker")
+_clock = time.perf_counter_ns  # the compute timings of each batch
 
 
 def _error(e: BaseException, model: str) -> dict[str, Any]:
@@ -51,7 +52,7 @@ class InstanceRunner:
         self.solo = False      # the control thread may run its batches (set by the worker at load)
         self.lock = threading.Lock()  # held while a batch runs: executions never overlap
         self.dispatched = 0    # batches handed to it (by the ring's reader only)
-        self.finished = 0      # batches answered (under ``lock``): free when the two are equal
+        self.finished = 0      # batches run (under ``lock``): free when the two are equal
         self.stopped = False
         self.thread = threading.Thread(target=self._run, name=f"instance-{name}", daemon=True)
         self.thread.start()
@@ -74,18 +75,38 @@ class InstanceRunner:
         self.dispatched += 1
         self.queue.put(msg)
 
-    def execute(self, msg: dict[str, Any]) -> None:
-        """Run one batch and send its reply (on the instance's thread or the control thread)."""
+    def run(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Run one batch (on the instance's thread or the control thread): its reply's body,
+        one entry per request, for the caller to send. For a decoupled model the entries
+        only say the execution finished: responses travel as ``stream`` messages tagged
+        with the message's id and the request's index. Counted finished as it returns: the
+        next batch may run (executions never overlap) while this one's reply goes out."""
         with self.lock:
             try:
+                model = self.model
                 if self.stopped:  # unloaded since the batch was read
-                    body = {"error": NotFound(f"model '{self.model.context.name}' is not loaded in worker "
+                    return {"error": NotFound(f"model '{model.context.name}' is not loaded in worker "
                                               f"'{self.worker.name}'").to_wire()}
-                else:
-                    body = self.run_batch(msg["requests"], msg["id"])
-                self.worker.reply(msg["id"], body)
+                requests = msg["requests"]
+                if model.concat_batching and len(requests) > 1 and _uniform(requests):
+                    try:
+                        return self._run_concatenated(requests)
+                    except Exception as e:  # noqa: BLE001 - the whole batch fails alike
+                        err = _error(e, model.context.name)
+                        return {"responses": [err] * len(requests), "timing": [0, 0, 0]}
+                # copies of client shared-memory inputs, freed once the batch has run
+                scratch: list[Block] | None = None if model.decoupled else []
+                try:
+                    return self._run_each(requests, msg["id"], scratch)
+                finally:
+                    if scratch:
+                        self._free(scratch)
             finally:
                 self.finished += 1
+
+    def execute(self, msg: dict[str, Any]) -> None:
+        """Run one batch and send its reply."""
+        self.worker.reply(msg["id"], self.run(msg))
 
     def _run(self) -> None:
         while (msg := self.queue.get()) is not None:
@@ -95,29 +116,10 @@ class InstanceRunner:
                 return
 
     # -- one batch -------------------------------------------------------------------------
-    def run_batch(self, requests: list[dict[str, Any]], msg_id: int = 0) -> dict[str, Any]:
-        """Execute one batch; the reply has one entry per request. For a decoupled model
-        the entries only say the execution finished: responses travel as ``stream``
-        messages tagged with ``msg_id`` and the request's index."""
-        name = self.model.context.name
-        if self.model.concat_batching and len(requests) > 1 and _uniform(requests):
-            try:
-                return self._run_concatenated(requests)
-            except Exception as e:  # noqa: BLE001 - the whole batch fails alike
-                err = _error(e, name)
-                return {"responses": [err] * len(requests), "timing": [0, 0, 0]}
-        # copies of client shared-memory inputs, freed once the batch is answered
-        scratch: list[Block] | None = None if self.model.decoupled else []
-        try:
-            return self._run_each(requests, msg_id, scratch)
-        finally:
-            if scratch:
-                self._free(scratch)
-
     def _run_each(self, requests: list[dict[str, Any]], msg_id: int, scratch: list[Block] | None) -> dict[str, Any]:
         """The requests of a batch as a list (Python models; any batch the assembler cannot join)."""
         model = self.model
-        t0 = time.perf_counter_ns()
+        t0 = _clock()
         decoded: list[WorkerRequest] = []
         live: list[int] = []  # the requests that decoded, in order
         results: list[dict[str, Any] | None] = [None] * len(requests)
@@ -131,7 +133,7 @@ class InstanceRunner:
                 live.append(i)
             except Exception as e:  # noqa: BLE001 - a request that cannot be decoded fails alone
                 results[i] = _error(e, model.context.name)
-        t1 = time.perf_counter_ns()
+        t1 = _clock()
         responses: list[WorkerResponse] = []
         if live:
             try:
@@ -144,7 +146,7 @@ class InstanceRunner:
                 for i in live:
                     results[i] = err
                 live = []
-        t2 = time.perf_counter_ns()
+        t2 = _clock()
         for i, response in zip(live, responses):
             try:
                 if response.error is not None:
@@ -153,7 +155,7 @@ class InstanceRunner:
                     {"outputs": self._encode(requests[i], response.outputs)}
             except Exception as e:  # noqa: BLE001 - a response that cannot be encoded fails its request
                 results[i] = _error(e, model.context.name)
-        t3 = time.perf_counter_ns()
+        t3 = _clock()
         return {"responses": results, "timing": [t1 - t0, t2 - t1, t3 - t2]}
 
     def _decode(self, r: dict[str, Any], scratch: list[Block] | None) -> WorkerRequest:
@@ -235,7 +237,7 @@ class InstanceRunner:
 
     # -- concatenated batches --------------------------------------------------------------
     def _run_concatenated(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
-        t0 = time.perf_counter_ns()
+        t0 = _clock()
         rows = [r["inputs"][0][2][0] for r in requests]
         total = sum(rows)
         inputs, datatypes = {}, {}
@@ -249,9 +251,9 @@ class InstanceRunner:
         merged = WorkerRequest(id=requests[0].get("request_id", ""), inputs=inputs, datatypes=datatypes,
                                requested_outputs=list(requests[0]["outputs"]),
                                parameters=requests[0].get("parameters") or {})
-        t1 = time.perf_counter_ns()
+        t1 = _clock()
         (response,) = self.instance.execute([merged])
-        t2 = time.perf_counter_ns()
+        t2 = _clock()
         if response.error is not None:
             err = {"error": response.error.to_wire()}
             return {"responses": [err] * len(requests), "timing": [t1 - t0, t2 - t1, 0]}
@@ -263,7 +265,7 @@ class InstanceRunner:
         except BaseException:
             self._free(blocks)
             raise
-        t3 = time.perf_counter_ns()
+        t3 = _clock()
         return {"responses": results, "timing": [t1 - t0, t2 - t1, t3 - t2]}
 
     def _scatter_output(self, name: str, array, requests, rows, results, blocks: list[Block]) -> None:

@@ -1,8 +1,8 @@
 """The worker process: hosts model instances and runs them on tensors in shared memory.
 
-Started by the front-end as ``python -m triton_shm.worker --fd N --link A,B,C,D --name
-NAME``; the inherited fds are its end of the socket and of its two rings and eventfds
-(``ipc.link``). The main thread reads frames (``ipc.protocol``) from the ring; each model
+Started by the front-end as ``python -m triton_shm.worker --fd N --link A,B,C --name
+NAME``; the inherited fds are its end of the socket, its two rings and the eventfd that
+wakes the front-end (``ipc.link``). The main thread reads frames (``ipc.protocol``) from the ring; each model
 instance has its own thread and queue, so a slow model never blocks another, and loads
 run on a loader thread so inference continues meanwhile.
 """
@@ -69,7 +69,7 @@ def _context(msg: dict[str, Any]) -> ModelContext:
 
 
 # After its last frame, the control thread waits this long for the next one before it
-# sleeps on its eventfd (without the GIL): the front-end's next request is usually that
+# sleeps on its ring's futex (without the GIL): the front-end's next request is usually that
 # close behind, and then it costs neither a wake-up nor a system call (``Link.wait`` spins
 # only while that keeps being so: one request at a time, the spin is never won).
 SPIN_NS = int(os.environ.get("TRITON_SHM_WORKER_SPIN_US", "50")) * 1000
@@ -214,8 +214,8 @@ class Worker:
         return None
 
     def _dispatch(self, msg: "protocol.Message", fds: list[int], inline: bool = False) -> None:
-        for seg_id, offset, size in msg.frees:  # freed output blocks ride along
-            self.arena.free(seg_id, offset, size)
+        if msg.frees:  # freed output blocks ride along
+            self.arena.free_records(msg.frees)
         op = msg.op
         if op == Op.INFER:
             body = msg.body
@@ -250,20 +250,24 @@ class Worker:
     # for the execution: to ``Relief`` when the execution runs long (other models, loads,
     # pings go on) or waits for a frame (BLS, ``need_reader``), and takes it back after.
     # Frames read by the relief are never run inline, so nothing nests or waits on itself.
+    # The reader is taken back before the reply leaves: the reply is what lets the client send
+    # its next request, and a relief still reading would take that one (and queue it).
     def _run_inline(self, runner: InstanceRunner, body: dict[str, Any]) -> None:
         watch = self._watch
         watch.begin()
         runner.dispatched += 1
         self._reader.release()
         try:
-            runner.execute(body)
+            try:
+                result = runner.run(body)
+            finally:
+                watch.end()
+                if self.relief_reading:  # it may sleep on the ring: wake it to hand back
+                    self.link.kick()
+                self._reader.acquire()
+            self.reply(body["id"], result)
         except OSError:  # the front-end has gone: the next read finds the link's end
             pass
-        finally:
-            watch.end()
-            if self.relief_reading:  # it may sleep on the eventfd: wake it to hand back
-                os.eventfd_write(self.link.rx_wake, 1)
-            self._reader.acquire()
 
     def need_reader(self) -> None:
         """A model is about to wait for a frame (a BLS reply): make sure someone reads them."""
@@ -389,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="triton_shm.worker")
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--name", required=True)
-    parser.add_argument("--link", required=True, help="fds of the rings and eventfds (ipc.link.Link.create)")
+    parser.add_argument("--link", required=True, help="fds of the rings and the eventfd (ipc.link.Link.create)")
     parser.add_argument("--log-verbose", type=int, default=0)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.log_verbose else logging.INFO,

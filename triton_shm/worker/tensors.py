@@ -115,16 +115,10 @@ def wire_bytes(name: str, datatype: str, array) -> tuple[list[int], memoryview]:
 def encode_output(arena: Arena, name: str, datatype: str, array) -> tuple[list[int], Block]:
     """Write one output into the arena; returns its shape and block."""
     fixed = _FIXED.get(datatype)
-    if type(array) is np.ndarray and fixed is not None and array.dtype == fixed[0]:
-        data = array.data  # the one view needed anyway; it says whether the array is in order
-        if data.c_contiguous:
-            # the common case: already the declared little-endian dtype, in order, on the host;
-            # wire_bytes would coerce nothing and copy nothing
-            nbytes = data.nbytes
-            block = arena.alloc(nbytes)
-            if nbytes:
-                block.view[:] = data.cast("B")
-            return list(array.shape), block
+    if type(array) is np.ndarray and fixed is not None and array.dtype == fixed[0] and array.flags.c_contiguous:
+        # the common case: already the declared little-endian dtype, in order, on the host;
+        # wire_bytes would coerce nothing and copy nothing. ``put``: the block and the copy in one call
+        return list(array.shape), arena.put(array)
     shape, data = wire_bytes(name, datatype, array)
     block = arena.alloc(data.nbytes)
     if data.nbytes:

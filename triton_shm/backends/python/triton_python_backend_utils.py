@@ -248,14 +248,6 @@ class Tensor:
         self._device_array = None  # a CuPy array for a tensor on the GPU
 
     @classmethod
-    def _of(cls, name: str, array: np.ndarray, triton_dtype: int) -> "Tensor":
-        """A tensor the worker decoded: ``array`` is already in ``triton_dtype``'s numpy
-        dtype (BF16: uint16 words), so the checks of ``__init__`` have nothing to do."""
-        t = cls.__new__(cls)
-        t._name, t._array, t._triton_dtype, t._device_array = name, array, triton_dtype, None
-        return t
-
-    @classmethod
     def _on_gpu(cls, name: str, device_array) -> "Tensor":
         triton_dtype = numpy_to_triton_type(device_array.dtype)
         if triton_dtype is None:

@@ -25,11 +25,12 @@ class Mailbox:
     ``await get()`` in the consumer. What a stream uses of asyncio.Queue, without its
     bookkeeping (bounds, putters, task counters), which a stream pays per message."""
 
-    __slots__ = ("_items", "_waiter")
+    __slots__ = ("_items", "_waiter", "_loop")
 
-    def __init__(self) -> None:
+    def __init__(self) -> None:  # made on the loop that uses it
         self._items: deque[Any] = deque()
         self._waiter: asyncio.Future | None = None
+        self._loop = asyncio.get_running_loop()  # once: each call checks the process id
 
     def put_nowait(self, item: Any) -> None:
         self._items.append(item)
@@ -45,7 +46,7 @@ class Mailbox:
     async def get(self) -> Any:
         items = self._items
         while not items:
-            self._waiter = waiter = asyncio.get_running_loop().create_future()
+            self._waiter = waiter = self._loop.create_future()
             try:
                 await waiter
             finally:
@@ -59,7 +60,7 @@ def _prefix(size: int) -> bytes:
 
 def raw_bytes(data: bytes, framed: bool) -> bytes:
     """Serializer of a body that returns its message already encoded."""
-    return _prefix(len(data)) + data if framed else data
+    return b"\x00" + len(data).to_bytes(4, "big") + data if framed else data  # _prefix, inline: once per reply
 
 
 def pb_serializer(message: Any, framed: bool) -> bytes:
@@ -67,7 +68,7 @@ def pb_serializer(message: Any, framed: bool) -> bytes:
     return _prefix(len(data)) + data if framed else data
 
 
-def _identity(data: bytes | memoryview) -> bytes | memoryview:
+def identity(data: bytes | memoryview) -> bytes | memoryview:
     return data
 
 
@@ -78,7 +79,7 @@ class Method:
     messages itself builds each one with a single join)."""
     path: str  # "/package.Service/Name"
     handler: Callable[..., Any]  # async def (request) -> response, or async generator for streams
-    deserialize: Callable[[bytes | memoryview], Any] = _identity  # a message: bytes or a view of them
+    deserialize: Callable[[bytes | memoryview], Any] = identity  # a message: bytes or a view of them
     serialize: Callable[[Any, bool], bytes] = pb_serializer
     streaming: bool = False  # bidirectional stream (the only streaming kind served)
     group: str | None = None  # its restricted-API group (frontend/restricted.py)

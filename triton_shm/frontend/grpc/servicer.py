@@ -24,12 +24,18 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SERVICE = "inference.GRPCInferenceService"
+STREAM_REQUEST_TASK = "gRPC stream request"  # each stream request's task name
 
 
 def _tensor_metadata(tensors: list[dict[str, Any]]) -> list[pb.ModelMetadataResponse.TensorMetadata]:
     return [pb.ModelMetadataResponse.TensorMetadata(
         name=t["name"], datatype=t["datatype"], shape=[int(d) for d in t["shape"]])
         for t in tensors]
+
+
+def _stream_error(message: str) -> bytes:
+    """A stream's error reply: the stream goes on."""
+    return pb.ModelStreamInferResponse(error_message=message).SerializeToString()
 
 
 class InferenceRpcs:
@@ -136,11 +142,13 @@ class InferenceRpcs:
         the stream stays open, as in Triton."""
         out = Mailbox()
         tasks: set[asyncio.Task] = set()
+        loop = asyncio.get_running_loop()
 
         async def read() -> None:
             try:
                 async for msg in request_iterator:
-                    task = asyncio.ensure_future(self._serve_stream_request(msg, out))
+                    # A fixed name: the default one is formatted for each task.
+                    task = asyncio.Task(self._serve_stream_request(msg, out), loop=loop, name=STREAM_REQUEST_TASK)
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 if tasks:
@@ -159,8 +167,6 @@ class InferenceRpcs:
 
     async def _serve_stream_request(self, msg: bytes, out: Mailbox) -> None:
         """Puts each reply, already encoded (responses are released as they are encoded)."""
-        def error(message: str) -> bytes:
-            return pb.ModelStreamInferResponse(error_message=message).SerializeToString()
         try:
             request = parse_infer_request(msg)
             # A non-decoupled model's one response is always flagged final; a decoupled
@@ -170,7 +176,7 @@ class InferenceRpcs:
                           or not model.decoupled)
             async for response, final in self.service.infer_stream(request, model):
                 if isinstance(response, TritonShmError):  # an error is a response of its own (final or not)
-                    out.put_nowait(error(response.message))
+                    out.put_nowait(_stream_error(response.message))
                 elif response is not None:
                     out.put_nowait(stream_response_bytes(response, final if flag_final else None))
                 elif final and flag_final:
@@ -179,12 +185,12 @@ class InferenceRpcs:
                     reply.parameters["triton_final_response"].bool_param = True
                     out.put_nowait(pb.ModelStreamInferResponse(infer_response=reply).SerializeToString())
         except TritonShmError as e:
-            out.put_nowait(error(e.message))
+            out.put_nowait(_stream_error(e.message))
         except DecodeError as e:  # answered; the stream goes on
-            out.put_nowait(error(rpc_status(e, "/inference.GRPCInferenceService/ModelStreamInfer")[1]))
+            out.put_nowait(_stream_error(rpc_status(e, "/inference.GRPCInferenceService/ModelStreamInfer")[1]))
         except Exception as e:  # noqa: BLE001 - the stream must get an answer
             log.exception("stream request failed")
-            out.put_nowait(error(f"{type(e).__name__}: {e}"))
+            out.put_nowait(_stream_error(f"{type(e).__name__}: {e}"))
 
     # -- trace and logging extensions -------------------------------------------------------
     async def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:

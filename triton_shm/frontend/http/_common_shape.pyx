@@ -1,8 +1,13 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The infer request and response in their common shape, in C. Twin of ``common_shape_py``
 (its docstring says what the common shape is); same API and results."""
-from cpython.dict cimport PyDict_GetItem, PyDict_Next
+from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_Copy, PyDict_GetItem, PyDict_Next
+from cpython.long cimport PyLong_AsLongLong
 from cpython.object cimport PyObject
+from cpython.unicode cimport PyUnicode_1BYTE_KIND, PyUnicode_DATA, PyUnicode_GET_LENGTH, PyUnicode_KIND
+from libc.string cimport memcmp, memcpy
 
 import orjson
 
@@ -19,6 +24,8 @@ cdef frozenset _OUTPUT_KEYS = OUTPUT_KEYS
 cdef frozenset _DATATYPES = DATATYPES
 cdef object _INT64_MAX = INT64_MAX
 cdef object _dumps = orjson.dumps
+cdef object _loads = orjson.loads
+cdef object _JSONDecodeError = orjson.JSONDecodeError
 cdef object _JSON_OPTS = JSON_OPTS
 
 
@@ -178,3 +185,329 @@ def encode_common(response, request):
     header = _dumps(doc, option=_JSON_OPTS)
     parts[0] = header
     return b"".join(parts), len(<bytes>header)
+
+
+
+# -- one infer route of the lean HTTP path (RouteCodec; the twin's docstring says what it does) --
+cdef enum:
+    _MAX_SHAPES = 8       # request headers kept per route (a client sends one or a few) ...
+    _MAX_KEPT_HEADER = 4096  # ... each of at most this size: at most 32 KiB of them per route
+    _MAX_NAMES = 64       # output names kept per route
+    _MAX_OUTPUTS = 16     # binary outputs one response is built for here
+    _JSON_CAP = 4096      # the response's JSON header, at most (else the general encoder)
+    _HEAD_CAP = 512       # the response head
+    _COPY_BELOW = 4096    # an input up to this size is copied out of the body, a larger one viewed
+
+cdef bytes _HEAD_START = b"HTTP/1.1 200 OK\r\nDate: "
+cdef bytes _HEAD_TYPE = b"\r\nContent-Type: application/octet-stream\r\nContent-Length: "
+cdef bytes _HEAD_JSON = b"\r\nInference-Header-Content-Length: "
+
+
+cdef Py_ssize_t _digits(object s) noexcept:
+    """The value of a str of 1 to 18 ASCII digits, else -1."""
+    cdef Py_ssize_t n, i, v = 0
+    cdef const unsigned char* d
+    if type(s) is not str:
+        return -1
+    n = PyUnicode_GET_LENGTH(s)
+    if n == 0 or n > 18 or PyUnicode_KIND(s) != PyUnicode_1BYTE_KIND:
+        return -1
+    d = <const unsigned char*>PyUnicode_DATA(s)
+    for i in range(n):
+        if d[i] < 48 or d[i] > 57:
+            return -1
+        v = v * 10 + (d[i] - 48)
+    return v
+
+
+cdef inline dict _fresh(dict d):
+    return PyDict_Copy(d) if d else {}
+
+
+cdef class _RequestShape:
+    """A common-shape request decoded once: what the next body with the same JSON header
+    (and size) decodes to, bar the tensors' data. Each request gets fresh shape lists and
+    parameter dicts, as parsing would give it."""
+    cdef bytes key       # the JSON header
+    cdef Py_ssize_t size
+    cdef dict parameters
+    cdef list inputs     # (name, datatype, shape, parameters, nbytes)
+    cdef list outputs    # (name, parameters)
+
+    cdef object build(self, str model, str version, bytes body, Py_ssize_t offset):
+        cdef tuple t
+        cdef Py_ssize_t n
+        view = None
+        tensors = []
+        for entry in self.inputs:
+            t = <tuple>entry
+            n = t[4]
+            if n <= _COPY_BELOW:  # a copy of a few bytes costs less than a view of them
+                data = PyBytes_FromStringAndSize(PyBytes_AS_STRING(body) + offset, n)
+            else:
+                if view is None:
+                    view = memoryview(body)
+                data = view[offset:offset + n]
+            tensors.append(_InputTensor(t[0], t[1], list(<list>t[2]), data, _fresh(<dict>t[3])))
+            offset += n
+        requested = [_RequestedOutput(<str>(<tuple>o)[0], _fresh(<dict>(<tuple>o)[1])) for o in self.outputs]
+        return _InferRequest(model, version, "", _fresh(self.parameters), tensors, requested)
+
+
+cdef _RequestShape _shape_of(request, bytes key, Py_ssize_t size):
+    cdef _RequestShape s = _RequestShape.__new__(_RequestShape)
+    s.key = key
+    s.size = size
+    s.parameters = _fresh(request.parameters)
+    s.inputs = [(t.name, t.datatype, list(t.shape), _fresh(t.parameters), len(t.data)) for t in request.inputs]
+    s.outputs = [(o.name, _fresh(o.parameters)) for o in request.outputs]
+    return s
+
+
+cdef struct _Out:
+    char* buf
+    Py_ssize_t pos
+    Py_ssize_t cap
+    bint full           # something did not fit: the result is not used
+
+
+cdef inline void _put(_Out* o, const char* s, Py_ssize_t n) noexcept:
+    if o.pos + n > o.cap:
+        o.full = True
+        return
+    memcpy(o.buf + o.pos, s, n)
+    o.pos += n
+
+
+cdef inline void _put_bytes(_Out* o, bytes b) noexcept:
+    _put(o, PyBytes_AS_STRING(b), PyBytes_GET_SIZE(b))
+
+
+cdef void _put_int(_Out* o, long long v) noexcept:
+    """``v`` in decimal, as JSON (and orjson) write it."""
+    cdef char digits[24]
+    cdef int i = 24
+    cdef unsigned long long u = <unsigned long long>(-(v + 1)) + 1 if v < 0 else <unsigned long long>v
+    while True:
+        i -= 1
+        digits[i] = <char>(48 + u % 10)
+        u //= 10
+        if u == 0:
+            break
+    if v < 0:
+        i -= 1
+        digits[i] = b'-'
+    _put(o, digits + i, 24 - i)
+
+
+cdef class RouteCodec:
+    cdef readonly str model, version
+    cdef dict _requests        # JSON header bytes -> _RequestShape
+    cdef _RequestShape _last   # the one decoded last
+    cdef dict _names           # output name -> (datatype, b'{"name":...,"datatype":...,"shape":[')
+    cdef object _reply_model, _reply_version
+    cdef bytes _reply_prefix   # b'"model_name":...,"model_version":...'
+
+    def __init__(self, str model, str version):
+        self.model = model
+        self.version = version
+        self._requests = {}
+        self._names = {}
+
+    def decode(self, body, header_length):
+        cdef Py_ssize_t n, size
+        cdef PyObject* known
+        cdef _RequestShape shape
+        if header_length is None or type(body) is not bytes:
+            return None
+        size = PyBytes_GET_SIZE(body)
+        n = _digits(header_length)
+        if n < 0:  # not plain digits: int() reads it, as the general path does
+            try:
+                length = int(header_length)
+            except ValueError:
+                return None
+            if not 0 < length < size:
+                return None
+            n = length
+        elif not 0 < n < size:
+            return None
+        # The header decoded last first (a client sends one again and again), then the others.
+        shape = self._last
+        if shape is None or PyBytes_GET_SIZE(shape.key) != n or \
+                memcmp(PyBytes_AS_STRING(shape.key), PyBytes_AS_STRING(body), n) != 0:
+            key = PyBytes_FromStringAndSize(PyBytes_AS_STRING(body), n)
+            known = PyDict_GetItem(self._requests, key)
+            if known is NULL:
+                return self._decode_new(key, body, size)
+            shape = <_RequestShape>known
+            self._last = shape
+        # The same header decodes alike; a body of another size is not the common shape.
+        if shape.size != size:
+            return None
+        return shape.build(self.model, self.version, body, n)
+
+    cdef object _decode_new(self, bytes key, bytes body, Py_ssize_t size):
+        """A header not seen before: parsed, decoded and, unless it has an id (new with every
+        request), kept."""
+        try:
+            doc = _loads(key)
+        except _JSONDecodeError:
+            return None
+        request = decode_common(doc, self.model, self.version, memoryview(body), PyBytes_GET_SIZE(key))
+        if request is not None and "id" not in <dict>doc and PyBytes_GET_SIZE(key) <= _MAX_KEPT_HEADER:
+            if len(self._requests) >= _MAX_SHAPES:
+                self._requests.clear()
+            shape = _shape_of(request, key, size)
+            self._requests[key] = shape
+            self._last = shape
+        return request
+
+    def respond(self, response, request, bytes date, bytes connection):
+        cdef char json[_JSON_CAP]
+        cdef char head[_HEAD_CAP]
+        cdef _Out o
+        cdef _Out h
+        cdef Py_buffer blobs[_MAX_OUTPUTS]
+        cdef int nblobs = 0, i
+        cdef Py_ssize_t body_size
+        cdef char* at
+        o.buf, o.pos, o.cap, o.full = json, 0, _JSON_CAP, False
+        try:
+            if not self._json(&o, response, request, blobs, &nblobs) or o.full:
+                return None
+            body_size = o.pos
+            for i in range(nblobs):
+                body_size += blobs[i].len
+            h.buf, h.pos, h.cap, h.full = head, 0, _HEAD_CAP, False
+            _put_bytes(&h, _HEAD_START)
+            _put_bytes(&h, date)
+            _put_bytes(&h, _HEAD_TYPE)
+            _put_int(&h, body_size)
+            _put_bytes(&h, _HEAD_JSON)
+            _put_int(&h, o.pos)
+            _put(&h, b"\r\n", 2)
+            _put_bytes(&h, connection)
+            _put(&h, b"\r\n", 2)
+            if h.full:
+                return None
+            result = PyBytes_FromStringAndSize(NULL, h.pos + body_size)
+            at = PyBytes_AS_STRING(result)
+            memcpy(at, head, h.pos)
+            at += h.pos
+            memcpy(at, json, o.pos)
+            at += o.pos
+            for i in range(nblobs):
+                memcpy(at, blobs[i].buf, blobs[i].len)
+                at += blobs[i].len
+            return result
+        finally:
+            for i in range(nblobs):
+                PyBuffer_Release(&blobs[i])
+
+    cdef bint _json(self, _Out* o, response, request, Py_buffer* blobs, int* nblobs) except -1:
+        """The JSON header into ``o`` and each output's buffer into ``blobs``: what
+        ``encode_common`` writes, the fixed parts of it kept per model and output name.
+        False for what is left to the general encoder: an output sent as JSON data, or
+        what is not built here (a shape of other than ints, more outputs or JSON than fits)."""
+        cdef PyObject* found
+        cdef bint first = True, binary, default_binary
+        cdef Py_ssize_t dims
+        params = request.parameters
+        listed = request.outputs
+        if type(params) is not dict or type(listed) is not list:
+            return False
+        default_binary = _get(<dict>params, "binary_data_output") is True
+        _put(o, b"{", 1)
+        response_id = response.id
+        if response_id:
+            _put(o, b'"id":', 5)
+            _put_bytes(o, _dumps(response_id, option=_JSON_OPTS))
+            _put(o, b",", 1)
+        model, version = response.model_name, response.model_version
+        if self._reply_prefix is None or model != self._reply_model or version != self._reply_version:
+            if type(model) is not str or type(version) is not str:
+                return False
+            self._reply_prefix = b'"model_name":' + _dumps(model) + b',"model_version":' + _dumps(version)
+            self._reply_model, self._reply_version = model, version
+        _put_bytes(o, self._reply_prefix)
+        response_params = response.parameters
+        if response_params:
+            _put(o, b',"parameters":', 14)
+            _put_bytes(o, _dumps(response_params, option=_JSON_OPTS))
+        _put(o, b',"outputs":[', 12)
+        for out in response.outputs:
+            name = out.name
+            shm = out.in_shared_memory
+            if not shm:
+                binary = default_binary
+                if listed:
+                    wanted = None
+                    for r in <list>listed:  # the last one of a name counts, as in a dict of them
+                        if r.name == name:
+                            wanted = r.parameters
+                    if wanted is not None:
+                        if type(wanted) is not dict:
+                            return False
+                        flag = _get(<dict>wanted, "binary_data")
+                        binary = flag is not None and bool(flag)
+                if not binary:
+                    return False  # JSON data: the general encoder
+                if nblobs[0] == _MAX_OUTPUTS:
+                    return False
+            datatype = out.datatype
+            found = PyDict_GetItem(self._names, name) if type(name) is str else NULL
+            if found is NULL or (<tuple>found)[0] != datatype:
+                if type(name) is not str or type(datatype) is not str:
+                    return False
+                if len(self._names) >= _MAX_NAMES:
+                    self._names.clear()
+                self._names[name] = (datatype, b'{"name":' + _dumps(name) + b',"datatype":' + _dumps(datatype)
+                                     + b',"shape":[')
+                found = PyDict_GetItem(self._names, name)
+            if not first:
+                _put(o, b",", 1)
+            first = False
+            _put_bytes(o, <bytes>(<tuple>found)[1])
+            shape = out.shape
+            if type(shape) is not list and type(shape) is not tuple:
+                return False
+            dims = 0
+            for d in shape:
+                if type(d) is not int:
+                    return False
+                if dims:
+                    _put(o, b",", 1)
+                dims += 1
+                try:
+                    _put_int(o, PyLong_AsLongLong(d))
+                except OverflowError:
+                    return False
+            out_params = out.parameters
+            if shm:  # the data went to the client's region: no data, as Triton
+                if out_params:
+                    _put(o, b'],"parameters":', 15)
+                    _put_bytes(o, _dumps(out_params, option=_JSON_OPTS))
+                    _put(o, b"}", 1)
+                else:
+                    _put(o, b"]}", 2)
+                continue
+            try:
+                PyObject_GetBuffer(out.data, &blobs[nblobs[0]], PyBUF_SIMPLE)
+            except (BufferError, TypeError):  # not one contiguous buffer
+                return False
+            nblobs[0] += 1
+            if out_params:
+                sized = dict(out_params)
+                sized["binary_data_size"] = blobs[nblobs[0] - 1].len
+                _put(o, b'],"parameters":', 15)
+                _put_bytes(o, _dumps(sized, option=_JSON_OPTS))
+                _put(o, b"}", 1)
+            else:
+                _put(o, b'],"parameters":{"binary_data_size":', 35)
+                _put_int(o, blobs[nblobs[0] - 1].len)
+                _put(o, b"}}", 2)
+        if nblobs[0] == 0:
+            return False
+        _put(o, b"]}", 2)
+        return True

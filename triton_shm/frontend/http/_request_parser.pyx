@@ -6,14 +6,17 @@ connection) is called once per complete message, plus only for the events it act
 (the same interface and refusals as :mod:`.request_parser_py`, documented there).
 """
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
 from libc.string cimport memset
 
-from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpLimit, Message,
-                           too_large_message)
+from .lean_request import MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit, infer_route, too_large_message
 from .request_parser_py import BODY, HEADERS, IDLE, RequestUpgrade
 
 cdef extern from "llhttp.h":
     ctypedef struct llhttp_t:
+        unsigned long long content_length
+        unsigned short flags
         unsigned char method
         unsigned char http_major
         unsigned char http_minor
@@ -35,6 +38,8 @@ cdef extern from "llhttp.h":
         HPE_PAUSED_UPGRADE
     ctypedef enum llhttp_type_t:
         HTTP_REQUEST
+    ctypedef enum llhttp_flags:
+        F_CONTENT_LENGTH
     void llhttp_settings_init(llhttp_settings_t* settings)
     void llhttp_init(llhttp_t* parser, llhttp_type_t type, const llhttp_settings_t* settings)
     llhttp_errno_t llhttp_execute(llhttp_t* parser, const char* data, size_t len)
@@ -45,18 +50,77 @@ cdef extern from "llhttp.h":
 
 cdef int _IDLE = IDLE, _HEADERS = HEADERS, _BODY = BODY
 cdef Py_ssize_t _MAX_URL = MAX_URL, _MAX_FIELD = MAX_FIELD, _MAX_HEADERS = MAX_HEADERS
-cdef dict _FIELDS = FIELDS
-cdef object _OTHER = Field.OTHER, _HEADER_LENGTH = Field.HEADER_LENGTH
-cdef object _CONTENT_LENGTH = Field.CONTENT_LENGTH, _CONTENT_ENCODING = Field.CONTENT_ENCODING
-cdef object _ACCEPT_ENCODING = Field.ACCEPT_ENCODING
+cdef dict _ROUTES = ROUTES
+cdef object _infer_route = infer_route
+# The fields read (lean_request.Field), matched in C: no dict lookup, no lower() per field.
+# Content-Length is llhttp's to read (the declared size is checked at the headers' end).
+cdef enum _Read:
+    _OTHER, _HEADER_LENGTH, _CONTENT_ENCODING, _ACCEPT_ENCODING, _EXPECT
+cdef bytes _N_HEADER_LENGTH = Field.HEADER_LENGTH.value, _N_EXPECT = Field.EXPECT.value
+cdef bytes _N_CONTENT_ENCODING = Field.CONTENT_ENCODING.value, _N_ACCEPT_ENCODING = Field.ACCEPT_ENCODING.value
 cdef dict _METHODS = {}    # llhttp method number -> its name, as bytes
 cdef dict _VERSIONS = {}   # (major << 8 | minor) -> "major.minor"
 cdef llhttp_settings_t _SETTINGS
 
 
+cdef class Message:
+    """:class:`.lean_request.Message` (which documents it) as a C class: made per request
+    without a Python ``__init__``."""
+    cdef public object method, url, version, body, size, keep_alive, route, error, refusal
+    cdef public object header_length, content_encoding, accept_encoding, expect_continue
+    cdef list _fields  # name, value, name, value...: one list, the pairs made only when read
+
+    def __cinit__(self):
+        self.method = b""
+        self.version = "1.1"
+        self.url = b""
+        self._fields = []
+        self.body = b""
+        self.size = 0
+        self.expect_continue = False
+        self.keep_alive = False
+
+    @property
+    def headers(self):
+        """The header fields as (name, value) pairs, in order (read by the bridge and the
+        restricted-API check only)."""
+        fields = self._fields
+        return list(zip(fields[::2], fields[1::2]))
+
+
+cdef bint _named(bytes name, bytes lower) noexcept:
+    """``name`` is ``lower`` bar the case of ASCII letters (as ``name.lower() == lower``)."""
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(name), i
+    cdef const char* a = PyBytes_AS_STRING(name)
+    cdef const char* b = PyBytes_AS_STRING(lower)
+    cdef char c
+    if n != PyBytes_GET_SIZE(lower):
+        return False
+    for i in range(n):
+        c = a[i]
+        if b'A' <= c <= b'Z':
+            c += 32
+        if c != b[i]:
+            return False
+    return True
+
+
+cdef _Read _field(bytes name) noexcept:
+    if _named(name, _N_HEADER_LENGTH):
+        return _HEADER_LENGTH
+    if _named(name, _N_CONTENT_ENCODING):
+        return _CONTENT_ENCODING
+    if _named(name, _N_ACCEPT_ENCODING):
+        return _ACCEPT_ENCODING
+    if _named(name, _N_EXPECT):
+        return _EXPECT
+    return _OTHER
+
+
 cdef class RequestParser:
     cdef llhttp_t _parser
     cdef object _sink
+    cdef object _on_complete  # the sink's message_complete, looked up once
     cdef Py_ssize_t _max_input_size
     cdef bint _headers_hook
     cdef public object msg
@@ -65,18 +129,20 @@ cdef class RequestParser:
     cdef bytes _url
     cdef bytes _name
     cdef bytes _value
-    cdef list _headers
-    cdef list _parts
+    cdef list _headers      # the message's fields, flat
+    cdef list _parts        # the body so far (kept across messages, emptied when one completes)
     cdef Py_ssize_t _size
     cdef bint _dropping      # the body is read and dropped (the message is refused)
     cdef object _error       # raised in a callback, re-raised by feed_data
 
     def __cinit__(self, sink, Py_ssize_t max_input_size, bint headers_hook):
         self._sink = sink
+        self._on_complete = sink.message_complete
         self._max_input_size = max_input_size
         self._headers_hook = headers_hook
         self.msg = None
         self.state = _IDLE
+        self._parts = []
         llhttp_init(&self._parser, HTTP_REQUEST, &_SETTINGS)
         self._parser.data = <void*>self
 
@@ -108,9 +174,11 @@ cdef class RequestParser:
 
     # -- what the C callbacks do (an exception stops the parser; feed_data raises it) ------
     cdef int _message_begin(self) except -1:
-        self.msg = Message()
-        self._headers = self.msg.headers
-        self._parts = self.msg.parts
+        msg = Message.__new__(Message)
+        self.msg = msg
+        self._headers = (<Message>msg)._fields
+        if self._parts:  # left by a message that was refused half-way
+            del self._parts[:]
         self._url = b""
         self._name = self._value = None
         self._size = 0
@@ -148,27 +216,19 @@ cdef class RequestParser:
         cdef bytes name = self._name if self._name is not None else b""
         cdef bytes value = self._value if self._value is not None else b""
         self._name = self._value = None
-        self._headers.append((name, value))
-        if len(self._headers) > _MAX_HEADERS:
+        self._headers.append(name)
+        self._headers.append(value)
+        if len(self._headers) > 2 * _MAX_HEADERS:
             raise HttpLimit(431, f"more than {MAX_HEADERS} header fields")
-        field = _FIELDS.get(name)
-        if field is None:
-            field = _FIELDS.get(name.lower())
-        if field is None or field is _OTHER:
+        cdef _Read field = _field(name)
+        if field == _OTHER:
             return 0
-        msg = self.msg
-        if field is _HEADER_LENGTH:
+        cdef Message msg = self.msg
+        if field == _HEADER_LENGTH:
             msg.header_length = value.decode("latin-1")
-        elif field is _CONTENT_LENGTH:
-            try:
-                declared = int(value)
-            except ValueError:
-                return 0  # llhttp refuses it
-            if declared > self._max_input_size:
-                msg.error = (413, too_large_message(self._max_input_size))
-        elif field is _CONTENT_ENCODING:
+        elif field == _CONTENT_ENCODING:
             msg.content_encoding = value.decode("latin-1")
-        elif field is _ACCEPT_ENCODING:
+        elif field == _ACCEPT_ENCODING:
             msg.accept_encoding = value.decode("latin-1")
         elif value.lower() == b"100-continue":
             msg.expect_continue = True
@@ -176,7 +236,9 @@ cdef class RequestParser:
 
     cdef int _headers_complete(self) except -1:
         cdef llhttp_t* p = &self._parser
-        msg = self.msg
+        cdef Message msg = self.msg
+        if p.flags & F_CONTENT_LENGTH and p.content_length > <unsigned long long>self._max_input_size:
+            msg.error = (413, too_large_message(self._max_input_size))
         msg.url = self._url
         method = _METHODS.get(p.method)
         if method is None:
@@ -197,32 +259,44 @@ cdef class RequestParser:
         if self._dropping:
             return 0  # read and dropped, so the answer can follow
         self._size += length
-        msg = self.msg
+        cdef Message msg = self.msg
         msg.size = self._size
         if self._size > self._max_input_size:
             self._dropping = True
             msg.error = (413, too_large_message(self._max_input_size))
-            self._parts.clear()
+            del self._parts[:]
             self._sink.body_too_large(msg)
             return 0
         self._parts.append(PyBytes_FromStringAndSize(at, length))
         return 0
 
     cdef int _message_complete(self) except -1:
-        msg, self.msg = self.msg, None
-        self._headers = self._parts = None
+        cdef PyObject* route
+        cdef Message msg = self.msg
+        self.msg = None
+        self._headers = None
+        parts = self._parts
+        if parts:
+            msg.body = parts[0] if len(parts) == 1 else b"".join(parts)
+            del parts[:]
+        method = msg.method
+        if method == b"POST":
+            url = msg.url
+            route = PyDict_GetItem(_ROUTES, url)
+            msg.route = <object>route if route is not NULL else _infer_route(method, url)
         self.state = _IDLE
-        self._sink.message_complete(msg)
+        self._on_complete(msg)
         return 0
 
 
-# -- llhttp's callbacks: a nonzero return stops it with an error ----------------------------
+# -- llhttp's callbacks: a nonzero return stops it with an error. llhttp runs only inside
+# feed_data, which holds the GIL, so they do not take it again. ----------------------------
 cdef inline int _failed(RequestParser self, BaseException error) noexcept:
     self._error = error
     return -1
 
 
-cdef int _cb_message_begin(llhttp_t* p) noexcept with gil:
+cdef int _cb_message_begin(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._message_begin()
@@ -230,7 +304,7 @@ cdef int _cb_message_begin(llhttp_t* p) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_url(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_url(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_url(at, length)
@@ -238,7 +312,7 @@ cdef int _cb_url(llhttp_t* p, const char* at, size_t length) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_header_field(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_header_field(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_field(at, length)
@@ -246,7 +320,7 @@ cdef int _cb_header_field(llhttp_t* p, const char* at, size_t length) noexcept w
         return _failed(self, e)
 
 
-cdef int _cb_header_value(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_header_value(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_value(at, length)
@@ -254,7 +328,7 @@ cdef int _cb_header_value(llhttp_t* p, const char* at, size_t length) noexcept w
         return _failed(self, e)
 
 
-cdef int _cb_header_value_complete(llhttp_t* p) noexcept with gil:
+cdef int _cb_header_value_complete(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._value_complete()
@@ -262,7 +336,7 @@ cdef int _cb_header_value_complete(llhttp_t* p) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_headers_complete(llhttp_t* p) noexcept with gil:
+cdef int _cb_headers_complete(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         self._headers_complete()
@@ -271,7 +345,7 @@ cdef int _cb_headers_complete(llhttp_t* p) noexcept with gil:
     return 1 if p.upgrade else 0  # 1: no body; llhttp then pauses for the upgrade
 
 
-cdef int _cb_body(llhttp_t* p, const char* at, size_t length) noexcept with gil:
+cdef int _cb_body(llhttp_t* p, const char* at, size_t length) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._on_body(at, length)
@@ -279,7 +353,7 @@ cdef int _cb_body(llhttp_t* p, const char* at, size_t length) noexcept with gil:
         return _failed(self, e)
 
 
-cdef int _cb_message_complete(llhttp_t* p) noexcept with gil:
+cdef int _cb_message_complete(llhttp_t* p) noexcept:
     cdef RequestParser self = <RequestParser>p.data
     try:
         return self._message_complete()

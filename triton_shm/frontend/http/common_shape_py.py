@@ -11,6 +11,13 @@ general parser decides it and words any error. It never changes ``doc``.
 The common response shape: no output goes out as JSON data (each is binary or was written
 to shared memory). :func:`encode_common` returns what ``codec.encode_infer_response``
 returns for it, or None.
+
+:class:`RouteCodec` is one infer route's (model, version) use of both for the lean HTTP
+path: ``decode`` takes the raw body and its Inference-Header-Content-Length value,
+``respond`` returns the whole HTTP/1.1 200 response (head and body, one buffer). Either
+returns None where the general path must decide (it then words any error). The C build
+also keeps, per route, the requests it has decoded by their JSON header's bytes (a client
+sends the same header again and again) and the outputs' JSON by name.
 """
 from __future__ import annotations
 
@@ -147,3 +154,43 @@ def encode_common(response: InferResponse, request: InferRequest) -> tuple[bytes
     header = orjson.dumps(doc, option=JSON_OPTS)
     parts[0] = header
     return b"".join(parts), len(header)
+
+
+_HEAD = (b"HTTP/1.1 200 OK\r\nDate: %s\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n"
+         b"Inference-Header-Content-Length: %d\r\n%s\r\n")
+
+
+class RouteCodec:
+    """The common shape for one infer route of the lean path."""
+
+    __slots__ = ("model", "version")
+
+    def __init__(self, model: str, version: str):
+        self.model = model
+        self.version = version
+
+    def decode(self, body: bytes, header_length: str | None) -> InferRequest | None:
+        """The request of a body whose JSON header is ``header_length`` bytes, binary inputs after it."""
+        if header_length is None:
+            return None
+        try:
+            length = int(header_length)
+        except ValueError:
+            return None
+        if not 0 < length < len(body):
+            return None
+        view = memoryview(body)
+        try:
+            doc = orjson.loads(view[:length])
+        except orjson.JSONDecodeError:
+            return None
+        return decode_common(doc, self.model, self.version, view, length)
+
+    def respond(self, response: InferResponse, request: InferRequest, date: bytes, connection: bytes) -> bytes | None:
+        """The 200 response: ``date`` the Date header's value, ``connection`` its Connection
+        header line (b"" for none)."""
+        common = encode_common(response, request)
+        if common is None:
+            return None
+        body, json_length = common
+        return _HEAD % (date, len(body), json_length, connection) + body

@@ -16,6 +16,7 @@ from .encoding import accepted_coding, compress, decode_body
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
+    from ...core.types import InferRequest, InferResponse
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"
@@ -48,14 +49,11 @@ async def serve_infer(
     request = decode_infer_request(model, version, body, length)
     response = await service.infer(request)
     try:
-        payload, json_length = encode_infer_response(response, request)
+        reply = reply_of(response, request)
     finally:
         response.release()  # outputs may be views into shared memory
-    if json_length is None:
-        reply = InferReply(payload, JSON_TYPE, {})
-    else:
-        reply = InferReply(payload, BINARY_TYPE, {HEADER_LENGTH: str(json_length)})
     if accept_encoding:
+        payload = reply.body
         coding = accepted_coding(accept_encoding)
         if coding is not None and payload:  # only inference responses are compressed, as in Triton
             if len(payload) > _THREAD_COMPRESS_BYTES:
@@ -64,3 +62,11 @@ async def serve_infer(
                 reply.body = compress(payload, coding)
             reply.headers["Content-Encoding"] = coding
     return reply
+
+
+def reply_of(response: "InferResponse", request: "InferRequest") -> InferReply:
+    """The uncompressed reply to ``request``; the caller releases ``response`` after."""
+    payload, json_length = encode_infer_response(response, request)
+    if json_length is None:
+        return InferReply(payload, JSON_TYPE, {})
+    return InferReply(payload, BINARY_TYPE, {HEADER_LENGTH: str(json_length)})

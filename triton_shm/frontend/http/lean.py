@@ -18,18 +18,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from functools import partial
 from typing import TYPE_CHECKING, Any, Coroutine, cast
 
 from ...errors import TritonShmError
 from ..restricted import first_header
 from .api_groups import api_group, refusal_body
-from .infer import JSON_TYPE, InferReply, serve_infer
-from .lean_request import (HttpLimit, Message, error_body, held_bytes, infer_route, response_head,
-                           timeout_message, url_path)
+from .infer import JSON_TYPE, InferReply, reply_of, serve_infer
+from .lean_request import (CONNECTION_LINES, HttpLimit, Message, connection_line, error_body, held_bytes,
+                           infer_route, response_head, timeout_message, url_path)
 from .request_parser import BODY, HEADERS, RequestParser, RequestUpgrade
 
 if TYPE_CHECKING:
+    from ...core.types import InferRequest, InferResponse
     from .bridge import AiohttpBridge
     from ..restricted import Restrictions
     from .lean_server import LeanContext
@@ -54,7 +54,9 @@ class LeanConnection(asyncio.Protocol):
         self._queue: deque[Message] = deque()
         self._queued_bytes = 0
         self._busy = False                  # a request is being served
-        self._infer_run: Coroutine[Any, Any, InferReply] | None = None  # the lean response being made
+        self._infer_run: Coroutine[Any, Any, Any] | None = None  # the lean response being made
+        self._infer_msg: Message | None = None          # ... its request
+        self._infer_request: InferRequest | None = None  # ... decoded by the route's codec, if it was
         self._bridge: AiohttpBridge | None = None
         self._read_paused = False
         self._write_paused = False
@@ -141,8 +143,9 @@ class LeanConnection(asyncio.Protocol):
     def message_complete(self, msg: Message) -> None:
         if self._discard:
             return  # refused already, or input after the last request
-        msg.route = infer_route(msg.method, msg.url)  # cached per request target
-        self._queue_message(msg)
+        self._queue.append(msg)  # _queue_message, inline: once per request
+        if msg.error is None and msg.refusal is None:
+            self._queued_bytes += msg.size
         if not msg.keep_alive or msg.error is not None:
             self._last_request()  # nothing after this request is read
 
@@ -151,7 +154,6 @@ class LeanConnection(asyncio.Protocol):
         """Start the next queued request if none is being served and the client reads."""
         while not self._busy and self._queue and not self._write_paused and self.transport is not None:
             msg = self._queue.popleft()
-            self._queued_bytes -= held_bytes(msg)
             if msg.error is not None:
                 self._respond(msg, msg.error[0], JSON_TYPE, error_body(msg.error[1]))
                 self._close()
@@ -159,9 +161,10 @@ class LeanConnection(asyncio.Protocol):
             if msg.refusal is not None:
                 self._refuse(msg, msg.refusal)
                 continue
+            self._queued_bytes -= msg.size  # held_bytes(msg), inline
             self._busy = True
             if msg.route is not None:
-                self._infer(msg, *msg.route)
+                self._infer(msg)
             else:
                 self._forward(msg)
         if self.transport is None:
@@ -193,38 +196,89 @@ class LeanConnection(asyncio.Protocol):
         if not msg.keep_alive:
             self._close()
 
-    def _infer(self, msg: Message, model: str, version: str) -> None:
-        run = serve_infer(self.ctx.service, model, version, msg.body, header_length=msg.header_length,
-                          content_encoding=msg.content_encoding, accept_encoding=msg.accept_encoding,
-                          max_input_size=self.ctx.max_input_size)
-        self._infer_run = run
-        self._advance(run, msg)
+    def _infer(self, msg: Message) -> None:
+        """Serve an infer request. The common shape (binary tensors, no Content-Encoding or
+        Accept-Encoding) is decoded and answered by the route's codec, around the service's
+        own coroutine; anything else runs ``serve_infer``, the general path, whose answers
+        and errors the codec's equal where it answers (it returns None where it does not)."""
+        route = msg.route
+        assert route is not None
+        request = None
+        if msg.content_encoding is None and msg.accept_encoding is None:
+            try:
+                request = route.decode(msg.body, msg.header_length)
+            except Exception as e:
+                log.exception("unhandled error in POST %s", msg.url.decode("latin-1"))
+                self._failed(msg, e)
+                return
+        if request is not None:
+            run: Coroutine[Any, Any, Any] = self.ctx.service.infer(request)
+        else:
+            run = serve_infer(self.ctx.service, route.model, route.version, msg.body,
+                              header_length=msg.header_length, content_encoding=msg.content_encoding,
+                              accept_encoding=msg.accept_encoding, max_input_size=self.ctx.max_input_size)
+        self._infer_run, self._infer_msg, self._infer_request = run, msg, request
+        self._advance()
 
-    def _advance(self, run: Coroutine[Any, Any, InferReply], msg: Message, _done: object = None) -> None:
-        """Run ``serve_infer`` to its next wait (the first call starts it), on when the future
-        it waits for is done, and answer with its reply or refusal. This is what an asyncio
-        Task would do, without one per request: serve_infer waits only on futures and nothing
+    def _advance(self, _done: object = None) -> None:
+        """Run the request being served (``_infer_run``) to its next wait (the first call
+        starts it), on when the future it waits for is done, and answer with its result or
+        refusal: an InferResponse to ``_infer_request`` (the common shape), else serve_infer's
+        InferReply. One request is served at a time, so its state is the connection's. This is what an asyncio
+        Task would do, without one per request: the coroutine waits only on futures and nothing
         cancels it, so a Task's own scheduling, registry and cancellation would add nothing.
         A cancelled future it waits for ends it unanswered, as it would end a Task."""
+        run, msg, request = self._infer_run, self._infer_msg, self._infer_request
+        assert run is not None and msg is not None
         try:
-            waited = run.send(None)
-        except StopIteration as done:
-            reply = done.value
-            self._respond(msg, 200, reply.content_type, reply.body, reply.headers)
+            try:
+                waited = run.send(None)
+            except StopIteration as done:
+                if request is not None:
+                    self._answer(msg, request, done.value)
+                else:
+                    reply = done.value
+                    self._respond(msg, 200, reply.content_type, reply.body, reply.headers)
+            else:
+                if waited is None:  # a bare yield (sleep(0)): go on at the next loop iteration
+                    self.loop.call_soon(self._advance)
+                else:
+                    waited._asyncio_future_blocking = False
+                    waited.add_done_callback(self._advance)
+                return
         except TritonShmError as e:
             self._respond(msg, e.http_status, JSON_TYPE, error_body(e.message))
         except asyncio.CancelledError:
             return
         except Exception as e:
             log.exception("unhandled error in POST %s", msg.url.decode("latin-1"))
-            self._respond(msg, 500, JSON_TYPE, error_body(f"internal server error ({type(e).__name__})"))
-        else:
-            if waited is None:  # a bare yield (sleep(0)): go on at the next loop iteration
-                self.loop.call_soon(self._advance, run, msg)
-            else:
-                waited._asyncio_future_blocking = False
-                waited.add_done_callback(partial(self._advance, run, msg))
+            self._failed(msg, e)
             return
+        self.request_done(msg.keep_alive)
+
+    def _answer(self, msg: Message, request: "InferRequest", response: "InferResponse") -> None:
+        """The response to a common-shape request: the whole HTTP response from the route's
+        codec in one write, or the general encoder's reply (an output sent as JSON data...)."""
+        assert msg.route is not None
+        connection = b"" if msg.keep_alive and msg.version == "1.1" else CONNECTION_LINES[connection_line(msg)]
+        reply: InferReply | None = None
+        try:
+            data = msg.route.respond(response, request, self.ctx.date_bytes, connection)
+            if data is None:
+                reply = reply_of(response, request)
+        finally:
+            response.release()  # outputs may be views into shared memory
+        if data is None:
+            assert reply is not None
+            self._respond(msg, 200, reply.content_type, reply.body, reply.headers)
+            return
+        transport = self.transport  # self.write, inline
+        if transport is not None and not self._lingering and not transport.is_closing():
+            transport.write(data)
+
+    def _failed(self, msg: Message, e: Exception) -> None:
+        """A bug of ours while serving (logged by the caller): answer 500 and go on."""
+        self._respond(msg, 500, JSON_TYPE, error_body(f"internal server error ({type(e).__name__})"))
         self.request_done(msg.keep_alive)
 
     def _forward(self, msg: Message) -> None:
@@ -244,12 +298,12 @@ class LeanConnection(asyncio.Protocol):
     def request_done(self, keep_alive: bool) -> None:
         """The response to the request being served is written (lean or aiohttp)."""
         self._busy = False
-        self._infer_run = None
+        self._infer_run = self._infer_msg = self._infer_request = None
         self.since = self.loop.time()
         if not keep_alive:
             self._close()
-        else:
-            self._serve()
+        elif self._queue or self._read_paused or self._discard or self._parser.msg is not None:
+            self._serve()  # else it would find nothing to do
 
     # -- writing -----------------------------------------------------------------------------
     def _respond(self, msg: Message, status: int, content_type: str, body: bytes,

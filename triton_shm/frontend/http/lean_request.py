@@ -8,6 +8,8 @@ from http import HTTPStatus
 
 import orjson
 
+from .common_shape import RouteCodec
+
 # Limits as aiohttp's parser has them, so a request the lean parser accepts is one the
 # bridge can hand on.
 MAX_URL = 8190
@@ -18,7 +20,7 @@ MAX_HEADERS = 128
 # aiohttp, whose router decides them exactly as before.
 _INFER_PATH = re.compile(rb"/v2/models/([^/%]+)(?:/versions/(\d+))?/infer")
 _DOT_SEGMENTS = (b".", b"..")
-_ROUTES: dict[bytes, tuple[str, str] | None] = {}  # request target -> infer route, POST only
+ROUTES: dict[bytes, RouteCodec | None] = {}  # request target -> infer route, POST only
 _MAX_ROUTES = 1024
 _MAX_CACHED_URL = 256
 _REASONS = {s.value: s.phrase for s in HTTPStatus}
@@ -52,7 +54,7 @@ class HttpLimit(Exception):
 class Message:
     """One parsed request."""
 
-    __slots__ = ("method", "url", "version", "headers", "parts", "size", "keep_alive", "route",
+    __slots__ = ("method", "url", "version", "headers", "body", "size", "keep_alive", "route",
                  "error", "refusal", "header_length", "content_encoding", "accept_encoding", "expect_continue")
 
     def __init__(self) -> None:
@@ -60,9 +62,9 @@ class Message:
         self.version = "1.1"
         self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
-        self.parts: list[bytes] = []
+        self.body = b""  # set once the message is complete (empty when its body is dropped)
         self.size = 0
-        self.route: tuple[str, str] | None = None  # (model, version) of an infer request
+        self.route: RouteCodec | None = None  # the infer route (model, version), set once complete
         self.error: tuple[int, str] | None = None  # answered instead of served, then closed
         self.refusal: str | None = None  # a restricted API without its header: 403, body dropped
         self.header_length: str | None = None
@@ -71,28 +73,25 @@ class Message:
         self.expect_continue = False
         self.keep_alive = False
 
-    @property
-    def body(self) -> bytes:
-        parts = self.parts
-        return parts[0] if len(parts) == 1 else b"".join(parts)
 
-
-def infer_route(method: bytes, url: bytes) -> tuple[str, str] | None:
+def infer_route(method: bytes, url: bytes) -> RouteCodec | None:
+    """The infer route a request target names, made once per target (a client sends the
+    same few again and again): the parsers look it up in ``ROUTES`` first (a miss calls this)."""
     if method != b"POST":
         return None
     try:
-        return _ROUTES[url]  # a client sends the same few request targets again and again
+        return ROUTES[url]
     except KeyError:
         pass
     route = _infer_route(url)
     if len(url) <= _MAX_CACHED_URL:
-        if len(_ROUTES) >= _MAX_ROUTES:
-            _ROUTES.clear()
-        _ROUTES[url] = route
+        if len(ROUTES) >= _MAX_ROUTES:
+            ROUTES.clear()
+        ROUTES[url] = route
     return route
 
 
-def _infer_route(url: bytes) -> tuple[str, str] | None:
+def _infer_route(url: bytes) -> RouteCodec | None:
     path = url.split(b"?", 1)[0]
     m = _INFER_PATH.fullmatch(path)
     if m is None or m.group(1) in _DOT_SEGMENTS:
@@ -102,7 +101,8 @@ def _infer_route(url: bytes) -> tuple[str, str] | None:
     except UnicodeDecodeError:
         return None
     version = m.group(2)
-    return model, version.decode() if version else ""
+    return RouteCodec(model, version.decode() if version else "")
+
 
 
 def too_large_message(max_input_size: int) -> str:
@@ -122,16 +122,25 @@ def error_body(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
+_CLOSE = "Connection: close\r\n"
+_KEEP_ALIVE = "Connection: keep-alive\r\n"
+CONNECTION_LINES = {_CLOSE: _CLOSE.encode(), _KEEP_ALIVE: _KEEP_ALIVE.encode(), "": b""}
+
+
+def connection_line(msg: Message) -> str:
+    """The response's Connection header: close is said, keep-alive only to HTTP/1.0."""
+    if not msg.keep_alive or msg.error is not None:
+        return _CLOSE
+    return _KEEP_ALIVE if msg.version == "1.0" else ""
+
+
 def response_head(msg: Message, status: int, content_type: str, length: int, headers: dict[str, str] | None,
                   date: str) -> bytes:
     extra = ""
     if headers:
         for k, v in headers.items():
             extra += f"{k}: {v}\r\n"
-    if not msg.keep_alive or msg.error is not None:
-        extra += "Connection: close\r\n"
-    elif msg.version == "1.0":
-        extra += "Connection: keep-alive\r\n"
+    extra += connection_line(msg)
     start = _STATUS_LINES.get(status) or f"HTTP/1.1 {status} Error\r\nDate: "
     return f"{start}{date}\r\nContent-Type: {content_type}\r\nContent-Length: {length}\r\n{extra}\r\n".encode("latin-1")
 

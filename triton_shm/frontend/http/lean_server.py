@@ -42,6 +42,7 @@ class LeanContext:
         self.loop = asyncio.get_running_loop()
         self.connections: set[LeanConnection] = set()
         self.date = formatdate(usegmt=True)
+        self.date_bytes = self.date.encode("latin-1")  # the same, as the route codecs write it
 
 
 class LeanHttpServer:
@@ -63,6 +64,7 @@ class LeanHttpServer:
         while True:
             await asyncio.sleep(1.0)
             ctx.date = formatdate(usegmt=True)
+            ctx.date_bytes = ctx.date.encode("latin-1")
             now = ctx.loop.time()
             for conn in list(ctx.connections):
                 conn.check_timeouts(now)

@@ -8,7 +8,8 @@ its sink (the connection) only what the sink acts on:
   Content-Length), asks ``Expect: 100-continue``, or ``headers_hook`` was set (the
   restricted-API check). Setting ``msg.error`` or ``msg.refusal`` there drops the body.
 - ``body_too_large(msg)``: the body outgrew ``max_input_size``; the rest is dropped.
-- ``message_complete(msg)``: the message is whole.
+- ``message_complete(msg)``: the message is whole: its ``body`` is set, and its ``route``
+  (:func:`.lean_request.infer_route`) when it is a POST.
 
 ``feed_data`` raises :class:`.lean_request.HttpLimit` for a request over a limit or malformed
 (400 with llhttp's reason) and :class:`RequestUpgrade` after a message asking for an
@@ -21,8 +22,8 @@ from typing import Protocol
 
 import httptools
 
-from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, Field, HttpLimit, Message,
-                           too_large_message)
+from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit, Message,
+                           infer_route, too_large_message)
 
 IDLE, HEADERS, BODY = 0, 1, 2
 
@@ -47,6 +48,7 @@ class RequestParser:
         self._headers_hook = headers_hook
         self._parser = httptools.HttpRequestParser(self)
         self.msg: Message | None = None
+        self._parts: list[bytes] = []  # the body so far
         self.state = IDLE
         self.began = False
 
@@ -64,6 +66,7 @@ class RequestParser:
     # -- httptools callbacks ---------------------------------------------------------------
     def on_message_begin(self) -> None:
         self.msg = Message()
+        self._parts = []
         self.state = HEADERS
         self.began = True
 
@@ -120,13 +123,20 @@ class RequestParser:
         msg.size += len(chunk)
         if msg.size > self._max_input_size:
             msg.error = (413, too_large_message(self._max_input_size))
-            msg.parts.clear()
+            self._parts.clear()
             self._sink.body_too_large(msg)
             return
-        msg.parts.append(chunk)
+        self._parts.append(chunk)
 
     def on_message_complete(self) -> None:
         msg, self.msg = self.msg, None
         assert msg is not None
+        parts = self._parts
+        if parts:
+            msg.body = parts[0] if len(parts) == 1 else b"".join(parts)
+            self._parts = []
+        if msg.method == b"POST":
+            url = msg.url
+            msg.route = ROUTES[url] if url in ROUTES else infer_route(msg.method, url)
         self.state = IDLE
         self._sink.message_complete(msg)

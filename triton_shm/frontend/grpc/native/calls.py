@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Sequence
 
 import ngh2
 
-from ..rpc import Mailbox, Method, rpc_status
+from ..rpc import Mailbox, Method, identity, rpc_status
 from .framing import ACCEPT_ENCODING, DEADLINE_EXCEEDED, OK, MessageReader, compress, encode_message_text, prefix
 
 STREAM_SEND_HIGH = 1 << 20  # a stream's queued response bytes before its producer waits
@@ -17,19 +17,23 @@ STREAM_QUEUE_DEPTH = 4  # stream messages read ahead of the handler before windo
 _RESPONSE_HEADERS = ((b":status", b"200"), (b"content-type", b"application/grpc"),
                      (b"grpc-accept-encoding", ACCEPT_ENCODING))
 _OK_TRAILERS = ((b"grpc-status", b"0"),)
+_NEVER = float("-inf")
 
 
 class Call:
     """One stream's gRPC call."""
 
-    __slots__ = ("stream_id", "method", "reader", "task", "timer", "send_encoding",
+    __slots__ = ("stream_id", "method", "encoding", "reader", "task", "timer", "send_encoding",
                  "headers_sent", "finished", "remote_closed", "messages", "queue", "deferred_ack",
                  "writable")
 
-    def __init__(self, stream_id: int, method: Method, reader: MessageReader, send_encoding: bytes | None):
+    def __init__(self, stream_id: int, method: Method, encoding: bytes, send_encoding: bytes | None):
         self.stream_id = stream_id
         self.method = method
-        self.reader = reader
+        self.encoding = encoding  # the request messages' grpc-encoding
+        # A stream's reader is made with the call; a unary call's only when its request
+        # does not come as one whole message in one payload (connection._on_data).
+        self.reader: MessageReader | None = None
         self.send_encoding = send_encoding
         self.task: asyncio.Task | None = None
         self.timer: asyncio.TimerHandle | None = None
@@ -47,12 +51,17 @@ class CallRunner:
 
     h2: ngh2.Connection
     loop: asyncio.AbstractEventLoop
+    calls: dict[int, Call]
+    flush_scheduled: bool
     waiting_writers: set[Call]
     pending_resets: list[int]
     ping_strikes: int
     last_ping: float
 
     def schedule_flush(self) -> None:  # the connection's
+        raise NotImplementedError
+
+    def flush(self) -> None:  # the connection's
         raise NotImplementedError
 
     def _ack(self, sid: int, size: int) -> None:  # the connection's
@@ -77,23 +86,52 @@ class CallRunner:
                 if release is not None:
                     release()
                 return
-            message = self._frame(method, response, call.send_encoding)
+            encoding = call.send_encoding
+            message = method.serialize(response, True) if encoding is None else \
+                self._frame(method, response, encoding)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 - the client must get an answer
             self._finish(call, *rpc_status(e, method.path))
             return
-        self._send_message(call, message)
-        self._finish(call, OK, "")
+        self._answer(call, message)
+
+    def _answer(self, call: Call, message: bytes) -> None:
+        """A unary call's whole answer: what ``_send_message`` then ``_finish(call, OK, "")``
+        do, in one step (the headers are not sent yet and the call is not finished: the
+        caller checked), and one flush for all of it: at once when the connection has no
+        other call, else with the other calls' output of this loop pass."""
+        call.finished = call.headers_sent = True
+        if call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+        h2, sid = self.h2, call.stream_id
+        self.ping_strikes, self.last_ping = 0, _NEVER  # gRPC's ping policy: data sent
+        try:
+            h2.send_response(sid, _RESPONSE_HEADERS if call.send_encoding is None else
+                             (*_RESPONSE_HEADERS, (b"grpc-encoding", call.send_encoding)))
+            h2.send_data(sid, message)
+            h2.send_trailers(sid, _OK_TRAILERS)
+            if not call.remote_closed:  # we are done; the client need not send the rest
+                self.pending_resets.append(sid)
+        except ngh2.NGH2Error:
+            pass  # the stream went away under us
+        if self.flush_scheduled or len(self.calls) > 1:
+            self.schedule_flush()  # coalesced with the other calls' output of this iteration
+        else:  # nothing else to wait for on this connection: write now, not a loop pass later
+            call.task = None  # answered: nothing left to cancel when its stream closes in flush
+            self.flush()
 
     async def _run_stream(self, call: Call) -> None:
         method = call.method
+        serialize, encoding = method.serialize, call.send_encoding
         replies = method.handler(self._requests(call))
         try:
             async for reply in replies:
                 if call.finished:
                     return
-                self._send_message(call, self._frame(method, reply, call.send_encoding))
+                self._send_message(call, serialize(reply, True) if encoding is None else
+                                   self._frame(method, reply, encoding))
                 if self.h2.queued_body_size(call.stream_id) >= STREAM_SEND_HIGH:
                     call.writable = self.loop.create_future()
                     self.waiting_writers.add(call)
@@ -111,6 +149,7 @@ class CallRunner:
         queue, deserialize = call.queue, call.method.deserialize
         if queue is None:  # only a stream call has its messages queued
             return
+        raw = deserialize is identity  # the body takes the message as it came: no call per message
         while True:
             item = await queue.get()
             if item is None:
@@ -119,7 +158,7 @@ class CallRunner:
                 self._ack(call.stream_id, call.deferred_ack)
                 call.deferred_ack = 0
                 self.schedule_flush()
-            yield deserialize(item)
+            yield item if raw else deserialize(item)
 
     def _wake_writer(self, call: Call) -> None:
         self.waiting_writers.discard(call)
@@ -136,7 +175,7 @@ class CallRunner:
 
     def _send_message(self, call: Call, message: bytes) -> None:
         h2, sid = self.h2, call.stream_id
-        self.ping_strikes, self.last_ping = 0, float("-inf")  # gRPC's ping policy: data sent
+        self.ping_strikes, self.last_ping = 0, _NEVER  # gRPC's ping policy: data sent
         try:
             if not call.headers_sent:
                 call.headers_sent = True

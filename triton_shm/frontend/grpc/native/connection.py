@@ -20,13 +20,18 @@ from ...restricted import first_header
 from ..rpc import Mailbox, Method
 from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner
 from .framing import (
+    DATA_FRAME,
+    FRAME_HEADER,
     INTERNAL,
+    PREFACE,
     UNAVAILABLE,
     UNIMPLEMENTED,
     GrpcError,
     MessageReader,
+    frame_length,
     parse_timeout,
     supported_encoding,
+    whole_frames_end,
 )
 
 if TYPE_CHECKING:
@@ -34,9 +39,45 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-WRITE_CHUNK = 256 * 1024  # engine output taken per transport write
+WRITE_CHUNK = 256 * 1024  # engine output gathered per transport write
+# Engine output is taken one DATA frame at a time (16 KiB payload, the engine's default, plus
+# its 9-byte header): the engine appends each frame to a fresh buffer of its own, and one
+# grown over several frames is reallocated (and copied) at almost every frame, costing about
+# three extra copies of a large response. The pieces go out in one writev.
+OUTPUT_PIECE = 16 * 1024 + 9
 LINGER_SECONDS = 1.0  # reading on after our final GOAWAY
 CALL_TASK = "gRPC call"  # each call's task name (a fixed one: the default is formatted per task)
+
+# A DATA frame at least this long that a read cuts is kept back until its end arrives (below).
+KEEP_FRAME_MIN = 16 * 1024
+NEVER = 1 << 62  # a frame_rest no input reaches
+
+
+class ReceiveBuffers:
+    """Buffers for input kept back between reads: each holds the start of a cut frame and
+    the next read after it. A connection has one only while it is inside such a frame; at
+    most ``limit`` are out at once (past that a connection lets the engine assemble its
+    frames), and a few are kept for reuse (a new one is zero-filled)."""
+
+    SPARE = 4
+
+    def __init__(self, size: int, limit: int = 128):
+        self.size = size
+        self.limit = limit
+        self.out = 0
+        self.spare: list[memoryview] = []
+
+    def take(self) -> memoryview | None:
+        if self.out >= self.limit:
+            return None
+        self.out += 1
+        return self.spare.pop() if self.spare else memoryview(bytearray(self.size))
+
+    def give(self, buffer: memoryview) -> None:
+        self.out -= 1
+        if len(self.spare) < self.SPARE:
+            self.spare.append(buffer)
+
 
 class TokenBucket:
     """Rate limit for control frames a peer can make us answer (PING, SETTINGS)."""
@@ -63,6 +104,14 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         self.h2 = ngh2.Connection(ngh2.Role.SERVER, server.h2_config)
         self.transport: asyncio.Transport  # from connection_made on
         self.receive_view = server.receive_view  # shared: each read is consumed before the next
+        self.read_size = len(self.receive_view)
+        self.kept_input: memoryview | None = None  # this connection's own buffer, while it keeps input back
+        self.kept = 0  # bytes kept back at its start: a frame the engine has not seen yet
+        self.frame_size = 1  # the last kept DATA frame's size (header included)
+        self.next_read = 0  # how much to read into it: to the end of a frame, if they keep their size
+        # Input before the next frame header (the rest of one the engine has begun); NEVER
+        # once a frame was cut with no buffer to keep it in: from then on none is kept.
+        self.frame_rest = PREFACE
         self.calls: dict[int, Call] = {}
         self.paused = False
         self.closed = False
@@ -117,27 +166,97 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         # The socket is read straight into the server's buffer (no bytes object per read);
-        # the engine copies what it keeps before buffer_updated returns.
-        return self.receive_view
+        # the engine copies what it keeps before buffer_updated returns. Input kept back is
+        # in the connection's own buffer, and the read goes right after it.
+        kept_input = self.kept_input
+        if kept_input is None:
+            return self.receive_view
+        return kept_input[self.kept:self.kept + self.next_read]
 
     def buffer_updated(self, nbytes: int) -> None:
         if self.closed or self.terminated:  # lingering after GOAWAY: input is read and dropped
             return
         self.last_read = self.loop.time()
+        kept_input = self.kept_input
+        if kept_input is None:
+            data, end = self.receive_view, nbytes
+        else:
+            data, end = kept_input, self.kept + nbytes
+        # The engine gets all of it, except the start of a large DATA frame the read cut.
+        cut = end
+        pos = self.frame_rest  # where the first frame header is, if there is one
+        if pos < end:
+            cut = whole_frames_end(data, pos, end)
+            self.frame_rest = 0
+            if cut < end:
+                cut = self._cut_frame(data, cut, end)
+        else:
+            self.frame_rest = pos - end
         # A read is at most the buffer (server.RECEIVE_BUFFER), small enough that a flood
-        # of PINGs or SETTINGS in it meets our rate limit before the engine's own cap.
+        # of PINGs or SETTINGS in it meets our rate limit before the engine's own cap (what
+        # is kept back is one frame's start).
         try:
-            self.h2.receive_data(self.receive_view[:nbytes])
+            self.h2.receive_data(data[:cut])
         except ngh2.NGH2Error as e:  # fatal for the connection (a flood, a protocol violation)
             log.log(logging.WARNING if isinstance(e, ngh2.DenialOfServiceError) else logging.DEBUG,
                     "gRPC connection from %s dropped: %s", self._peer(), e)
             self._abort()
             return
+        if kept_input is not None or cut < end:
+            self._keep_input(data, cut, end, nbytes)
         self._process_events()
-        self.flush()
+        # A read that brought only requests and their data leaves the engine nothing to
+        # send (their answers schedule their own flush): flush only when it has output
+        # (acknowledgements, window updates, resets) or bookkeeping to do.
+        if self.h2.want_write or self.pending_resets or self.waiting_writers or self.shutting_down:
+            self.flush()
+
+    def _keep_input(self, data: memoryview, cut: int, end: int, nbytes: int) -> None:
+        """After the engine got ``data[:cut]``: the rest goes to the start of the connection's
+        own buffer; with nothing to keep, the buffer is given back once a read comes short."""
+        if cut < end:
+            kept_input = cast(memoryview, self.kept_input)  # _cut_frame took one
+            kept_input[:end - cut] = data[cut:end]
+            self.kept = end - cut
+        elif nbytes < self.next_read:  # the socket had no more: the transfer has paused
+            self._release_input()
+        else:  # reads that end where frames end keep nothing back
+            self.kept = 0
+            self.next_read = max(self.read_size // self.frame_size, 1) * self.frame_size
+
+    def _cut_frame(self, data: memoryview, cut: int, end: int) -> int:
+        """Where the input for the engine ends, given a read ending inside the frame at
+        ``cut``: there, keeping the frame back until the rest arrives, if it is a large
+        DATA frame (or its header is cut short); else at ``end``. The engine hands a frame
+        on as one bytes object when it gets it whole; a cut one it assembles with two or
+        three more copies (bytes, bytearray, bytes again)."""
+        if end - cut >= FRAME_HEADER:
+            length = frame_length(data, cut)
+            if data[cut + 3] != DATA_FRAME or not KEEP_FRAME_MIN <= length <= self.server.max_frame:
+                self.frame_rest = cut + FRAME_HEADER + length - end  # the engine takes it in pieces
+                return end
+            # The next read ends where a frame does if the peer's frames keep this size.
+            self.frame_size = size = FRAME_HEADER + length
+            missing = cut + size - end
+            self.next_read = missing + (self.read_size - missing) // size * size
+        else:  # a frame header cut short
+            self.next_read = self.read_size
+        if self.kept_input is None:
+            self.kept_input = self.server.receive_buffers.take()
+            if self.kept_input is None:  # too many connections keep input back: stop keeping
+                self.frame_rest = NEVER
+                return end
+        return cut
+
+    def _release_input(self) -> None:
+        if self.kept_input is not None:
+            self.server.receive_buffers.give(self.kept_input)
+            self.kept_input = None
+        self.kept = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._release_input()
         if self not in self.server.connections:  # refused in connection_made
             return
         self.server.connections.discard(self)
@@ -171,10 +290,20 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         try:
             while True:
                 while not self.paused:
-                    out = h2.data_to_send(WRITE_CHUNK)
-                    if not out:
+                    out = h2.data_to_send(OUTPUT_PIECE)
+                    if len(out) < OUTPUT_PIECE:  # the engine fills the piece while it has output
+                        if out:
+                            transport.write(out)  # all there is (a small answer): no list
                         break
-                    transport.write(out)
+                    pieces, size = [out], len(out)
+                    while size < WRITE_CHUNK and len(out) == OUTPUT_PIECE:
+                        out = h2.data_to_send(OUTPUT_PIECE)
+                        if out:
+                            pieces.append(out)
+                            size += len(out)
+                    transport.writelines(pieces)
+                    if len(out) < OUTPUT_PIECE:
+                        break
                 if self.paused or not self.pending_resets or not self._send_resets():
                     break
         except ngh2.NGH2Error:
@@ -226,15 +355,11 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
     def _on_request(self, event: ngh2.RequestReceived) -> None:
         sid = event.stream_id
         headers = dict(event.headers)  # one C loop; a repeated header's last value, as a scan gives
-        path = headers.get(b":path", b"")
-        content_type = headers.get(b"content-type", b"")
-        timeout = headers.get(b"grpc-timeout")
-        encoding = headers.get(b"grpc-encoding")
-        accept = headers.get(b"grpc-accept-encoding")
-        if headers.get(b":method") != b"POST":
+        get = headers.get  # each header is read where it is needed: most calls need few
+        if get(b":method") != b"POST":
             self._http_error(sid, b"405")
             return
-        if not content_type.startswith(b"application/grpc"):
+        if not get(b"content-type", b"").startswith(b"application/grpc"):
             self._http_error(sid, b"415")
             return
         if self.shutting_down:  # after our GOAWAY: not processed, safe for the client to retry
@@ -243,15 +368,19 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             except ngh2.NGH2Error:
                 pass
             return
+        path = get(b":path", b"")
         target = self.server.methods.get(path)
-        encoding = None if encoding in (None, b"identity") else encoding
+        encoding = get(b"grpc-encoding")
         send_encoding = None
-        if encoding is not None and accept is not None and encoding in accept.replace(b" ", b"").split(b","):
-            send_encoding = encoding  # answer in the encoding the client chose, if it takes it back
+        if encoding == b"identity":
+            encoding = None
+        elif encoding is not None:
+            accept = get(b"grpc-accept-encoding")
+            if accept is not None and encoding in accept.replace(b" ", b"").split(b","):
+                send_encoding = encoding  # answer in the encoding the client chose, if it takes it back
         # an unknown path still gets a call, to be answered UNIMPLEMENTED below
         rpc_method = target or Method(path.decode("utf-8", "replace"), _unimplemented)
-        call = Call(sid, rpc_method, MessageReader(self.server.max_message_bytes, encoding or b"identity"),
-                    send_encoding)
+        call = Call(sid, rpc_method, encoding or b"identity", send_encoding)
         self.calls[sid] = call
         if event.end_stream:
             call.remote_closed = True
@@ -267,7 +396,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         if encoding is not None and not supported_encoding(encoding):
             self._finish(call, UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')} is not supported")
             return
-        if timeout is not None:
+        if (timeout := get(b"grpc-timeout")) is not None:
             try:
                 seconds = parse_timeout(timeout)
             except ValueError as e:
@@ -275,6 +404,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
                 return
             call.timer = self.loop.call_later(seconds, self._deadline, call)
         if target.streaming:
+            call.reader = MessageReader(self.server.max_message_bytes, call.encoding)
             call.queue = Mailbox()
             if call.remote_closed:
                 call.queue.put_nowait(None)
@@ -289,19 +419,35 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         if call is None or call.finished:
             self._ack(sid, size)  # already answered: give the window back, drop the bytes
             return
-        try:
-            messages = call.reader.feed(data)
-        except GrpcError as e:
-            self._ack(sid, size)
-            self._finish(call, e.code, e.message)
-            return
+        reader = call.reader
         if call.queue is None:
             self._ack(sid, size)  # unary: the reader holds it, bounded by the message limit
-            call.messages += messages
-            if len(call.messages) > 1:
+            messages = call.messages
+            if (reader is None and size > 5 and data[0] == 0
+                    and int.from_bytes(data[1:5], "big") == size - 5 <= self.server.max_message_bytes):
+                # The common case, a payload that is exactly one uncompressed message, at a
+                # message boundary (no reader yet: every payload so far was one): what
+                # MessageReader.feed returns for it, without making the reader.
+                messages.append(memoryview(data)[5:])
+            else:
+                if reader is None:
+                    reader = call.reader = MessageReader(self.server.max_message_bytes, call.encoding)
+                try:
+                    messages += reader.feed(data)
+                except GrpcError as e:
+                    self._finish(call, e.code, e.message)
+                    return
+            if len(messages) > 1:
                 self._finish(call, INTERNAL, "more than one request message on a unary call")
                 return
         else:
+            assert reader is not None  # a stream's reader is made with the call
+            try:
+                messages = reader.feed(data)
+            except GrpcError as e:
+                self._ack(sid, size)
+                self._finish(call, e.code, e.message)
+                return
             for m in messages:
                 call.queue.put_nowait(m)
             if call.queue.qsize() < STREAM_QUEUE_DEPTH:
@@ -322,7 +468,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
     def _end_of_request(self, call: Call) -> None:
         if call.finished:
             return
-        if call.reader.pending:
+        if call.reader is not None and call.reader.pending:
             self._finish(call, INTERNAL, "request ended inside a message (truncated gRPC message)")
         elif call.queue is not None:
             call.queue.put_nowait(None)
@@ -361,7 +507,8 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             call.timer.cancel()
         if call.task is not None and not call.task.done():
             call.task.cancel()  # cancels the request in the scheduler and the worker
-        self._wake_writer(call)
+        if call.writable is not None:  # only then is it among the waiting writers
+            self._wake_writer(call)
 
     def _http_error(self, sid: int, status: bytes) -> None:
         """Not a gRPC request at all: a plain HTTP answer, as gRPC servers give."""

@@ -8,6 +8,15 @@ from __future__ import annotations
 import zlib
 from typing import Iterable
 
+from ....core.codec import NO_EXTENSIONS
+from .frames_py import whole_frames_end
+
+if not NO_EXTENSIONS:
+    try:
+        from ._frames import whole_frames_end  # type: ignore  # noqa: F401, F811
+    except ImportError:  # not built: the pure-Python twin serves
+        pass
+
 # grpc status codes (the wire values of grpc-status).
 OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED = 0, 1, 2, 3, 4
 RESOURCE_EXHAUSTED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE = 8, 12, 13, 14
@@ -152,6 +161,17 @@ class MessageReader:
                 out.append(body)
                 self._parts, self._have, self._need = [], 0, -1
         return out
+
+
+# HTTP/2 framing, as far as the receive path needs it to cut its input between frames.
+FRAME_HEADER = 9  # 24-bit length, type, flags, stream id
+DATA_FRAME = 0
+PREFACE = 24  # the client's connection preface comes before its first frame
+
+
+def frame_length(buf: memoryview, pos: int) -> int:
+    """The payload length in the frame header at ``pos``."""
+    return buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
 
 
 def join_message(parts: Iterable[bytes | memoryview], size: int, encoding: bytes | None) -> bytes:

@@ -10,7 +10,7 @@ import ngh2
 from ...restricted import Restrictions
 from ..keepalive import HANDSHAKE_TIMEOUT_MS, Keepalive
 from ..rpc import Method
-from .connection import GrpcConnection
+from .connection import GrpcConnection, ReceiveBuffers
 
 log = logging.getLogger(__name__)
 
@@ -18,9 +18,9 @@ MAX_CONCURRENT_STREAMS = 1000
 STREAM_WINDOW = 4 << 20  # per-stream receive window
 CONNECTION_WINDOW = 32 << 20
 MAX_HEADER_LIST = 64 * 1024
-# DATA frames from the peer: 64 KiB, a quarter of a read, so most arrive within one read
-# (the engine then copies the payload once; one cut by a read's end it assembles with two
-# or more) while a 16 MiB message is still only 256 engine events.
+# DATA frames from the peer: 64 KiB, a quarter of a read (the engine copies each payload
+# once; the connection keeps back the start of one that a read cuts until its end arrives)
+# while a 16 MiB message is still only 256 engine events.
 MAX_FRAME = 64 * 1024
 # The most read from a socket at once, and fed to the engine whole: even a read of nothing
 # but 9-byte SETTINGS frames (29,127) stays under the engine's cap on unsent
@@ -58,6 +58,10 @@ class NativeServer:
         # Every connection reads into this one buffer: a read is fed to the engine (which
         # copies what it keeps) before the loop reads again, for any connection.
         self.receive_view = memoryview(bytearray(RECEIVE_BUFFER))
+        # A connection whose read cut a large DATA frame keeps its start in one of these
+        # and reads on after it, so the engine gets the frame whole.
+        self.max_frame = MAX_FRAME
+        self.receive_buffers = ReceiveBuffers(RECEIVE_BUFFER + MAX_FRAME + 9)
         self._server: asyncio.Server | None = None
         self._idle = asyncio.Event()
 
