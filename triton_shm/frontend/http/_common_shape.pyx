@@ -165,16 +165,32 @@ def decode_common(doc, str model_name, str model_version, view, Py_ssize_t heade
 
 
 def encode_common(response, request):
-    cdef list listed = request.outputs
+    cdef InferResponse res
+    cdef InferRequest asked
+    cdef OutputTensor out
+    cdef RequestedOutput r
+    cdef list listed
     cdef dict requested = None
     cdef dict entry, params
     cdef list outputs = [], parts = [b""]
     cdef bint default_binary
     cdef Py_ssize_t nbytes
+    if type(response) is not InferResponse or type(request) is not InferRequest:
+        return None  # not the C classes (the twins'): the general encoder
+    res, asked = <InferResponse>response, <InferRequest>request
+    listed = asked.outputs
     if listed:
-        requested = {o.name: o.parameters for o in listed}
-    default_binary = (<dict>request.parameters).get("binary_data_output", False) is True
-    for out in response.outputs:
+        requested = {}
+        for item in listed:
+            if type(item) is not RequestedOutput:
+                return None
+            r = <RequestedOutput>item
+            requested[r.name] = r.parameters
+    default_binary = (<dict>asked.parameters).get("binary_data_output", False) is True
+    for item in res.outputs:
+        if type(item) is not OutputTensor:
+            return None
+        out = <OutputTensor>item
         shape = out.shape
         entry = {"name": out.name, "datatype": out.datatype, "shape": shape if type(shape) is list else list(shape)}
         if out.in_shared_memory:  # the data went to the client's region: no data, as Triton
@@ -197,12 +213,12 @@ def encode_common(response, request):
     if len(parts) == 1:
         return None
     doc = {}
-    if response.id:
-        doc["id"] = response.id
-    doc["model_name"] = response.model_name
-    doc["model_version"] = response.model_version
-    if response.parameters:
-        doc["parameters"] = response.parameters
+    if res.id:
+        doc["id"] = res.id
+    doc["model_name"] = res.model_name
+    doc["model_version"] = res.model_version
+    if res.parameters:
+        doc["parameters"] = res.parameters
     doc["outputs"] = outputs
     header = _dumps(doc, option=_JSON_OPTS)
     parts[0] = header
