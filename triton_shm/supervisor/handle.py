@@ -61,7 +61,7 @@ class WorkerHandle:
         self._ids = itertools.count(1)
         self._releases: list[list[int]] = []
         self._release_bytes = 0
-        self._flush_scheduled = False
+        self._flush_scheduled = False  # a RELEASE_DELAY timer is armed
         self.alive = False
         self.regions: set[int] = set()  # client regions whose fd this worker holds
         self.generation = 0
@@ -449,20 +449,28 @@ class WorkerHandle:
                 self.arena.free(block.segment.id, block.offset, block.size)
 
     def release(self, descriptors: list[list[int]]) -> None:
-        """Give output blocks back to the worker (batched into its next message)."""
-        if not self.alive:
-            return
-        self._releases.extend(descriptors)
-        for d in descriptors:  # ints, checked by SegmentMap.view
-            self._release_bytes += d[2]
-        if self._release_bytes >= RELEASE_BYTES:
+        """Give output blocks back to the worker: they ride on its next frame. One timer, armed
+        by the first of them, sends those still waiting after RELEASE_DELAY in a frame of their
+        own (an idle worker gets them), and RELEASE_BYTES of them go at once."""
+        if descriptors and self.alive:  # none (outputs in client shared memory): nothing to wait for
+            self._releases += descriptors
+            size = self._release_bytes
+            for d in descriptors:  # ints, checked by SegmentMap.view
+                size += d[2]
+            self._release_bytes = size
+            if size >= RELEASE_BYTES:
+                self._flush_releases()  # an armed timer stays armed: it finds nothing, or later ones
+            elif not self._flush_scheduled:
+                self._flush_scheduled = True
+                self._loop.call_later(RELEASE_DELAY, self._flush_on_time)
+
+    def _flush_on_time(self) -> None:
+        """The RELEASE_DELAY timer: the frees that no frame has carried since go on their own."""
+        self._flush_scheduled = False
+        if self._releases:  # usually a frame took them
             self._flush_releases()
-        elif not self._flush_scheduled:  # when no other message goes soon, send them alone
-            self._flush_scheduled = True
-            self._loop.call_later(RELEASE_DELAY, self._flush_releases)
 
     def _flush_releases(self) -> None:
-        self._flush_scheduled = False
         if self._releases and self.link is not None:
             try:
                 self._send_frame(protocol.encode_free(self._take_releases()))
