@@ -25,17 +25,34 @@ cdef dict _DTYPE_CODE = {name: i for i, name in enumerate(DATATYPES)}
 cdef tuple _DTYPES = DATATYPES
 cdef int _N_DTYPES = len(DATATYPES)
 cdef int _MAX_DIMS = MAX_DIMS
+cdef Py_ssize_t _MAX_ID = MAX_ID
+cdef int _SEQ_START = SEQ_START, _SEQ_END = SEQ_END, _SEQ_NUMERIC_ID = SEQ_NUMERIC_ID, _SEQ_STRING_ID = SEQ_STRING_ID
+cdef str _ID_TOO_LONG_MESSAGE = _ID_TOO_LONG
 
 # -- encoding: a growing C buffer (Buf), little-endian by construction ----------------------
+cdef inline void _init(Buf *b) noexcept:
+    b.data, b.len, b.cap = b.small, 0, BUF_SMALL
+
+
+cdef inline void _drop(Buf *b) noexcept:
+    if b.data != b.small:
+        free(b.data)
+
+
 cdef int _reserve(Buf *b, size_t n) except -1:
     cdef size_t cap
     cdef char *data
     if b.len + n <= b.cap:
         return 0
-    cap = b.cap * 2 if b.cap else 256
+    cap = b.cap * 2
     while cap < b.len + n:
         cap *= 2
-    data = <char *>realloc(b.data, cap)
+    if b.data == b.small:  # leaves the stack: its bytes move to the heap
+        data = <char *>malloc(cap)
+        if data != NULL:
+            memcpy(data, b.small, b.len)
+    else:
+        data = <char *>realloc(b.data, cap)
     if data == NULL:
         raise MemoryError()
     b.data, b.cap = data, cap
@@ -163,11 +180,15 @@ cdef bytes _finish(Buf *b):
     try:
         return PyBytes_FromStringAndSize(b.data, b.len)
     finally:
-        free(b.data)
+        _drop(b)
 
 
 def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
+    cdef Py_ssize_t id_len
+    cdef const char *id_utf8
+    cdef int seq
+    _init(&b)
     try:
         _start(&b, OP_INFER, msg_id, len(requests), frees)
         _uint(&b, instance, 4)
@@ -176,24 +197,25 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
             request_id, parameters, inputs, outputs = request[0], request[1], request[2], request[3]
             sequence = request[4] if len(request) > 4 else None
             pb = orjson.dumps(parameters) if parameters else b""
-            _uint(&b, <uint64_t>len(inputs), 2)
-            _uint(&b, <uint64_t>len(outputs), 2)
-            rb = (<str>request_id).encode("utf-8")
-            if len(rb) > MAX_ID:
-                raise InvalidArgument(_ID_TOO_LONG)
-            _uint(&b, <uint64_t>len(rb), 2)
-            _uint(&b, <uint64_t>len(pb), 4)
+            id_utf8 = PyUnicode_AsUTF8AndSize(<str>request_id, &id_len)  # the str's own UTF-8: no copy
+            if id_len > _MAX_ID:
+                raise InvalidArgument(_ID_TOO_LONG_MESSAGE)
             seq = 0
             if sequence is not None:
                 corrid, start, end = sequence
-                seq = (SEQ_STRING_ID if isinstance(corrid, str) else SEQ_NUMERIC_ID) | (SEQ_START if start else 0) \
-                    | (SEQ_END if end else 0)
-            _uint(&b, <uint64_t>seq, 1)
-            _put(&b, <const char *>rb, len(rb))
+                seq = (_SEQ_STRING_ID if isinstance(corrid, str) else _SEQ_NUMERIC_ID) \
+                    | (_SEQ_START if start else 0) | (_SEQ_END if end else 0)
+            _reserve(&b, 11)
+            _set(&b, <uint64_t>len(inputs), 2)
+            _set(&b, <uint64_t>len(outputs), 2)
+            _set(&b, <uint64_t>id_len, 2)
+            _set(&b, <uint64_t>len(pb), 4)
+            _set(&b, <uint64_t>seq, 1)
+            _put(&b, id_utf8, id_len)
             _put(&b, <const char *>pb, len(pb))
-            if seq & SEQ_NUMERIC_ID:
+            if seq & _SEQ_NUMERIC_ID:
                 _uint(&b, <uint64_t>corrid, 8)
-            elif seq & SEQ_STRING_ID:
+            elif seq & _SEQ_STRING_ID:
                 _str(&b, corrid, 2)
             for name, datatype, shape, place, seg, offset, size in inputs:
                 _tensor(&b, name, datatype, shape, place, seg, offset, size)
@@ -204,13 +226,14 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
                     name, place, region, offset, size = o
                     _output(&b, name, place, region, offset, size)
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
 
 def encode_reply(uint64_t msg_id, responses, timing):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
+    _init(&b)
     try:
         _start(&b, OP_REPLY, msg_id, len(responses), ())
         t0, t1, t2 = timing
@@ -220,53 +243,57 @@ def encode_reply(uint64_t msg_id, responses, timing):
         for r in responses:
             _response(&b, r)
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
 
 def encode_stream(uint64_t msg_id, uint32_t index, final, response):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
+    _init(&b)
     try:
         _start(&b, OP_STREAM, msg_id, 1, ())
         _uint(&b, index, 4)
         _uint(&b, 1 if final else 0, 1)
         _response(&b, response)
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
 
 def encode_fail(uint64_t msg_id, dict error):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
+    _init(&b)
     try:
         _start(&b, OP_FAIL, msg_id, 0, ())
         _error(&b, error)
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
 
 def encode_control(uint64_t msg_id, dict message, frees=()):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
     cdef bytes body = orjson.dumps(message)
+    _init(&b)
     try:
         _start(&b, OP_CONTROL, msg_id, 0, frees)
         _put(&b, <const char *>body, len(body))
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
 
 cdef bytes _bare(int op, uint64_t msg_id, frees):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
+    _init(&b)
     try:
         _start(&b, op, msg_id, 0, frees)
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
@@ -456,6 +483,7 @@ def decode(data):
     cdef Py_buffer view
     cdef Reader r
     cdef uint64_t op, flags, count, nfree, i
+    cdef bint missing
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
         r.p = <const uint8_t *>view.buf
@@ -483,9 +511,15 @@ def decode(data):
         elif op == OP_REPLY:
             _need(&r, 24)
             timing = (_get(&r, 8), _get(&r, 8), _get(&r, 8))
-            responses = [_response_rec(&r) for _ in range(count)]
+            responses = []
+            missing = False  # a NONE entry: the reply fails, after the rest is checked as before
+            for i in range(count):
+                response = _response_rec(&r)
+                if response is None:
+                    missing = True
+                responses.append(response)
             body = {"responses": responses, "timing": timing}
-            if any(x is None for x in responses):
+            if missing:
                 raise _fail(&r, "reply entry without a status")
         elif op == OP_STREAM:
             _need(&r, 5)

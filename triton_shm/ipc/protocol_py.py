@@ -328,7 +328,7 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
     elif op == Op.REPLY:
         timing = r.unpack(_TIMING)
         body = {"responses": [r.response() for _ in range(count)], "timing": timing}
-        if any(x is None for x in body["responses"]):
+        if None in body["responses"]:  # entries are dicts or None: no generator
             raise r.fail("reply entry without a status")
     elif op == Op.STREAM:
         index, final = r.unpack(_STREAM)
