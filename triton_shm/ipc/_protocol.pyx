@@ -15,6 +15,46 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
     object PyType_GenericAlloc(type t, Py_ssize_t nitems)
 
+
+# Little-endian integers of 1 to 8 bytes. A fixed-size memcpy on a little-endian host (one
+# load or store once inlined with a constant size), bytes shifted one at a time elsewhere.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    #define TSHM_LITTLE_ENDIAN 1
+    #else
+    #define TSHM_LITTLE_ENDIAN 0
+    #endif
+    static inline void tshm_store_le(char *d, uint64_t v, int n) {
+        if (TSHM_LITTLE_ENDIAN) {
+            switch (n) {
+            case 1: d[0] = (char)v; return;
+            case 2: { uint16_t x = (uint16_t)v; memcpy(d, &x, 2); return; }
+            case 4: { uint32_t x = (uint32_t)v; memcpy(d, &x, 4); return; }
+            case 8: memcpy(d, &v, 8); return;
+            }
+        }
+        for (int i = 0; i < n; i++) d[i] = (char)((v >> (8 * i)) & 0xFF);
+    }
+    static inline uint64_t tshm_load_le(const uint8_t *p, int n) {
+        uint64_t v = 0;
+        if (TSHM_LITTLE_ENDIAN) {
+            switch (n) {
+            case 1: return p[0];
+            case 2: { uint16_t x; memcpy(&x, p, 2); return x; }
+            case 4: { uint32_t x; memcpy(&x, p, 4); return x; }
+            case 8: memcpy(&v, p, 8); return v;
+            }
+        }
+        for (int i = 0; i < n; i++) v |= ((uint64_t)p[i]) << (8 * i);
+        return v;
+    }
+    """
+    void tshm_store_le(char *d, uint64_t v, int n) noexcept nogil
+    uint64_t tshm_load_le(const uint8_t *p, int n) noexcept nogil
+
 import orjson
 
 from ..errors import Internal, InvalidArgument
@@ -68,9 +108,7 @@ cdef inline int _put(Buf *b, const char *p, size_t n) except -1:
 
 cdef inline void _set(Buf *b, uint64_t v, int nbytes) noexcept:
     """``_uint`` where the caller has reserved the room."""
-    cdef int i
-    for i in range(nbytes):
-        b.data[b.len + i] = <char>((v >> (8 * i)) & 0xFF)
+    tshm_store_le(b.data + b.len, v, nbytes)
     b.len += nbytes
 
 
@@ -321,12 +359,9 @@ cdef inline int _need(Reader *r, size_t n) except -1:
     return 0
 
 
-cdef inline uint64_t _get(Reader *r, int nbytes):
+cdef inline uint64_t _get(Reader *r, int nbytes) noexcept:
     """Caller has checked the room."""
-    cdef uint64_t v = 0
-    cdef int i
-    for i in range(nbytes):
-        v |= (<uint64_t>r.p[i]) << (8 * i)
+    cdef uint64_t v = tshm_load_le(r.p, nbytes)
     r.p += nbytes
     return v
 
