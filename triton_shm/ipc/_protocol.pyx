@@ -442,19 +442,28 @@ cdef dict _error_rec(Reader *r):
     return {"code": code, "message": _text(r, message_len)}
 
 
-cdef object _response_rec(Reader *r):
+cdef object _S_OK = Status.OK, _S_ERROR = Status.ERROR, _S_DECOUPLED = Status.DECOUPLED, _S_NONE = Status.NONE
+cdef tuple _DECOUPLED_ENTRY = (Status.DECOUPLED, None), _NONE_ENTRY = (Status.NONE, None)
+
+
+cdef tuple _response_rec(Reader *r):
+    """``(status, payload)``: the output records (OK), the error record (ERROR), else None."""
     _need(r, 3)
     cdef uint64_t status = _get(r, 1), n = _get(r, 2)
+    cdef list outputs
     if status == ST_OK:
-        return {"outputs": [_tensor_rec(r) for _ in range(n)]}
+        outputs = []
+        for _ in range(n):
+            outputs.append(_tensor_rec(r))
+        return (_S_OK, outputs)
     if n:
         raise _fail(r, "response without outputs has an output count")
     if status == ST_ERROR:
-        return {"error": _error_rec(r)}
+        return (_S_ERROR, _error_rec(r))
     if status == ST_DECOUPLED:
-        return {"decoupled": True}
+        return _DECOUPLED_ENTRY
     if status == ST_NONE:
-        return None
+        return _NONE_ENTRY
     raise _fail(r, f"unknown response status {status}")
 
 
@@ -549,20 +558,24 @@ def decode(data):
             responses = []
             missing = False  # a NONE entry: the reply fails, after the rest is checked as before
             for i in range(count):
-                response = _response_rec(&r)
-                if response is None:
+                entry = _response_rec(&r)
+                if (<tuple>entry)[0] is _S_NONE:
                     missing = True
-                responses.append(response)
-            body = {"responses": responses, "timing": timing}
+                responses.append(entry)
+            body = (responses, timing)
             if missing:
                 raise _fail(&r, "reply entry without a status")
         elif op == OP_STREAM:
             _need(&r, 5)
             index, final = _get(&r, 4), _get(&r, 1)
             body = {"index": index, "final": bool(final)}
-            response = _response_rec(&r)
-            if response is not None:
-                body.update(response)
+            status, payload = _response_rec(&r)
+            if status is _S_OK:
+                body["outputs"] = payload
+            elif status is _S_ERROR:
+                body["error"] = payload
+            elif status is _S_DECOUPLED:
+                body["decoupled"] = True
         elif op == OP_FAIL:
             body = {"error": _error_rec(&r)}
         elif op == OP_CONTROL:
