@@ -73,7 +73,9 @@ def extensions() -> list[Extension]:
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.frontend.grpc.native._frames", ["triton_shm/frontend/grpc/native/_frames.pyx"],
                   extra_compile_args=["-O2", "-Wall"]),
+        # cimports core/_types.pxd: its C classes' layout is compiled in
         Extension("triton_shm.frontend.http._common_shape", ["triton_shm/frontend/http/_common_shape.pyx"],
+                  depends=["triton_shm/core/_types.pxd"],
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.frontend.http._request_parser",
                   ["triton_shm/frontend/http/_request_parser.pyx", "csrc/llhttp/llhttp.c", "csrc/llhttp/api.c",

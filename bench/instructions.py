@@ -124,7 +124,9 @@ def main() -> None:
                                    capture_output=True, text=True).stdout
         if "--drain-secs" in help_text:  # stop at once (older trees, measured for a before/after, lack it)
             cmd += ["--drain-secs", "0"]
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+        # A fixed hash seed: with a random one, dict and set layouts (and so the counts) move by
+        # about 1 % from run to run of the same tree.
+        env = {"PYTHONHASHSEED": "0", **os.environ, "OPENBLAS_NUM_THREADS": "1"}
         log = open(tmp_path / "server.log", "w")
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:

@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The request and response types as C classes: the same fields, defaults, equality
 (the same class and equal fields) and repr as their twins in ``types_py.py``, which
-define them. Constructing one is a C call instead of a Python ``__init__`` frame."""
+define them. Constructing one is a C call instead of a Python ``__init__`` frame. The
+fields are declared in ``_types.pxd`` (other extensions cimport them)."""
 
 from asyncio import get_running_loop
 
@@ -16,8 +17,6 @@ cdef str _repr(object obj, tuple names):
 
 
 cdef class InputTensor:
-    cdef public object name, datatype, shape, data, parameters
-
     def __init__(self, name, datatype, shape, data=None, parameters=_FRESH):
         self.name = name
         self.datatype = datatype
@@ -37,8 +36,6 @@ cdef class InputTensor:
 
 
 cdef class RequestedOutput:
-    cdef public object name, parameters
-
     def __init__(self, name, parameters=_FRESH):
         self.name = name
         self.parameters = {} if parameters is _FRESH else parameters
@@ -54,8 +51,6 @@ cdef class RequestedOutput:
 
 
 cdef class InferRequest:
-    cdef public object model_name, model_version, id, parameters, inputs, outputs
-
     def __init__(self, model_name, model_version="", id="", parameters=_FRESH, inputs=_FRESH, outputs=_FRESH):
         self.model_name = model_name
         self.model_version = model_version
@@ -87,8 +82,6 @@ cdef class InferRequest:
 
 
 cdef class OutputTensor:
-    cdef public object name, datatype, shape, data, parameters, in_shared_memory, shm_byte_size
-
     def __init__(self, name, datatype, shape, data, parameters=_FRESH, in_shared_memory=False, shm_byte_size=0):
         self.name = name
         self.datatype = datatype
@@ -111,8 +104,6 @@ cdef class OutputTensor:
 
 
 cdef class InferResponse:
-    cdef public object model_name, model_version, id, parameters, outputs, _release
-
     def __init__(self, model_name, model_version, id="", parameters=_FRESH, outputs=_FRESH, _release=None):
         self.model_name = model_name
         self.model_version = model_version
@@ -141,7 +132,6 @@ cdef class InferResponse:
 cdef class BatchRequest:
     """One request of a batch as the scheduler hands it to the worker pool (see the twin).
     Compared by identity, as the twin (``eq=False``)."""
-    cdef public object request, plan, regions, stream
 
     def __init__(self, request, plan, regions, stream):
         self.request = request
@@ -156,8 +146,6 @@ cdef class BatchRequest:
 cdef class Pending(BatchRequest):
     """A queued request (the scheduler's): what the pool needs and the queue's own state.
     A subclass may add attributes (it gets a ``__dict__`` or its own ``__slots__``)."""
-    cdef public object rows, priority, enqueued_ns, deadline_ns, reject_on_timeout, future, seq, result, trace
-    cdef public object count_on_answer
 
     def __init__(self, request, plan, regions, stream, rows, priority, enqueued_ns, deadline_ns, reject_on_timeout,
                  future=_FRESH, seq=0, result=None, trace=None, count_on_answer=False):

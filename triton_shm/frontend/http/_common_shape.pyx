@@ -1,6 +1,11 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """The infer request and response in their common shape, in C. Twin of ``common_shape_py``
-(its docstring says what the common shape is); same API and results."""
+(its docstring says what the common shape is); same API and results.
+
+It reads and builds the core types as the C classes of ``core/_types`` (cimported: fields
+are struct members, an object is built without a Python call), so it serves only where
+``core.types`` picked those classes (``common_shape`` sees to it); given other objects it
+leaves the response to the general encoder."""
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.dict cimport PyDict_Copy, PyDict_GetItem, PyDict_Next
@@ -12,12 +17,9 @@ from libc.string cimport memcmp, memcpy
 import orjson
 
 from ...core.datatypes import DATATYPES
-from ...core.types import InferRequest, InputTensor, RequestedOutput
+from ...core._types cimport InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
 from .common_shape_py import INPUT_KEYS, INT64_MAX, JSON_OPTS, OUTPUT_KEYS, REQUEST_KEYS
 
-cdef object _InferRequest = InferRequest
-cdef object _InputTensor = InputTensor
-cdef object _RequestedOutput = RequestedOutput
 cdef frozenset _REQUEST_KEYS = REQUEST_KEYS
 cdef frozenset _INPUT_KEYS = INPUT_KEYS
 cdef frozenset _OUTPUT_KEYS = OUTPUT_KEYS
@@ -27,6 +29,26 @@ cdef object _dumps = orjson.dumps
 cdef object _loads = orjson.loads
 cdef object _JSONDecodeError = orjson.JSONDecodeError
 cdef object _JSON_OPTS = JSON_OPTS
+
+
+# Builders of the core types: tp_new (each field None) and the fields as __init__ sets them.
+cdef inline InputTensor _input(object name, object datatype, object shape, object data, dict parameters):
+    cdef InputTensor t = InputTensor.__new__(InputTensor)
+    t.name, t.datatype, t.shape, t.data, t.parameters = name, datatype, shape, data, parameters
+    return t
+
+
+cdef inline RequestedOutput _requested(object name, dict parameters):
+    cdef RequestedOutput r = RequestedOutput.__new__(RequestedOutput)
+    r.name, r.parameters = name, parameters
+    return r
+
+
+cdef inline InferRequest _request(str model, str version, object id, dict parameters, list inputs, list outputs):
+    cdef InferRequest r = InferRequest.__new__(InferRequest)
+    r.model_name, r.model_version, r.id = model, version, id
+    r.parameters, r.inputs, r.outputs = parameters, inputs, outputs
+    return r
 
 
 cdef inline object _get(dict d, str key):
@@ -116,7 +138,7 @@ def decode_common(doc, str model_name, str model_version, view, Py_ssize_t heade
             rest = {k: v for k, v in tensor_params.items() if k != "binary_data_size"}
         else:
             rest = {}
-        tensors.append(_InputTensor(name, datatype, shape, view[offset:offset + n], rest))
+        tensors.append(_input(name, datatype, shape, view[offset:offset + n], rest))
         offset += n
     if offset != size:
         return None
@@ -138,21 +160,37 @@ def decode_common(doc, str model_name, str model_version, view, Py_ssize_t heade
             flag = _get(<dict>p, "binary_data")
             if flag is not None and type(flag) is not bool:
                 return None
-            requested.append(_RequestedOutput(name, p))
-    return _InferRequest(model_name, model_version, request_id, params, tensors, requested)
+            requested.append(_requested(name, <dict>p))
+    return _request(model_name, model_version, request_id, <dict>params, tensors, requested)
 
 
 def encode_common(response, request):
-    cdef list listed = request.outputs
+    cdef InferResponse res
+    cdef InferRequest asked
+    cdef OutputTensor out
+    cdef RequestedOutput r
+    cdef list listed
     cdef dict requested = None
     cdef dict entry, params
     cdef list outputs = [], parts = [b""]
     cdef bint default_binary
     cdef Py_ssize_t nbytes
+    if type(response) is not InferResponse or type(request) is not InferRequest:
+        return None  # not the C classes (the twins'): the general encoder
+    res, asked = <InferResponse>response, <InferRequest>request
+    listed = asked.outputs
     if listed:
-        requested = {o.name: o.parameters for o in listed}
-    default_binary = (<dict>request.parameters).get("binary_data_output", False) is True
-    for out in response.outputs:
+        requested = {}
+        for item in listed:
+            if type(item) is not RequestedOutput:
+                return None
+            r = <RequestedOutput>item
+            requested[r.name] = r.parameters
+    default_binary = (<dict>asked.parameters).get("binary_data_output", False) is True
+    for item in res.outputs:
+        if type(item) is not OutputTensor:
+            return None
+        out = <OutputTensor>item
         shape = out.shape
         entry = {"name": out.name, "datatype": out.datatype, "shape": shape if type(shape) is list else list(shape)}
         if out.in_shared_memory:  # the data went to the client's region: no data, as Triton
@@ -175,12 +213,12 @@ def encode_common(response, request):
     if len(parts) == 1:
         return None
     doc = {}
-    if response.id:
-        doc["id"] = response.id
-    doc["model_name"] = response.model_name
-    doc["model_version"] = response.model_version
-    if response.parameters:
-        doc["parameters"] = response.parameters
+    if res.id:
+        doc["id"] = res.id
+    doc["model_name"] = res.model_name
+    doc["model_version"] = res.model_version
+    if res.parameters:
+        doc["parameters"] = res.parameters
     doc["outputs"] = outputs
     header = _dumps(doc, option=_JSON_OPTS)
     parts[0] = header
@@ -248,19 +286,28 @@ cdef class _RequestShape:
                 if view is None:
                     view = memoryview(body)
                 data = view[offset:offset + n]
-            tensors.append(_InputTensor(t[0], t[1], list(<list>t[2]), data, _fresh(<dict>t[3])))
+            tensors.append(_input(t[0], t[1], list(<list>t[2]), data, _fresh(<dict>t[3])))
             offset += n
-        requested = [_RequestedOutput(<str>(<tuple>o)[0], _fresh(<dict>(<tuple>o)[1])) for o in self.outputs]
-        return _InferRequest(model, version, "", _fresh(self.parameters), tensors, requested)
+        requested = [_requested(<str>(<tuple>o)[0], _fresh(<dict>(<tuple>o)[1])) for o in self.outputs]
+        return _request(model, version, "", _fresh(self.parameters), tensors, requested)
 
 
-cdef _RequestShape _shape_of(request, bytes key, Py_ssize_t size):
+cdef _RequestShape _shape_of(InferRequest request, bytes key, Py_ssize_t size):
+    """What ``request`` (as decode_common built it) keeps for the next body like it."""
     cdef _RequestShape s = _RequestShape.__new__(_RequestShape)
+    cdef InputTensor t
+    cdef RequestedOutput o
     s.key = key
     s.size = size
     s.parameters = _fresh(request.parameters)
-    s.inputs = [(t.name, t.datatype, list(t.shape), _fresh(t.parameters), len(t.data)) for t in request.inputs]
-    s.outputs = [(o.name, _fresh(o.parameters)) for o in request.outputs]
+    s.inputs = []
+    for item in <list>request.inputs:
+        t = <InputTensor>item
+        s.inputs.append((t.name, t.datatype, list(t.shape), _fresh(t.parameters), len(t.data)))
+    s.outputs = []
+    for item in <list>request.outputs:
+        o = <RequestedOutput>item
+        s.outputs.append((o.name, _fresh(o.parameters)))
     return s
 
 
@@ -372,9 +419,11 @@ cdef class RouteCodec:
         cdef int nblobs = 0, i
         cdef Py_ssize_t body_size
         cdef char* at
+        if type(response) is not InferResponse or type(request) is not InferRequest:
+            return None  # not the C classes (the twins'): the general encoder
         o.buf, o.pos, o.cap, o.full = json, 0, _JSON_CAP, False
         try:
-            if not self._json(&o, response, request, blobs, &nblobs) or o.full:
+            if not self._json(&o, <InferResponse>response, <InferRequest>request, blobs, &nblobs) or o.full:
                 return None
             body_size = o.pos
             for i in range(nblobs):
@@ -405,7 +454,8 @@ cdef class RouteCodec:
             for i in range(nblobs):
                 PyBuffer_Release(&blobs[i])
 
-    cdef bint _json(self, _Out* o, response, request, Py_buffer* blobs, int* nblobs) except -1:
+    cdef bint _json(self, _Out* o, InferResponse response, InferRequest request, Py_buffer* blobs,
+                    int* nblobs) except -1:
         """The JSON header into ``o`` and each output's buffer into ``blobs``: what
         ``encode_common`` writes, the fixed parts of it kept per model and output name.
         False for what is left to the general encoder: an output sent as JSON data, or
@@ -413,9 +463,12 @@ cdef class RouteCodec:
         cdef PyObject* found
         cdef bint first = True, binary, default_binary
         cdef Py_ssize_t dims
+        cdef OutputTensor out
+        cdef RequestedOutput r
         params = request.parameters
         listed = request.outputs
-        if type(params) is not dict or type(listed) is not list:
+        outputs = response.outputs
+        if type(params) is not dict or type(listed) is not list or type(outputs) is not list:
             return False
         default_binary = _get(<dict>params, "binary_data_output") is True
         _put(o, b"{", 1)
@@ -436,14 +489,20 @@ cdef class RouteCodec:
             _put(o, b',"parameters":', 14)
             _put_bytes(o, _dumps(response_params, option=_JSON_OPTS))
         _put(o, b',"outputs":[', 12)
-        for out in response.outputs:
+        for item in <list>outputs:
+            if type(item) is not OutputTensor:
+                return False
+            out = <OutputTensor>item
             name = out.name
             shm = out.in_shared_memory
             if not shm:
                 binary = default_binary
                 if listed:
                     wanted = None
-                    for r in <list>listed:  # the last one of a name counts, as in a dict of them
+                    for entry in <list>listed:  # the last one of a name counts, as in a dict of them
+                        if type(entry) is not RequestedOutput:
+                            return False
+                        r = <RequestedOutput>entry
                         if r.name == name:
                             wanted = r.parameters
                     if wanted is not None:
