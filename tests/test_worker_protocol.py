@@ -12,7 +12,7 @@ import time
 import pytest
 
 from triton_shm.ipc import protocol_py
-from triton_shm.ipc.protocol_py import Op, ProtocolError
+from triton_shm.ipc.protocol_py import Op, ProtocolError, Status
 
 try:
     from triton_shm.ipc import _protocol
@@ -101,7 +101,9 @@ def test_every_op_round_trips(m):
     assert second["parameters"] == {} and second["outputs"] == ["OUTPUT0"] and "sequence" not in second
     assert numeric["sequence"] == [2**64 - 1, True, False] and numeric["outputs"] == ["OUTPUT0"]
     assert string["sequence"] == ["user-ü", False, True] and string["inputs"] == []
-    assert reply.op == Op.REPLY and reply.body == {"responses": RESPONSES, "timing": (1, 2, 3)}
+    assert reply.op == Op.REPLY and reply.body == ([(Status.OK, RESPONSES[0]["outputs"]),
+                                                    (Status.ERROR, RESPONSES[1]["error"]),
+                                                    (Status.DECOUPLED, None)], (1, 2, 3))
     assert final.body == {"index": 4, "final": True}
     assert stream.body == {"index": 5, "final": False, **RESPONSES[0]}
     assert fail.op == Op.FAIL and fail.body == {"error": {"code": "INTERNAL", "message": "boom"}}
@@ -416,7 +418,10 @@ def _break_next_reply(worker, fault):
         if msg.op != protocol.Op.REPLY:
             return send(frame, fds)
         del worker.send_frame  # once
-        responses = msg.body["responses"]
+        responses, timing = msg.body
+        # the decoder's (status, payload) entries back into the dicts encode_reply takes
+        responses = [{"outputs": payload} if status == protocol.Status.OK else {"error": payload}
+                     if status == protocol.Status.ERROR else {"decoupled": True} for status, payload in responses]
         if fault == "out_of_range":
             seg, offset, size = responses[0]["outputs"][0][3]
             responses[0]["outputs"][0][3] = [seg, 1 << 40, size]
@@ -424,7 +429,7 @@ def _break_next_reply(worker, fault):
             responses[0]["outputs"].append(list(responses[0]["outputs"][0]))
         elif fault == "missing_output":
             responses[0]["outputs"] = []
-        frame = bytearray(protocol.encode_reply(msg.id, responses, msg.body["timing"]))
+        frame = bytearray(protocol.encode_reply(msg.id, responses, timing))
         if fault == "unknown_op":
             frame[0] = 99
         elif fault == "truncated":
@@ -647,7 +652,7 @@ def test_a_reply_the_pool_cannot_read_fails_its_batch_with_internal():
     pool.start_batch(SimpleNamespace(name="m", key="m/1#0", decoupled=False), ("cpu", 0), batch,
                      lambda results, timing: answered.append((results, timing)))
     (on_reply,) = callbacks
-    on_reply({"responses": [{"error": "not an error record"}], "timing": [1, 2, 3]})
+    on_reply(([(Status.ERROR, "not an error record")], (1, 2, 3)))
     ((results, timing),) = answered
     assert timing is None and len(results) == 1 and isinstance(results[0], Internal)
     assert results[0].message.startswith("reading worker 'cpu's reply failed: AttributeError")

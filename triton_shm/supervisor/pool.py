@@ -228,8 +228,8 @@ class WorkerPool:
     def _on_reply(self, worker: WorkerHandle, arena: Arena, blocks: list[Block], mv: "ModelVersion",
                   batch: Sequence[BatchRequest], done: Callable[[list[InferResponse | Exception | None],
                                                                  tuple[int, int, int] | None], None],
-                  on_stream: Callable[[dict[str, Any] | None], None] | None, reply: dict[str, Any] | Exception
-                  ) -> None:
+                  on_stream: Callable[[dict[str, Any] | None], None] | None,
+                  reply: tuple[list[tuple[protocol.Status, Any]], tuple[int, int, int]] | Exception) -> None:
         """A batch's reply (or the exception that ends it): its input blocks are freed,
         then ``done`` gets each request's result."""
         if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
@@ -238,35 +238,31 @@ class WorkerPool:
             done([reply] * len(batch), None)
             return
         try:
-            responses = reply.get("responses")
-            if not isinstance(responses, list) or len(responses) != len(batch):
+            # a REPLY's body, laid out and checked by the decoder: (responses, timing), a
+            # (status, payload) per response and three ints
+            responses, timing = reply
+            if len(responses) != len(batch):
                 raise Internal(f"worker '{worker.name}' answered a batch of {len(batch)} with a malformed reply")
             results: list[InferResponse | Exception | None] = []
             i = 0
-            for r in responses:  # a loop over the requests, not zip or enumerate: no objects of their own
-                if not isinstance(r, dict):
-                    results.append(Internal(f"worker '{worker.name}' sent a malformed response"))
-                elif "error" in r:
-                    error = TritonShmError.from_wire(r["error"])
+            for status, payload in responses:  # a loop, not zip or enumerate: no objects of their own
+                if status is _ERROR:
+                    error = TritonShmError.from_wire(payload)
                     if on_stream is not None:  # the request ends here: its stream gets the error
-                        on_stream({"id": reply.get("id"), "index": i, "error": r["error"], "final": True})
+                        # (no batch id here: the stream's entry is not ended by it)
+                        on_stream({"id": None, "index": i, "error": payload, "final": True})
                     results.append(error)
                 elif on_stream is not None:
                     results.append(None)  # executed; its responses arrive on its stream
+                elif status is not _OK:  # DECOUPLED from a model that is not
+                    results.append(Internal(f"worker '{worker.name}' sent a malformed response: 'outputs'"))
                 else:
                     try:
-                        results.append(self._response(worker, mv, batch[i], r["outputs"], True))
+                        results.append(self._response(worker, mv, batch[i], payload, True))
                     except Exception as e:  # noqa: BLE001 - the worker is not trusted: a malformed entry fails its request
                         results.append(e if isinstance(e, TritonShmError)
                                        else Internal(f"worker '{worker.name}' sent a malformed response: {e}"))
                 i += 1
-            timing = reply.get("timing")
-            if type(timing) is not tuple:  # a REPLY's is the decoder's tuple of three ints: anything else is checked
-                timing = timing or (0, 0, 0)
-                try:
-                    timing = (int(timing[0]), int(timing[1]), int(timing[2]))
-                except (TypeError, ValueError, IndexError):
-                    raise Internal(f"worker '{worker.name}' sent a malformed timing") from None
         except TritonShmError as e:
             results, timing = [e] * len(batch), None
         except Exception as e:  # a fault of ours reading the reply: the batch fails, nothing waits
@@ -411,6 +407,8 @@ class WorkerPool:
         return InferResponse(mv.name, mv.version_name, request.id, {}, outputs,  # positional: no keywords to parse
                              functools.partial(worker.release, descriptors))
 
+
+_OK, _ERROR = protocol.Status.OK, protocol.Status.ERROR  # the decoder's statuses: compared by identity
 
 # bytes per element of every fixed-size datatype (BYTES is variable: not here)
 _ELEMENT_SIZE = {dt: element_size(dt) for dt in protocol.DATATYPES if element_size(dt)}
