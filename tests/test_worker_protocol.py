@@ -656,3 +656,33 @@ def test_a_reply_the_pool_cannot_read_fails_its_batch_with_internal():
     ((results, timing),) = answered
     assert timing is None and len(results) == 1 and isinstance(results[0], Internal)
     assert results[0].message.startswith("reading worker 'cpu's reply failed: AttributeError")
+
+
+def test_a_decoupled_batch_failed_in_its_reply_ends_its_stream():
+    """A decoupled request that fails before it responds (an ERROR entry in the batch's
+    REPLY) gets the error on its stream, and the batch's stream entry in the worker handle
+    ends with it: nothing stays registered for a batch that will send nothing more."""
+    import queue
+    from types import SimpleNamespace
+
+    from triton_shm.core.types import BatchRequest, InferRequest
+    from triton_shm.core.validation import RequestPlan
+    from triton_shm.errors import InvalidArgument
+    from triton_shm.ipc.arena import Arena
+    from triton_shm.supervisor.pool import WorkerPool
+
+    pool = WorkerPool([])
+    worker = pool.workers["cpu"]
+    worker.alive, worker.arena = True, Arena(1 << 20)
+    sent, ended = [], []
+    worker.request = lambda encode, args, on_reply, **kw: sent.append((on_reply, kw))
+    worker.end_stream = ended.append
+    stream = SimpleNamespace(queue=queue.Queue(), cancel=None)
+    batch = [BatchRequest(InferRequest("m"), RequestPlan(outputs=[], batch_size=1), {}, stream)]
+    pool.start_batch(SimpleNamespace(name="m", key="m/1#0", decoupled=True), ("cpu", 0), batch,
+                     lambda results, timing: None)
+    ((on_reply, kw),) = sent
+    on_reply(([(Status.ERROR, InvalidArgument("bad input").to_wire())], (1, 2, 3)))
+    item, final = stream.queue.get_nowait()
+    assert final and isinstance(item, InvalidArgument) and item.message == "bad input"
+    assert ended == [kw["msg_id"]]

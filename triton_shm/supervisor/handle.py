@@ -383,7 +383,6 @@ class WorkerHandle:
         elif op == Op.STREAM:
             handler = self._streams.get(msg.id)
             if handler is not None:
-                msg.body["id"] = msg.id
                 handler(msg.body)
         elif op == Op.CONTROL:
             self._control(msg.body, fds)

@@ -200,7 +200,8 @@ class WorkerPool:
         arena = worker.arena
         if not worker.alive or arena is None:
             raise Unavailable(f"model '{mv.name}' is not available: worker '{worker_name}' is restarting")
-        on_stream = self._stream_handler(worker, mv, batch) if mv.decoupled else None
+        msg_id = worker.next_id() if mv.decoupled else None
+        on_stream = self._stream_handler(worker, mv, batch, msg_id) if msg_id is not None else None
         blocks: list[Block] = []
         # what reads the reply: a partial, fewer objects than a closure (no cells)
         on_reply = functools.partial(self._on_reply, worker, arena, blocks, mv, batch, done, on_stream)
@@ -211,10 +212,9 @@ class WorkerPool:
                 requests = []
                 for p in batch:  # a loop, not a comprehension: no frame of its own
                     requests.append(self._request_record(worker, arena, p, blocks))
-            if on_stream is None:
+            if msg_id is None:
                 worker.request(protocol.encode_infer, (mv.key, index, requests), on_reply)
                 return
-            msg_id = worker.next_id()
             for i, p in enumerate(batch):
                 if p.stream is not None:
                     p.stream.cancel = functools.partial(worker.cancel, msg_id, i)
@@ -249,8 +249,7 @@ class WorkerPool:
                 if status is _ERROR:
                     error = TritonShmError.from_wire(payload)
                     if on_stream is not None:  # the request ends here: its stream gets the error
-                        # (no batch id here: the stream's entry is not ended by it)
-                        on_stream({"id": None, "index": i, "error": payload, "final": True})
+                        on_stream({"index": i, "error": payload, "final": True})
                     results.append(error)
                 elif on_stream is not None:
                     results.append(None)  # executed; its responses arrive on its stream
@@ -271,10 +270,10 @@ class WorkerPool:
             results, timing = [error] * len(batch), None
         done(results, timing)
 
-    def _stream_handler(self, worker: WorkerHandle, mv: "ModelVersion",
-                        batch: Sequence[BatchRequest]) -> Callable[[dict[str, Any] | None], None]:
+    def _stream_handler(self, worker: WorkerHandle, mv: "ModelVersion", batch: Sequence[BatchRequest],
+                        msg_id: int) -> Callable[[dict[str, Any] | None], None]:
         """Routes a decoupled batch's responses to each request's stream queue, until
-        every request has had its final response."""
+        every request has had its final response; then the batch's stream (``msg_id``) ends."""
         open_requests = set(range(len(batch)))
         queues = []
         for p in batch:
@@ -306,7 +305,7 @@ class WorkerPool:
             if final:  # an error response does not end the request: only the final flag does
                 open_requests.discard(index)
             if not open_requests:
-                worker.end_stream(msg["id"])
+                worker.end_stream(msg_id)
 
         return handle
 
