@@ -12,7 +12,7 @@ import time
 import pytest
 
 from triton_shm.ipc import protocol_py
-from triton_shm.ipc.protocol_py import Op, ProtocolError
+from triton_shm.ipc.protocol_py import Op, ProtocolError, Status
 
 try:
     from triton_shm.ipc import _protocol
@@ -101,7 +101,9 @@ def test_every_op_round_trips(m):
     assert second["parameters"] == {} and second["outputs"] == ["OUTPUT0"] and "sequence" not in second
     assert numeric["sequence"] == [2**64 - 1, True, False] and numeric["outputs"] == ["OUTPUT0"]
     assert string["sequence"] == ["user-ü", False, True] and string["inputs"] == []
-    assert reply.op == Op.REPLY and reply.body == {"responses": RESPONSES, "timing": (1, 2, 3)}
+    assert reply.op == Op.REPLY and reply.body == ([(Status.OK, RESPONSES[0]["outputs"]),
+                                                    (Status.ERROR, RESPONSES[1]["error"]),
+                                                    (Status.DECOUPLED, None)], (1, 2, 3))
     assert final.body == {"index": 4, "final": True}
     assert stream.body == {"index": 5, "final": False, **RESPONSES[0]}
     assert fail.op == Op.FAIL and fail.body == {"error": {"code": "INTERNAL", "message": "boom"}}
@@ -416,7 +418,10 @@ def _break_next_reply(worker, fault):
         if msg.op != protocol.Op.REPLY:
             return send(frame, fds)
         del worker.send_frame  # once
-        responses = msg.body["responses"]
+        responses, timing = msg.body
+        # the decoder's (status, payload) entries back into the dicts encode_reply takes
+        responses = [{"outputs": payload} if status == protocol.Status.OK else {"error": payload}
+                     if status == protocol.Status.ERROR else {"decoupled": True} for status, payload in responses]
         if fault == "out_of_range":
             seg, offset, size = responses[0]["outputs"][0][3]
             responses[0]["outputs"][0][3] = [seg, 1 << 40, size]
@@ -424,7 +429,7 @@ def _break_next_reply(worker, fault):
             responses[0]["outputs"].append(list(responses[0]["outputs"][0]))
         elif fault == "missing_output":
             responses[0]["outputs"] = []
-        frame = bytearray(protocol.encode_reply(msg.id, responses, msg.body["timing"]))
+        frame = bytearray(protocol.encode_reply(msg.id, responses, timing))
         if fault == "unknown_op":
             frame[0] = 99
         elif fault == "truncated":
@@ -647,7 +652,37 @@ def test_a_reply_the_pool_cannot_read_fails_its_batch_with_internal():
     pool.start_batch(SimpleNamespace(name="m", key="m/1#0", decoupled=False), ("cpu", 0), batch,
                      lambda results, timing: answered.append((results, timing)))
     (on_reply,) = callbacks
-    on_reply({"responses": [{"error": "not an error record"}], "timing": [1, 2, 3]})
+    on_reply(([(Status.ERROR, "not an error record")], (1, 2, 3)))
     ((results, timing),) = answered
     assert timing is None and len(results) == 1 and isinstance(results[0], Internal)
     assert results[0].message.startswith("reading worker 'cpu's reply failed: AttributeError")
+
+
+def test_a_decoupled_batch_failed_in_its_reply_ends_its_stream():
+    """A decoupled request that fails before it responds (an ERROR entry in the batch's
+    REPLY) gets the error on its stream, and the batch's stream entry in the worker handle
+    ends with it: nothing stays registered for a batch that will send nothing more."""
+    import queue
+    from types import SimpleNamespace
+
+    from triton_shm.core.types import BatchRequest, InferRequest
+    from triton_shm.core.validation import RequestPlan
+    from triton_shm.errors import InvalidArgument
+    from triton_shm.ipc.arena import Arena
+    from triton_shm.supervisor.pool import WorkerPool
+
+    pool = WorkerPool([])
+    worker = pool.workers["cpu"]
+    worker.alive, worker.arena = True, Arena(1 << 20)
+    sent, ended = [], []
+    worker.request = lambda encode, args, on_reply, **kw: sent.append((on_reply, kw))
+    worker.end_stream = ended.append
+    stream = SimpleNamespace(queue=queue.Queue(), cancel=None)
+    batch = [BatchRequest(InferRequest("m"), RequestPlan(outputs=[], batch_size=1), {}, stream)]
+    pool.start_batch(SimpleNamespace(name="m", key="m/1#0", decoupled=True), ("cpu", 0), batch,
+                     lambda results, timing: None)
+    ((on_reply, kw),) = sent
+    on_reply(([(Status.ERROR, InvalidArgument("bad input").to_wire())], (1, 2, 3)))
+    item, final = stream.queue.get_nowait()
+    assert final and isinstance(item, InvalidArgument) and item.message == "bad input"
+    assert ended == [kw["msg_id"]]

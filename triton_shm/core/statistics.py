@@ -153,7 +153,8 @@ class ModelStats:
     def record_single(self, samples: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
                       output_ns: int) -> None:
         """``record_execution(samples, ...)`` then ``record_success(samples, ...)``: a batch of
-        one request that succeeded (most are), in one call."""
+        one request that succeeded (most are), in one call. Their bodies are repeated here on
+        purpose: calling the two costs ~2k instructions per request (1.4 % of the HTTP front-end's)."""
         self.execution_count += 1
         b = self.batches.get(samples)
         if b is None:

@@ -20,10 +20,15 @@ cdef enum:             # record sizes, ops and statuses of protocol.py
     ST_NONE = 3
 
 
-cdef struct Buf:       # an encoder's output, grown by realloc
-    char *data
+cdef enum:
+    BUF_SMALL = 1024   # an encoder's room on the stack: a small request's frame fits, no malloc
+
+
+cdef struct Buf:       # an encoder's output: in ``small`` until it outgrows it, then on the heap
+    char *data         # ``small`` or malloc'd
     size_t len         # bytes written
-    size_t cap         # bytes allocated
+    size_t cap         # bytes room at ``data``
+    char small[BUF_SMALL]
 
 
 cdef struct Reader:    # a decoder's position in one frame

@@ -15,6 +15,46 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_ASCII(object o)
     object PyType_GenericAlloc(type t, Py_ssize_t nitems)
 
+
+# Little-endian integers of 1 to 8 bytes. A fixed-size memcpy on a little-endian host (one
+# load or store once inlined with a constant size), bytes shifted one at a time elsewhere.
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    #define TSHM_LITTLE_ENDIAN 1
+    #else
+    #define TSHM_LITTLE_ENDIAN 0
+    #endif
+    static inline void tshm_store_le(char *d, uint64_t v, int n) {
+        if (TSHM_LITTLE_ENDIAN) {
+            switch (n) {
+            case 1: d[0] = (char)v; return;
+            case 2: { uint16_t x = (uint16_t)v; memcpy(d, &x, 2); return; }
+            case 4: { uint32_t x = (uint32_t)v; memcpy(d, &x, 4); return; }
+            case 8: memcpy(d, &v, 8); return;
+            }
+        }
+        for (int i = 0; i < n; i++) d[i] = (char)((v >> (8 * i)) & 0xFF);
+    }
+    static inline uint64_t tshm_load_le(const uint8_t *p, int n) {
+        uint64_t v = 0;
+        if (TSHM_LITTLE_ENDIAN) {
+            switch (n) {
+            case 1: return p[0];
+            case 2: { uint16_t x; memcpy(&x, p, 2); return x; }
+            case 4: { uint32_t x; memcpy(&x, p, 4); return x; }
+            case 8: memcpy(&v, p, 8); return v;
+            }
+        }
+        for (int i = 0; i < n; i++) v |= ((uint64_t)p[i]) << (8 * i);
+        return v;
+    }
+    """
+    void tshm_store_le(char *d, uint64_t v, int n) noexcept nogil
+    uint64_t tshm_load_le(const uint8_t *p, int n) noexcept nogil
+
 import orjson
 
 from ..errors import Internal, InvalidArgument
@@ -25,17 +65,34 @@ cdef dict _DTYPE_CODE = {name: i for i, name in enumerate(DATATYPES)}
 cdef tuple _DTYPES = DATATYPES
 cdef int _N_DTYPES = len(DATATYPES)
 cdef int _MAX_DIMS = MAX_DIMS
+cdef Py_ssize_t _MAX_ID = MAX_ID
+cdef int _SEQ_START = SEQ_START, _SEQ_END = SEQ_END, _SEQ_NUMERIC_ID = SEQ_NUMERIC_ID, _SEQ_STRING_ID = SEQ_STRING_ID
+cdef str _ID_TOO_LONG_MESSAGE = _ID_TOO_LONG
 
 # -- encoding: a growing C buffer (Buf), little-endian by construction ----------------------
+cdef inline void _init(Buf *b) noexcept:
+    b.data, b.len, b.cap = b.small, 0, BUF_SMALL
+
+
+cdef inline void _drop(Buf *b) noexcept:
+    if b.data != b.small:
+        free(b.data)
+
+
 cdef int _reserve(Buf *b, size_t n) except -1:
     cdef size_t cap
     cdef char *data
     if b.len + n <= b.cap:
         return 0
-    cap = b.cap * 2 if b.cap else 256
+    cap = b.cap * 2
     while cap < b.len + n:
         cap *= 2
-    data = <char *>realloc(b.data, cap)
+    if b.data == b.small:  # leaves the stack: its bytes move to the heap
+        data = <char *>malloc(cap)
+        if data != NULL:
+            memcpy(data, b.small, b.len)
+    else:
+        data = <char *>realloc(b.data, cap)
     if data == NULL:
         raise MemoryError()
     b.data, b.cap = data, cap
@@ -51,9 +108,7 @@ cdef inline int _put(Buf *b, const char *p, size_t n) except -1:
 
 cdef inline void _set(Buf *b, uint64_t v, int nbytes) noexcept:
     """``_uint`` where the caller has reserved the room."""
-    cdef int i
-    for i in range(nbytes):
-        b.data[b.len + i] = <char>((v >> (8 * i)) & 0xFF)
+    tshm_store_le(b.data + b.len, v, nbytes)
     b.len += nbytes
 
 
@@ -163,11 +218,15 @@ cdef bytes _finish(Buf *b):
     try:
         return PyBytes_FromStringAndSize(b.data, b.len)
     finally:
-        free(b.data)
+        _drop(b)
 
 
 def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
+    cdef Py_ssize_t id_len
+    cdef const char *id_utf8
+    cdef int seq
+    _init(&b)
     try:
         _start(&b, OP_INFER, msg_id, len(requests), frees)
         _uint(&b, instance, 4)
@@ -176,24 +235,25 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
             request_id, parameters, inputs, outputs = request[0], request[1], request[2], request[3]
             sequence = request[4] if len(request) > 4 else None
             pb = orjson.dumps(parameters) if parameters else b""
-            _uint(&b, <uint64_t>len(inputs), 2)
-            _uint(&b, <uint64_t>len(outputs), 2)
-            rb = (<str>request_id).encode("utf-8")
-            if len(rb) > MAX_ID:
-                raise InvalidArgument(_ID_TOO_LONG)
-            _uint(&b, <uint64_t>len(rb), 2)
-            _uint(&b, <uint64_t>len(pb), 4)
+            id_utf8 = PyUnicode_AsUTF8AndSize(<str>request_id, &id_len)  # the str's own UTF-8: no copy
+            if id_len > _MAX_ID:
+                raise InvalidArgument(_ID_TOO_LONG_MESSAGE)
             seq = 0
             if sequence is not None:
                 corrid, start, end = sequence
-                seq = (SEQ_STRING_ID if isinstance(corrid, str) else SEQ_NUMERIC_ID) | (SEQ_START if start else 0) \
-                    | (SEQ_END if end else 0)
-            _uint(&b, <uint64_t>seq, 1)
-            _put(&b, <const char *>rb, len(rb))
+                seq = (_SEQ_STRING_ID if isinstance(corrid, str) else _SEQ_NUMERIC_ID) \
+                    | (_SEQ_START if start else 0) | (_SEQ_END if end else 0)
+            _reserve(&b, 11)
+            _set(&b, <uint64_t>len(inputs), 2)
+            _set(&b, <uint64_t>len(outputs), 2)
+            _set(&b, <uint64_t>id_len, 2)
+            _set(&b, <uint64_t>len(pb), 4)
+            _set(&b, <uint64_t>seq, 1)
+            _put(&b, id_utf8, id_len)
             _put(&b, <const char *>pb, len(pb))
-            if seq & SEQ_NUMERIC_ID:
+            if seq & _SEQ_NUMERIC_ID:
                 _uint(&b, <uint64_t>corrid, 8)
-            elif seq & SEQ_STRING_ID:
+            elif seq & _SEQ_STRING_ID:
                 _str(&b, corrid, 2)
             for name, datatype, shape, place, seg, offset, size in inputs:
                 _tensor(&b, name, datatype, shape, place, seg, offset, size)
@@ -204,13 +264,14 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
                     name, place, region, offset, size = o
                     _output(&b, name, place, region, offset, size)
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
 
 def encode_reply(uint64_t msg_id, responses, timing):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
+    _init(&b)
     try:
         _start(&b, OP_REPLY, msg_id, len(responses), ())
         t0, t1, t2 = timing
@@ -220,53 +281,57 @@ def encode_reply(uint64_t msg_id, responses, timing):
         for r in responses:
             _response(&b, r)
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
 
 def encode_stream(uint64_t msg_id, uint32_t index, final, response):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
+    _init(&b)
     try:
         _start(&b, OP_STREAM, msg_id, 1, ())
         _uint(&b, index, 4)
         _uint(&b, 1 if final else 0, 1)
         _response(&b, response)
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
 
 def encode_fail(uint64_t msg_id, dict error):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
+    _init(&b)
     try:
         _start(&b, OP_FAIL, msg_id, 0, ())
         _error(&b, error)
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
 
 def encode_control(uint64_t msg_id, dict message, frees=()):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
     cdef bytes body = orjson.dumps(message)
+    _init(&b)
     try:
         _start(&b, OP_CONTROL, msg_id, 0, frees)
         _put(&b, <const char *>body, len(body))
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
 
 cdef bytes _bare(int op, uint64_t msg_id, frees):
-    cdef Buf b = Buf(NULL, 0, 0)
+    cdef Buf b
+    _init(&b)
     try:
         _start(&b, op, msg_id, 0, frees)
     except BaseException:
-        free(b.data)
+        _drop(&b)
         raise
     return _finish(&b)
 
@@ -294,12 +359,9 @@ cdef inline int _need(Reader *r, size_t n) except -1:
     return 0
 
 
-cdef inline uint64_t _get(Reader *r, int nbytes):
+cdef inline uint64_t _get(Reader *r, int nbytes) noexcept:
     """Caller has checked the room."""
-    cdef uint64_t v = 0
-    cdef int i
-    for i in range(nbytes):
-        v |= (<uint64_t>r.p[i]) << (8 * i)
+    cdef uint64_t v = tshm_load_le(r.p, nbytes)
     r.p += nbytes
     return v
 
@@ -380,19 +442,28 @@ cdef dict _error_rec(Reader *r):
     return {"code": code, "message": _text(r, message_len)}
 
 
-cdef object _response_rec(Reader *r):
+cdef object _S_OK = Status.OK, _S_ERROR = Status.ERROR, _S_DECOUPLED = Status.DECOUPLED, _S_NONE = Status.NONE
+cdef tuple _DECOUPLED_ENTRY = (Status.DECOUPLED, None), _NONE_ENTRY = (Status.NONE, None)
+
+
+cdef tuple _response_rec(Reader *r):
+    """``(status, payload)``: the output records (OK), the error record (ERROR), else None."""
     _need(r, 3)
     cdef uint64_t status = _get(r, 1), n = _get(r, 2)
+    cdef list outputs
     if status == ST_OK:
-        return {"outputs": [_tensor_rec(r) for _ in range(n)]}
+        outputs = []
+        for _ in range(n):
+            outputs.append(_tensor_rec(r))
+        return (_S_OK, outputs)
     if n:
         raise _fail(r, "response without outputs has an output count")
     if status == ST_ERROR:
-        return {"error": _error_rec(r)}
+        return (_S_ERROR, _error_rec(r))
     if status == ST_DECOUPLED:
-        return {"decoupled": True}
+        return _DECOUPLED_ENTRY
     if status == ST_NONE:
-        return None
+        return _NONE_ENTRY
     raise _fail(r, f"unknown response status {status}")
 
 
@@ -456,6 +527,7 @@ def decode(data):
     cdef Py_buffer view
     cdef Reader r
     cdef uint64_t op, flags, count, nfree, i
+    cdef bint missing
     PyObject_GetBuffer(data, &view, PyBUF_SIMPLE)
     try:
         r.p = <const uint8_t *>view.buf
@@ -483,17 +555,27 @@ def decode(data):
         elif op == OP_REPLY:
             _need(&r, 24)
             timing = (_get(&r, 8), _get(&r, 8), _get(&r, 8))
-            responses = [_response_rec(&r) for _ in range(count)]
-            body = {"responses": responses, "timing": timing}
-            if any(x is None for x in responses):
+            responses = []
+            missing = False  # a NONE entry: the reply fails, after the rest is checked as before
+            for i in range(count):
+                entry = _response_rec(&r)
+                if (<tuple>entry)[0] is _S_NONE:
+                    missing = True
+                responses.append(entry)
+            body = (responses, timing)
+            if missing:
                 raise _fail(&r, "reply entry without a status")
         elif op == OP_STREAM:
             _need(&r, 5)
             index, final = _get(&r, 4), _get(&r, 1)
             body = {"index": index, "final": bool(final)}
-            response = _response_rec(&r)
-            if response is not None:
-                body.update(response)
+            status, payload = _response_rec(&r)
+            if status is _S_OK:
+                body["outputs"] = payload
+            elif status is _S_ERROR:
+                body["error"] = payload
+            elif status is _S_DECOUPLED:
+                body["decoupled"] = True
         elif op == OP_FAIL:
             body = {"error": _error_rec(&r)}
         elif op == OP_CONTROL:

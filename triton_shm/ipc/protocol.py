@@ -79,6 +79,12 @@ enum value and every count, and raises ``ProtocolError`` (INTERNAL) naming the m
 when the header was legible, so the caller can fail exactly that message. Descriptors
 are checked against the mapped segments by their user (``SegmentMap.view``).
 
+``decode`` gives a REPLY's body as ``(responses, timing)``, positional for the front-end
+that reads one per request: ``timing`` the three ints, ``responses`` one ``(status,
+payload)`` per entry (``Status.OK``: the output records, ``Status.ERROR``: the error
+record as a dict, ``Status.DECOUPLED``: None); ``encode_reply`` takes the worker's dicts
+(``{"outputs": ...}``, ``{"error": ...}``, ``{"decoupled": True}``). Other bodies are dicts.
+
 The C implementation (``_protocol.pyx``) and its pure-Python twin (``protocol_py.py``)
 have the same API and errors; ``TRITON_SHM_NO_EXTENSIONS=1`` selects the twin.
 """

@@ -261,18 +261,19 @@ class _Reader:
         code_len, message_len = self.unpack(_ERROR)
         return {"code": self.text(code_len), "message": self.text(message_len)}
 
-    def response(self) -> dict | None:
+    def response(self) -> tuple[Status, Any]:
+        """``(status, payload)``: the output records (OK), the error record (ERROR), else None."""
         status, n = self.unpack(_RESPONSE)
         if status == Status.OK:
-            return {"outputs": [self.tensor() for _ in range(n)]}
+            return Status.OK, [self.tensor() for _ in range(n)]
         if n:
             raise self.fail("response without outputs has an output count")
         if status == Status.ERROR:
-            return {"error": self.error()}
+            return Status.ERROR, self.error()
         if status == Status.DECOUPLED:
-            return {"decoupled": True}
+            return Status.DECOUPLED, None
         if status == Status.NONE:
-            return None
+            return Status.NONE, None
         raise self.fail(f"unknown response status {status}")
 
     def request(self) -> dict:
@@ -327,15 +328,20 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
         body = {"model": key, "instance": instance, "requests": [r.request() for _ in range(count)]}
     elif op == Op.REPLY:
         timing = r.unpack(_TIMING)
-        body = {"responses": [r.response() for _ in range(count)], "timing": timing}
-        if any(x is None for x in body["responses"]):
+        responses = [r.response() for _ in range(count)]
+        body = (responses, timing)
+        if any(status is Status.NONE for status, _ in responses):
             raise r.fail("reply entry without a status")
     elif op == Op.STREAM:
         index, final = r.unpack(_STREAM)
         body = {"index": index, "final": bool(final)}
-        response = r.response()
-        if response is not None:
-            body.update(response)
+        status, payload = r.response()
+        if status is Status.OK:
+            body["outputs"] = payload
+        elif status is Status.ERROR:
+            body["error"] = payload
+        elif status is Status.DECOUPLED:
+            body["decoupled"] = True
     elif op == Op.FAIL:
         body = {"error": r.error()}
     elif op == Op.CONTROL:

@@ -319,7 +319,7 @@ class WorkerHandle:
                 self._bad_frame(e)
                 continue
             if msg.op is _REPLY and not fds:
-                # _dispatch and _deliver for a reply (the decoder's body is a dict), written
+                # _dispatch and _deliver for a reply (the decoder's body is a tuple), written
                 # out: one per request
                 on_reply = self._pending.pop(msg.id, None)
                 if on_reply is not None:
@@ -383,7 +383,6 @@ class WorkerHandle:
         elif op == Op.STREAM:
             handler = self._streams.get(msg.id)
             if handler is not None:
-                msg.body["id"] = msg.id
                 handler(msg.body)
         elif op == Op.CONTROL:
             self._control(msg.body, fds)

@@ -200,7 +200,8 @@ class WorkerPool:
         arena = worker.arena
         if not worker.alive or arena is None:
             raise Unavailable(f"model '{mv.name}' is not available: worker '{worker_name}' is restarting")
-        on_stream = self._stream_handler(worker, mv, batch) if mv.decoupled else None
+        msg_id = worker.next_id() if mv.decoupled else None
+        on_stream = self._stream_handler(worker, mv, batch, msg_id) if msg_id is not None else None
         blocks: list[Block] = []
         # what reads the reply: a partial, fewer objects than a closure (no cells)
         on_reply = functools.partial(self._on_reply, worker, arena, blocks, mv, batch, done, on_stream)
@@ -211,10 +212,9 @@ class WorkerPool:
                 requests = []
                 for p in batch:  # a loop, not a comprehension: no frame of its own
                     requests.append(self._request_record(worker, arena, p, blocks))
-            if on_stream is None:
+            if msg_id is None:
                 worker.request(protocol.encode_infer, (mv.key, index, requests), on_reply)
                 return
-            msg_id = worker.next_id()
             for i, p in enumerate(batch):
                 if p.stream is not None:
                     p.stream.cancel = functools.partial(worker.cancel, msg_id, i)
@@ -228,8 +228,8 @@ class WorkerPool:
     def _on_reply(self, worker: WorkerHandle, arena: Arena, blocks: list[Block], mv: "ModelVersion",
                   batch: Sequence[BatchRequest], done: Callable[[list[InferResponse | Exception | None],
                                                                  tuple[int, int, int] | None], None],
-                  on_stream: Callable[[dict[str, Any] | None], None] | None, reply: dict[str, Any] | Exception
-                  ) -> None:
+                  on_stream: Callable[[dict[str, Any] | None], None] | None,
+                  reply: tuple[list[tuple[protocol.Status, Any]], tuple[int, int, int]] | Exception) -> None:
         """A batch's reply (or the exception that ends it): its input blocks are freed,
         then ``done`` gets each request's result."""
         if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
@@ -238,35 +238,30 @@ class WorkerPool:
             done([reply] * len(batch), None)
             return
         try:
-            responses = reply.get("responses")
-            if not isinstance(responses, list) or len(responses) != len(batch):
+            # a REPLY's body, laid out and checked by the decoder: (responses, timing), a
+            # (status, payload) per response and three ints
+            responses, timing = reply
+            if len(responses) != len(batch):
                 raise Internal(f"worker '{worker.name}' answered a batch of {len(batch)} with a malformed reply")
             results: list[InferResponse | Exception | None] = []
             i = 0
-            for r in responses:  # a loop over the requests, not zip or enumerate: no objects of their own
-                if not isinstance(r, dict):
-                    results.append(Internal(f"worker '{worker.name}' sent a malformed response"))
-                elif "error" in r:
-                    error = TritonShmError.from_wire(r["error"])
+            for status, payload in responses:  # a loop, not zip or enumerate: no objects of their own
+                if status is _ERROR:
+                    error = TritonShmError.from_wire(payload)
                     if on_stream is not None:  # the request ends here: its stream gets the error
-                        on_stream({"id": reply.get("id"), "index": i, "error": r["error"], "final": True})
+                        on_stream({"index": i, "error": payload, "final": True})
                     results.append(error)
                 elif on_stream is not None:
                     results.append(None)  # executed; its responses arrive on its stream
+                elif status is not _OK:  # DECOUPLED from a model that is not
+                    results.append(Internal(f"worker '{worker.name}' sent a malformed response: 'outputs'"))
                 else:
                     try:
-                        results.append(self._response(worker, mv, batch[i], r["outputs"], True))
+                        results.append(self._response(worker, mv, batch[i], payload, True))
                     except Exception as e:  # noqa: BLE001 - the worker is not trusted: a malformed entry fails its request
                         results.append(e if isinstance(e, TritonShmError)
                                        else Internal(f"worker '{worker.name}' sent a malformed response: {e}"))
                 i += 1
-            timing = reply.get("timing")
-            if type(timing) is not tuple:  # a REPLY's is the decoder's tuple of three ints: anything else is checked
-                timing = timing or (0, 0, 0)
-                try:
-                    timing = (int(timing[0]), int(timing[1]), int(timing[2]))
-                except (TypeError, ValueError, IndexError):
-                    raise Internal(f"worker '{worker.name}' sent a malformed timing") from None
         except TritonShmError as e:
             results, timing = [e] * len(batch), None
         except Exception as e:  # a fault of ours reading the reply: the batch fails, nothing waits
@@ -275,10 +270,10 @@ class WorkerPool:
             results, timing = [error] * len(batch), None
         done(results, timing)
 
-    def _stream_handler(self, worker: WorkerHandle, mv: "ModelVersion",
-                        batch: Sequence[BatchRequest]) -> Callable[[dict[str, Any] | None], None]:
+    def _stream_handler(self, worker: WorkerHandle, mv: "ModelVersion", batch: Sequence[BatchRequest],
+                        msg_id: int) -> Callable[[dict[str, Any] | None], None]:
         """Routes a decoupled batch's responses to each request's stream queue, until
-        every request has had its final response."""
+        every request has had its final response; then the batch's stream (``msg_id``) ends."""
         open_requests = set(range(len(batch)))
         queues = []
         for p in batch:
@@ -310,7 +305,7 @@ class WorkerPool:
             if final:  # an error response does not end the request: only the final flag does
                 open_requests.discard(index)
             if not open_requests:
-                worker.end_stream(msg["id"])
+                worker.end_stream(msg_id)
 
         return handle
 
@@ -411,6 +406,8 @@ class WorkerPool:
         return InferResponse(mv.name, mv.version_name, request.id, {}, outputs,  # positional: no keywords to parse
                              functools.partial(worker.release, descriptors))
 
+
+_OK, _ERROR = protocol.Status.OK, protocol.Status.ERROR  # the decoder's statuses: compared by identity
 
 # bytes per element of every fixed-size datatype (BYTES is variable: not here)
 _ELEMENT_SIZE = {dt: element_size(dt) for dt in protocol.DATATYPES if element_size(dt)}
