@@ -6,8 +6,8 @@ Starts the real CPU worker process through WorkerPool and times `ping` calls on 
 front-end's event loop (uvloop), the path every inference request takes. Beside it, in
 the same run, the floors: a bare SEQPACKET ping-pong between two blocking processes, the
 same socket answered to an event loop (what any asyncio front-end on a socket pays), and
-a bare ping-pong over two of our shared-memory rings (both sides spinning, then waking
-by eventfd).
+a bare ping-pong over two of our shared-memory rings (both sides spinning, then
+sleeping: the worker's side on a futex, the front-end's on an eventfd, as in the server).
 """
 from __future__ import annotations
 
@@ -139,7 +139,7 @@ def main() -> None:
     print("| what | median | p90 | p99 |\n|---|---|---|---|")
     print(f"| bare SEQPACKET ping-pong, blocking, no Python work (machine floor) | {floor:.1f} µs | | |")
     print(f"| bare SEQPACKET ping-pong answered to a uvloop reader, no protocol work | {on_loop:.1f} µs | | |")
-    print(f"| bare ping-pong over two shared-memory rings (spin, then eventfd), blocking | {rings:.1f} µs | | |")
+    print(f"| bare ping-pong over two shared-memory rings (spin, then futex or eventfd) | {rings:.1f} µs | | |")
     print(f"| triton-shm control channel round trip, front-end (uvloop) → worker → front-end, n={r['n']} "
           f"| {r['median_us']:.1f} µs | {r['p90_us']:.1f} µs | {r['p99_us']:.1f} µs |")
 
