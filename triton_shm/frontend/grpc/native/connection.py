@@ -315,7 +315,10 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
                 if self.h2.queued_body_size(call.stream_id) < STREAM_SEND_HIGH // 2:
                     self._wake_writer(call)
         if self.shutting_down and not self.calls and not self.h2.want_write:
-            transport.close()
+            # Not a bare close: the client's WINDOW_UPDATE or PING for the last answer may
+            # be unread here, and closing over unread input resets the connection, which can
+            # take that answer with it on the client's side.
+            self._close_after_flush()
 
     def _send_resets(self) -> bool:
         """RST_STREAM the calls we have answered while the client still sends, once their
