@@ -15,6 +15,13 @@ from .harness import ServerProcess, children
 
 PROTOCOLS = ("http", "grpc")
 
+
+def twin_params(python_twin: Any, extension: Any, reason: str = "extension not built") -> list:
+    """The two implementations of a C piece to parametrize a test over: its pure-Python twin
+    and the extension (skipped where ``extension`` is None: not built, or not in use)."""
+    return [pytest.param(python_twin, id="python"),
+            pytest.param(extension, id="c", marks=pytest.mark.skipif(extension is None, reason=reason))]
+
 # A gRPC status name -> the HTTP status Triton answers with for the same error
 # (Triton's HttpCodeFromError).
 HTTP_STATUS = {"INVALID_ARGUMENT": 400, "NOT_FOUND": 404, "UNAVAILABLE": 503, "UNIMPLEMENTED": 501,

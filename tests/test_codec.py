@@ -9,13 +9,14 @@ import pytest
 from triton_shm.core import codec_py
 from triton_shm.errors import InvalidArgument
 
+from .helpers import twin_params
+
 try:
     from triton_shm.core import _codec
 except ImportError:  # not built
     _codec = None
 
-IMPLEMENTATIONS = [pytest.param(codec_py, id="python"),
-                   pytest.param(_codec, id="c", marks=pytest.mark.skipif(_codec is None, reason="extension not built"))]
+IMPLEMENTATIONS = twin_params(codec_py, _codec)
 
 
 @pytest.fixture(params=IMPLEMENTATIONS)

@@ -12,14 +12,14 @@ from triton_shm.core.types import InferResponse, OutputTensor
 from triton_shm.frontend.grpc import codec, infer_wire_py
 from triton_shm.frontend.grpc.infer_wire_py import FRAMED, PLAIN, STREAM
 
+from .helpers import twin_params
+
 try:
     from triton_shm.frontend.grpc import _infer_wire
 except ImportError:  # not built
     _infer_wire = None
 
-IMPLEMENTATIONS = [pytest.param(infer_wire_py, id="python"),
-                   pytest.param(_infer_wire, id="c",
-                                marks=pytest.mark.skipif(_infer_wire is None, reason="extension not built"))]
+IMPLEMENTATIONS = twin_params(infer_wire_py, _infer_wire)
 
 
 def protobuf_request(msg_bytes: bytes):

@@ -18,6 +18,8 @@ from triton_shm.frontend.http import codec, common_shape_py
 from triton_shm.frontend.http.infer import BINARY_TYPE, HEADER_LENGTH
 from triton_shm.frontend.http.lean_request import Message, response_head
 
+from .helpers import twin_params
+
 try:  # the C build reads the C request/response types: only beside them
     from triton_shm.frontend.http import _common_shape
     if not types.USING_EXTENSION:
@@ -25,10 +27,7 @@ try:  # the C build reads the C request/response types: only beside them
 except ImportError:  # not built
     _common_shape = None
 
-IMPLEMENTATIONS = [pytest.param(common_shape_py, id="python"),
-                   pytest.param(_common_shape, id="c",
-                                marks=pytest.mark.skipif(_common_shape is None,
-                                                         reason="extension not built or not in use"))]
+IMPLEMENTATIONS = twin_params(common_shape_py, _common_shape, "extension not built or not in use")
 
 F32 = np.arange(16, dtype="<f4").tobytes()
 

@@ -9,13 +9,14 @@ import pytest
 from triton_shm.backends import base, types_py
 from triton_shm.errors import Internal
 
+from .helpers import twin_params
+
 try:
     from triton_shm.backends import _types
 except ImportError:  # not built
     _types = None
 
-IMPLEMENTATIONS = [pytest.param(types_py, id="python"),
-                   pytest.param(_types, id="c", marks=pytest.mark.skipif(_types is None, reason="extension not built"))]
+IMPLEMENTATIONS = twin_params(types_py, _types)
 
 
 @pytest.mark.parametrize("m", IMPLEMENTATIONS)
