@@ -29,7 +29,8 @@ and burns ~65% of a core in either server's model process; both get the same set
 Scenarios:
   small     add_sub, two FP32[16] inputs; gRPC and HTTP at concurrency 1 and 8
   large     identity, one FP32 tensor of 1 MiB and of 16 MiB; gRPC in-band and through
-            system shared memory, at concurrency 1
+            system shared memory, at concurrency 1; and through system shared memory with
+            the model declaring SHM_INPUTS_IN_PLACE (triton-shm lends it the input in place)
   large_http  the same identity model, 1 MiB and 16 MiB in-band over HTTP, at concurrency 1
   batching  a batch-friendly model (per-call overhead + one matmul per batch) at
             concurrency 16, dynamic batching off and on, over gRPC and HTTP
@@ -91,6 +92,11 @@ IDENTITY = ("""
                 [pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
                 for r in requests]
     """)
+# The same model, declaring that it never writes its input: triton-shm then lends it the
+# input in the client's region instead of a copy (Triton ignores the parameter).
+IDENTITY_IN_PLACE = (IDENTITY[0].replace('name: "identity"', 'name: "identity_in_place"') + """
+    parameters: { key: "SHM_INPUTS_IN_PLACE" value: { string_value: "yes" } }
+    """, IDENTITY[1])
 # Batch-friendly: a fixed cost per execute call, then one matmul over all rows of all requests.
 MATMUL_PY = """
     import time
@@ -165,6 +171,9 @@ SCENARIOS: dict[str, list[Case]] = {
         Case("identity 16 MiB, gRPC system shm, concurrency 1", "identity",
              ["--shape", "INPUT0:4194304", "--concurrency-range", "1", "--shared-memory", "system",
               "--output-shared-memory-size", str(16 << 20)]),
+        *(Case(f"identity {mib} MiB, gRPC system shm, input lent in place, concurrency 1", "identity_in_place",
+               ["--shape", f"INPUT0:{mib << 18}", "--concurrency-range", "1", "--shared-memory", "system",
+                "--output-shared-memory-size", str(mib << 20)]) for mib in (1, 16)),
     ],
     "large_http": [Case(f"identity {mib} MiB, HTTP in-band, concurrency 1", "identity",
                         ["--shape", f"INPUT0:{mib << 18}", "--concurrency-range", "1"], "http") for mib in (1, 16)],
@@ -184,6 +193,7 @@ def build_repository(repo: Path) -> None:
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
     write("add_sub", *ADD_SUB)
     write("identity", *IDENTITY)
+    write("identity_in_place", *IDENTITY_IN_PLACE)
     write("sleep_1ms", *SLEEP_1MS)
     write("matmul_nobatch", matmul_config("matmul_nobatch", False), MATMUL_PY)
     write("matmul_batch", matmul_config("matmul_batch", True), MATMUL_PY)

@@ -2,6 +2,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "assembler.h"
 
@@ -10,12 +11,41 @@ static __thread sigjmp_buf *volatile guard_jump;   /* set while this thread is i
 static struct sigaction previous_bus;
 static volatile sig_atomic_t guard_installed;
 
+/* Mappings of client regions that models read in place. A slot is free while its start
+ * is 0; the handler reads the table without a lock, so a slot's length is written before
+ * its start is published, and its start cleared before the mapping is unmapped. */
+#define WATCHED_SLOTS 1024
+static struct {
+    uintptr_t start;
+    size_t length;
+    volatile sig_atomic_t poisoned;
+} watched[WATCHED_SLOTS];
+
+/* The fault lies in a watched mapping: put zero pages over the whole of it (one mmap, a
+ * plain system call) and let the faulting instruction run again on them. Readers then see
+ * zeros instead of dying, and the worker fails every request that read the mapping. */
+static int poison_watched(uintptr_t addr)
+{
+    for (int i = 0; i < WATCHED_SLOTS; i++) {
+        uintptr_t start = __atomic_load_n(&watched[i].start, __ATOMIC_ACQUIRE);
+        if (start == 0 || addr - start >= __atomic_load_n(&watched[i].length, __ATOMIC_ACQUIRE))
+            continue;
+        if (mmap((void *)start, watched[i].length, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) == MAP_FAILED)
+            return 0;
+        watched[i].poisoned = 1;
+        return 1;
+    }
+    return 0;
+}
+
 static void on_sigbus(int sig, siginfo_t *info, void *context)
 {
-    (void)info;
     (void)context;
     if (guard_jump != NULL)
         siglongjmp(*guard_jump, 1);
+    if (info != NULL && poison_watched((uintptr_t)info->si_addr))
+        return;
     /* not ours: behave as if we were never here */
     sigaction(SIGBUS, &previous_bus, NULL);
     raise(sig);
@@ -69,4 +99,36 @@ int tsm_scatter(const uint8_t *src, uint8_t *const *dsts, const size_t *sizes, s
         src += sizes[i];
     }
     return 0;
+}
+
+int tsm_watch(void *start, size_t length)
+{
+    if (start == NULL || length == 0)
+        return -1;
+    for (int i = 0; i < WATCHED_SLOTS; i++) {
+        uintptr_t expected = 0;
+        /* claim the slot with a placeholder start; a free slot's length is 0, so no fault
+         * address matches it until the real start is published */
+        if (!__atomic_compare_exchange_n(&watched[i].start, &expected, (uintptr_t)1, 0,
+                                         __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            continue;
+        watched[i].poisoned = 0;
+        __atomic_store_n(&watched[i].length, length, __ATOMIC_RELEASE);
+        __atomic_store_n(&watched[i].start, (uintptr_t)start, __ATOMIC_RELEASE);
+        return i;
+    }
+    return -1;
+}
+
+void tsm_unwatch(int slot)
+{
+    if (slot < 0 || slot >= WATCHED_SLOTS)
+        return;
+    __atomic_store_n(&watched[slot].start, (uintptr_t)0, __ATOMIC_RELEASE);
+    __atomic_store_n(&watched[slot].length, (size_t)0, __ATOMIC_RELEASE);
+}
+
+int tsm_poisoned(int slot)
+{
+    return slot >= 0 && slot < WATCHED_SLOTS && watched[slot].poisoned;
 }

@@ -12,8 +12,17 @@
 #include <stdint.h>
 
 /* Installs the process-wide SIGBUS handler (idempotent). A SIGBUS outside a guarded
- * copy is re-raised with the previous disposition, so other faults behave as before. */
+ * copy and a watched mapping is re-raised with the previous disposition, so other faults behave as before. */
 int tsm_install_sigbus_guard(void);
+
+/* Watches a mapping of a client region that models read in place (outside any guarded
+ * copy): a SIGBUS inside it puts zero pages over the whole mapping and marks it poisoned
+ * instead of killing the process. Returns the slot, or -1 when the table is full. The
+ * caller unwatches the slot before it unmaps the range. */
+int tsm_watch(void *start, size_t length);
+void tsm_unwatch(int slot);
+/* 1 once a fault has replaced the slot's mapping with zero pages. */
+int tsm_poisoned(int slot);
 
 /* memcpy that returns -1 instead of dying when the source or destination faults. */
 int tsm_guarded_copy(uint8_t *dst, const uint8_t *src, size_t n);

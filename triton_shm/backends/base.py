@@ -77,6 +77,10 @@ class Backend(ABC):
     # (the worker's batch assembler concatenates them); False to get the list of
     # requests, as Triton's python backend does.
     concat_batching: bool = False
+    # True when the model never writes into its input arrays: inputs that arrive in a
+    # client's system shared-memory region are then lent to it in place, as read-only
+    # arrays, instead of copied out of the region first.
+    reads_inputs_in_place: bool = False
 
     def __init__(self, context: ModelContext):
         self.context = context

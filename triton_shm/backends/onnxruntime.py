@@ -105,6 +105,7 @@ def _completed_tensor(name: str, dtype: str, dims: list[int], max_batch: int) ->
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
     concat_batching = True
+    reads_inputs_in_place = True  # it reads its inputs only
 
     @staticmethod
     def auto_complete(context: ModelContext) -> dict[str, Any]:

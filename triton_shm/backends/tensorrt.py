@@ -172,6 +172,7 @@ def _profile(shapes: Any) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, 
 class TensorRTBackend(Backend):
     name = "tensorrt"
     concat_batching = True
+    reads_inputs_in_place = True  # it reads its inputs only
 
     @staticmethod
     def auto_complete(context: ModelContext) -> dict[str, Any]:

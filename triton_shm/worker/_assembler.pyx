@@ -5,13 +5,61 @@ The buffers are pinned (held as typed memoryviews) for the whole copy, which run
 the GIL released, so other instance threads keep running. Copies are guarded: a
 client region truncated under the copy raises InvalidArgument instead of a SIGBUS.
 """
+from cpython.buffer cimport PyBuffer_FillInfo
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
+from libc.errno cimport errno
 from libc.stdint cimport uint8_t
+from libc.string cimport strerror
+from posix.mman cimport MAP_FAILED, MAP_SHARED, PROT_READ, PROT_WRITE, mmap, munmap
+from posix.types cimport off_t
 
 from ..errors import Internal, InvalidArgument
+from .assembler_py import FAULT
 
 GUARDED = tsm_install_sigbus_guard() == 0
-_FAULT = "a client's shared-memory region shrank while it was being read or written"
+
+
+cdef class SharedMapping:
+    """A client region mapped shared, read and write, and watched: a SIGBUS inside it (the
+    client truncated its object while a model read it in place) puts zero pages over the
+    whole mapping and sets ``poisoned`` instead of killing the worker. It exports its
+    bytes as a buffer, and is unmapped when the last view of it goes: a model that keeps
+    an input after its region is unregistered keeps valid memory. ``watched`` is False
+    when the watch table is full; the mapping then serves only guarded copies."""
+    cdef uint8_t *base
+    cdef size_t length
+    cdef int slot
+
+    def __cinit__(self, int fd, size_t length, off_t offset):
+        self.base = NULL
+        self.slot = -1
+        cdef void *address = mmap(NULL, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, offset)
+        if address == MAP_FAILED:
+            raise OSError(errno, strerror(errno).decode())
+        self.base, self.length = <uint8_t *>address, length
+        self.slot = tsm_watch(address, length)
+
+    def __dealloc__(self):
+        if self.base != NULL:
+            tsm_unwatch(self.slot)  # before the range can be mapped again by anything else
+            munmap(self.base, self.length)
+
+    def __getbuffer__(self, Py_buffer *buffer, int flags):
+        PyBuffer_FillInfo(buffer, self, self.base, <Py_ssize_t>self.length, 0, flags)
+
+    def __releasebuffer__(self, Py_buffer *buffer):
+        pass
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def watched(self) -> bool:
+        return self.slot >= 0
+
+    @property
+    def poisoned(self) -> bool:
+        return tsm_poisoned(self.slot) != 0
 
 
 def copy(dst, src) -> int:
@@ -26,7 +74,7 @@ def copy(dst, src) -> int:
         with nogil:
             rc = tsm_guarded_copy(&out[0], &inp[0], n)
     if rc != 0:
-        raise InvalidArgument(_FAULT)
+        raise InvalidArgument(FAULT)
     return n
 
 
@@ -56,7 +104,7 @@ def gather(dst, srcs) -> int:
             with nogil:
                 rc = tsm_gather(base, ptrs, sizes, n)
         if rc != 0:
-            raise InvalidArgument(_FAULT)
+            raise InvalidArgument(FAULT)
         return total
     finally:
         PyMem_Free(ptrs)
@@ -90,7 +138,7 @@ def scatter(src, dsts) -> int:
             with nogil:
                 rc = tsm_scatter(base, ptrs, sizes, n)
         if rc != 0:
-            raise InvalidArgument(_FAULT)
+            raise InvalidArgument(FAULT)
         return total
     finally:
         PyMem_Free(ptrs)

@@ -4,7 +4,7 @@ Both are guarded against a client region truncated under a copy."""
 from __future__ import annotations
 
 from ..core.codec import NO_EXTENSIONS
-from .assembler_py import GUARDED, copy, gather, scatter
+from .assembler_py import FAULT, GUARDED, copy, gather, scatter
 
 USING_EXTENSION = False
 if not NO_EXTENSIONS:
@@ -17,4 +17,4 @@ if not NO_EXTENSIONS:
             from ._assembler import GUARDED, copy, gather, scatter  # type: ignore[no-redef]  # noqa: F811
             USING_EXTENSION = True
 
-__all__ = ["GUARDED", "copy", "gather", "scatter", "USING_EXTENSION"]
+__all__ = ["FAULT", "GUARDED", "copy", "gather", "scatter", "USING_EXTENSION"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..errors import Internal, InvalidArgument
 
 GUARDED = True
-_FAULT = "a client's shared-memory region shrank while it was being read or written"
+FAULT = "a client's shared-memory region shrank while it was being read or written"
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,13 +34,13 @@ def _read(span: RegionSpan, out: memoryview) -> None:
     while done < span.nbytes:
         n = os.preadv(span.fd, [out[done:span.nbytes]], span.offset + done)
         if n <= 0:
-            raise InvalidArgument(_FAULT)
+            raise InvalidArgument(FAULT)
         done += n
 
 
 def _write(span: RegionSpan, data: memoryview) -> None:
     if os.fstat(span.fd).st_size < span.end:
-        raise InvalidArgument(_FAULT)
+        raise InvalidArgument(FAULT)
     done = 0
     while done < data.nbytes:
         done += os.pwrite(span.fd, data[done:], span.offset + done)

@@ -123,9 +123,11 @@ class InstanceRunner:
         decoded: list[WorkerRequest] = []
         live: list[int] = []  # the requests that decoded, in order
         results: list[dict[str, Any] | None] = [None] * len(requests)
+        # per request, the client mappings its inputs were lent from (a model that only reads)
+        lent: list[list] | None = [[] for _ in requests] if model.inputs_in_place else None
         for i, r in enumerate(requests):
             try:
-                wr = self._decode(r, scratch)
+                wr = self._decode(r, scratch, lent[i] if lent is not None else None)
                 if model.decoupled:
                     wr.sender = functools.partial(self._stream, msg_id, i, r)
                     wr.is_cancelled = functools.partial(self.worker.cancelled.__contains__, (msg_id, i))
@@ -152,13 +154,13 @@ class InstanceRunner:
                 if response.error is not None:
                     raise response.error
                 results[i] = {"decoupled": True} if model.decoupled else \
-                    {"outputs": self._encode(requests[i], response.outputs)}
+                    {"outputs": self._encode(requests[i], response.outputs, lent=lent[i] if lent else None)}
             except Exception as e:  # noqa: BLE001 - a response that cannot be encoded fails its request
                 results[i] = _error(e, model.context.name)
         t3 = _clock()
         return {"responses": results, "timing": [t1 - t0, t2 - t1, t3 - t2]}
 
-    def _decode(self, r: dict[str, Any], scratch: list[Block] | None) -> WorkerRequest:
+    def _decode(self, r: dict[str, Any], scratch: list[Block] | None, lent: list | None = None) -> WorkerRequest:
         inputs, datatypes = {}, {}
         reshapes = self.model.reshapes if self.model.reshapes.inputs else None
         arena_view, input_bytes = self.worker.inputs.view, self.worker.input_bytes
@@ -166,7 +168,7 @@ class InstanceRunner:
             if reshapes is not None:
                 shape = reshapes.input_shape(name, shape)
             # an arena block is read in place; a client region's bytes go through input_bytes
-            view = arena_view(desc) if desc and desc[0] != "r" else input_bytes(desc, scratch)
+            view = arena_view(desc) if desc and desc[0] != "r" else input_bytes(desc, scratch, lent)
             inputs[name] = decode_input(datatype, shape, view)
             datatypes[name] = datatype
         # the message is ours and the backends only read these lists: no copies
@@ -191,8 +193,11 @@ class InstanceRunner:
                 body.update(_error(e, self.model.context.name))
         self.worker.stream(body)
 
-    def _encode(self, r: dict[str, Any], outputs: dict[str, Any], partial: bool = False) -> list[list[Any]]:
-        """``partial``: a decoupled response may carry only some of the requested outputs."""
+    def _encode(self, r: dict[str, Any], outputs: dict[str, Any], partial: bool = False,
+                lent: list | None = None) -> list[list[Any]]:
+        """``partial``: a decoupled response may carry only some of the requested outputs.
+        ``lent``: the client mappings the request's inputs were read from in place; if a
+        truncation poisoned one while the model or this encoding read it, the request fails."""
         model = self.model
         specs = model.output_types
         reshapes = model.reshapes if model.reshapes.outputs else None
@@ -227,6 +232,8 @@ class InstanceRunner:
                 if reshapes is not None:
                     shape = reshapes.output_shape(name, shape)
                 encoded.append([name, specs[name], shape, block.descriptor()])
+            if lent and any(mapping.poisoned for mapping in lent):
+                raise InvalidArgument(assembler.FAULT)
         except BaseException:
             self._free(blocks)
             raise

@@ -61,6 +61,9 @@ class LoadedModel:
         self.decoupled = bool((context.config.get("model_transaction_policy") or {}).get("decoupled", False))
         if self.decoupled:
             self.concat_batching = False
+        # inputs in a client's system shared memory are lent in place, not copied (a
+        # decoupled model may read them after execute returns: it gets copies)
+        self.inputs_in_place = backend.reads_inputs_in_place and not self.decoupled
 
 
 def _context(msg: dict[str, Any]) -> ModelContext:
@@ -138,15 +141,24 @@ class Worker:
             return view.to_host() if isinstance(view, DeviceSpan) else view  # CUDA: one device-to-host copy
         return self.inputs.view(desc)
 
-    def input_bytes(self, desc: list, scratch: list[Block] | None) -> memoryview:
+    def input_bytes(self, desc: list, scratch: list[Block] | None, lent: list | None = None) -> memoryview:
         """What a model may read: arena bytes in place; a client region's bytes copied
         once, with a guarded copy, since the client may shrink its region at any time and
         a later read would fault. The copy goes into an output-arena block appended to
         ``scratch`` (pages already mapped; the caller frees it once the batch is answered),
         or, without ``scratch``, into memory of its own that lives as long as the model
-        holds it (decoupled models answer after execute returns)."""
+        holds it (decoupled models answer after execute returns).
+
+        With ``lent`` (a model that only reads its inputs), a system region's bytes are
+        lent in place instead, read-only, and their mapping appended to ``lent``: the
+        caller fails the request if a truncation poisoned it (``regions``)."""
         if not desc or desc[0] != "r":
             return self.inputs.view(desc)
+        if lent is not None:
+            loan = self.regions.lend(int(desc[1]), int(desc[2]), int(desc[3]))
+            if loan is not None:
+                lent.append(loan[1])
+                return loan[0]
         view = self.regions.view(int(desc[1]), int(desc[2]), int(desc[3]))
         if isinstance(view, DeviceSpan):
             return view.to_host()  # already private memory

@@ -10,6 +10,14 @@ are guarded; with the pure-Python twin a view is a ``RegionSpan`` it reads and w
 ``preadv``/``pwrite``, never through the mapping.) The mapping is made at first use, not
 when the fd arrives: a region truncated before its first use is refused until the client
 restores its size, then maps and serves.
+
+A model that only reads its inputs (``LoadedModel.inputs_in_place``) is lent a read-only
+view of the mapping itself instead of a copy (``ClientRegion.lend``). The mapping is then
+watched by the C SIGBUS handler: a truncation while the model reads puts zero pages over
+it and marks it poisoned, and the worker fails the requests that read it. A poisoned
+mapping is dropped and the region mapped again at its next use. The mapping lives as long
+as any view of it, so a model that keeps an input after the region is unregistered keeps
+valid memory (zeros, if the client truncates it meanwhile).
 """
 from __future__ import annotations
 
@@ -19,6 +27,8 @@ import os
 from ..errors import Internal, InvalidArgument
 from .assembler import USING_EXTENSION
 from .assembler_py import RegionSpan
+if USING_EXTENSION:
+    from ._assembler import SharedMapping
 from .cuda import CudaRegion, DeviceSpan
 
 
@@ -27,9 +37,10 @@ class ClientRegion:
         self.fd, self.offset, self.size = fd, offset, size
         self.start = offset - offset % mmap.ALLOCATIONGRANULARITY
         self.delta = offset - self.start
-        self.mmap: mmap.mmap | None = None  # mapped at first use (see the module's docstring)
+        self.mapping: SharedMapping | None = None  # mapped at first use (see the module's docstring)
 
     def view(self, offset: int, size: int) -> memoryview | RegionSpan:
+        """The slice's bytes for a guarded copy (or, with the twin, for ``preadv``/``pwrite``)."""
         if offset < 0 or size < 0 or offset > self.size or size > self.size - offset:
             raise InvalidArgument("shared-memory slice lies outside its registered region")
         if size == 0:
@@ -38,21 +49,26 @@ class ClientRegion:
             raise InvalidArgument("the client's shared-memory region has shrunk since it was registered")
         if not USING_EXTENSION:
             return RegionSpan(self.fd, self.offset + offset, size, self.offset + self.size)
-        if self.mmap is None:
+        mapping = self.mapping
+        if mapping is None or mapping.poisoned:  # a poisoned one holds zero pages now
             try:
-                self.mmap = mmap.mmap(self.fd, self.delta + self.size, mmap.MAP_SHARED,
-                                      mmap.PROT_READ | mmap.PROT_WRITE, offset=self.start)
-            except (OSError, ValueError) as e:
+                mapping = self.mapping = SharedMapping(self.fd, self.delta + self.size, self.start)
+            except OSError as e:
                 raise InvalidArgument(f"cannot map the client's shared-memory region: {e}") from None
         start = self.delta + offset
-        return memoryview(self.mmap)[start:start + size]
+        return memoryview(mapping)[start:start + size]
+
+    def lend(self, offset: int, size: int) -> tuple[memoryview, SharedMapping] | None:
+        """A read-only view of the slice in the mapping itself and the mapping (to ask
+        whether it was poisoned once the model has read it); None where the slice can
+        only be copied (the pure-Python twin, an empty slice, a full watch table)."""
+        view = self.view(offset, size)
+        if not isinstance(view, memoryview) or not size or not self.mapping or not self.mapping.watched:
+            return None
+        return view.toreadonly(), self.mapping
 
     def close(self) -> None:
-        if self.mmap is not None:
-            try:
-                self.mmap.close()
-            except BufferError:  # a request still holds a view; unmapped with the last one
-                pass
+        self.mapping = None  # unmapped with the last view of it (a model may still hold one)
         os.close(self.fd)
 
 
@@ -82,10 +98,18 @@ class RegionMap:
 
     def view(self, rid: int, offset: int, size: int) -> memoryview | RegionSpan | DeviceSpan:
         """Bytes of a system region, or a ``DeviceSpan`` of a CUDA region."""
+        return self._region(rid).view(offset, size)
+
+    def lend(self, rid: int, offset: int, size: int) -> tuple[memoryview, SharedMapping] | None:
+        """``ClientRegion.lend`` of a system region; None for a CUDA one."""
+        region = self._region(rid)
+        return region.lend(offset, size) if isinstance(region, ClientRegion) else None
+
+    def _region(self, rid: int) -> ClientRegion | CudaRegion:
         region = self._regions.get(rid)
         if region is None:
             raise Internal(f"shared-memory region {rid} is not mapped in this worker")
-        return region.view(offset, size)
+        return region
 
     def close(self) -> None:
         for region in self._regions.values():

@@ -139,12 +139,27 @@ def load_model_class(context: ModelContext) -> type:
     return cls
 
 
+# The model config parameter that opts a Python model into inputs lent in place
+# (``Backend.reads_inputs_in_place``): ``parameters: { key: "SHM_INPUTS_IN_PLACE"
+# value: { string_value: "yes" } }``.
+IN_PLACE_PARAMETER = "SHM_INPUTS_IN_PLACE"
+
+
+def _flag(config: dict[str, Any], key: str) -> bool:
+    """A yes/no model config parameter, as Triton's python backend spells them."""
+    value = ((config.get("parameters") or {}).get(key) or {}).get("string_value", "")
+    return str(value).strip().lower() in ("yes", "true", "on", "1")
+
+
 class PythonBackend(Backend):
     name = "python"
 
     def __init__(self, context: ModelContext):
         super().__init__(context)
         self._model_class: type | None = None
+        # A model's own promise that it never writes into its input arrays (Triton's
+        # python backend always hands a model copies it may write).
+        self.reads_inputs_in_place = _flag(context.config, IN_PLACE_PARAMETER)
 
     @staticmethod
     def auto_complete(context: ModelContext) -> dict[str, Any]:
