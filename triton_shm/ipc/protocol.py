@@ -69,7 +69,7 @@ answers a PING with its id.
 
 ``CONTROL`` (both ways) the rare ops: a JSON object whose ``op`` names it (``segment``,
 ``drop``, ``region``, ``region_drop``, ``cancel``, ``load``, ``unload``,
-``auto_complete``, ``bls``, ``bls_reply``, ``bls_release``, ``hello``; the reply to a
+``auto_complete``, ``bls``, ``bls_reply``, ``keep_inputs``, ``release_inputs``, ``hello``; the reply to a
 control op is a CONTROL frame with the same id, or a FAIL). File descriptors ride along
 on the socket (``SCM_RIGHTS``), which is why fd-carrying ops are CONTROL frames and
 always travel on the socket.

@@ -39,6 +39,7 @@ INPUT_CHUNK = 64 << 20
 # which costs more than the memory they hold for a few milliseconds.
 RELEASE_DELAY = 0.02
 RELEASE_BYTES = 8 << 20
+KEEPING_LIMIT = 1 << 16  # kept input blocks announced and not yet answered: more is a broken worker
 DRAIN_BATCH = 256  # frames read from a worker's ring before the event loop gets a turn
 ORPHAN_RECHECK_S = 0.001  # a socket message waiting for its ring record is looked at again after this
 ORPHAN_LIMIT_S = 5.0  # ... and past this, the worker is taken to misuse the socket
@@ -68,7 +69,12 @@ class WorkerHandle:
         self.on_death: Callable[[WorkerHandle], None] | None = None  # set by the pool
         # a model's BLS call: (handle, message), set by the pool
         self.on_bls: Callable[[WorkerHandle, dict[str, Any]], None] | None = None
-        self._staged: dict[tuple, Block] = {}  # input-arena blocks lent to the worker (BLS replies)
+        # input-arena blocks lent to the worker past their batch: BLS replies, and inputs a
+        # model still holds after its batch was answered (``keep_inputs``), by descriptor
+        self._staged: dict[tuple, Block] = {}
+        # descriptors the worker keeps, until their batch's reply (read by the pool's reply
+        # path, which calls ``kept_out`` only when this is not empty)
+        self.keeping: set[tuple] = set()
         self._loop: asyncio.AbstractEventLoop  # the front-end's, from start() on
 
     # -- process lifecycle ---------------------------------------------------------------
@@ -199,6 +205,7 @@ class WorkerHandle:
         self._releases.clear()
         self._release_bytes = 0
         self._staged.clear()
+        self.keeping.clear()
         self._cleanup_memory()
         if self.on_death is not None:
             self.on_death(self)
@@ -398,8 +405,10 @@ class WorkerHandle:
                 self.outputs.drop(int(body["seg"]))
             elif op == "bls" and self.on_bls is not None:
                 self.on_bls(self, body)
-            elif op == "bls_release":
+            elif op == "release_inputs":
                 self._release_staged(body.get("blocks") or [])
+            elif op == "keep_inputs":
+                self._keep(body.get("blocks") or [])
             elif op != "hello":
                 log.warning("unexpected message from worker '%s': %s", self.name, op)
         except (KeyError, TypeError, ValueError, TritonShmError) as e:
@@ -432,7 +441,7 @@ class WorkerHandle:
 
     def stage(self, data) -> list[int]:
         """Copy bytes into this worker's input arena for it to read (a BLS reply); the
-        worker hands the block back with ``bls_release``."""
+        worker hands the block back with ``release_inputs``."""
         view = memoryview(data).cast("B")
         if self.arena is None:
             raise Unavailable(f"worker '{self.name}' is not running")
@@ -440,6 +449,28 @@ class WorkerHandle:
         desc = block.descriptor()
         self._staged[tuple(desc)] = block
         return desc
+
+    def _keep(self, descriptors: list) -> None:
+        """The worker keeps these input blocks past the reply about to come (a model
+        still holds their arrays); ``kept_out`` takes them out of that batch's frees."""
+        if len(self.keeping) + len(descriptors) > KEEPING_LIMIT:  # never one reply answers them
+            log.warning("worker '%s' keeps more input blocks than are in flight; ignoring", self.name)
+            self.keeping.clear()
+            return
+        self.keeping.update(tuple(d) for d in descriptors if isinstance(d, list))
+
+    def kept_out(self, blocks: list[Block]) -> list[Block]:
+        """An answered batch's input blocks, less those the worker keeps: those wait in
+        ``_staged`` until it releases them (``release_inputs``)."""
+        keeping, free = self.keeping, []
+        for block in blocks:
+            key = (block.segment.id, block.offset, block.size)
+            if key in keeping:
+                keeping.discard(key)
+                self._staged[key] = block
+            else:
+                free.append(block)
+        return free
 
     def _release_staged(self, descriptors: list) -> None:
         for desc in descriptors:  # only blocks we lent: the worker is not trusted

@@ -233,7 +233,7 @@ class WorkerPool:
         """A batch's reply (or the exception that ends it): its input blocks are freed,
         then ``done`` gets each request's result."""
         if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
-            arena.free_blocks(blocks)
+            arena.free_blocks(worker.kept_out(blocks) if worker.keeping else blocks)
         if isinstance(reply, Exception):
             done([reply] * len(batch), None)
             return

@@ -5,7 +5,7 @@ server's own scheduler, so batching applies and any loaded model can be reached.
 Tensor bytes never travel in the messages: the request's inputs are written into this
 worker's output arena (which the front-end maps), and the front-end writes each
 response's outputs into its input arena for this worker. Outputs are copied out before
-their blocks are handed back (``bls_release``).
+their blocks are handed back (``release_inputs``).
 """
 from __future__ import annotations
 
@@ -109,5 +109,5 @@ class BlsClient:
                 code = pb_utils._WIRE_TO_ENUM[datatype]
                 tensors.append(pb_utils.Tensor(name, array, code if datatype in ("BF16", "BYTES") else None))
         finally:
-            self.worker.send({"op": "bls_release", "blocks": staged})
+            self.worker.send({"op": "release_inputs", "blocks": staged})
         return pb_utils.InferenceResponse(tensors)

@@ -96,9 +96,12 @@ class InstanceRunner:
                         return {"responses": [err] * len(requests), "timing": [0, 0, 0]}
                 # copies of client shared-memory inputs, freed once the batch has run
                 scratch: list[Block] | None = None if model.decoupled else []
+                held: list[tuple[np.ndarray, list | Block]] = []  # inputs over memory reused after the batch
                 try:
-                    return self._run_each(requests, msg["id"], scratch)
+                    return self._run_each(requests, msg["id"], scratch, held)
                 finally:
+                    if held:  # after _run_each's frame is gone: only a model can still hold them
+                        self.worker.keep_held(held, scratch)
                     if scratch:
                         self._free(scratch)
             finally:
@@ -116,8 +119,11 @@ class InstanceRunner:
                 return
 
     # -- one batch -------------------------------------------------------------------------
-    def _run_each(self, requests: list[dict[str, Any]], msg_id: int, scratch: list[Block] | None) -> dict[str, Any]:
-        """The requests of a batch as a list (Python models; any batch the assembler cannot join)."""
+    def _run_each(self, requests: list[dict[str, Any]], msg_id: int, scratch: list[Block] | None,
+                  held: list[tuple[np.ndarray, list | Block]]) -> dict[str, Any]:
+        """The requests of a batch as a list (Python models; any batch the assembler cannot join).
+        ``held`` gets each input array over memory that is reused once the batch is
+        answered, with that memory (``Worker.keep_held``)."""
         model = self.model
         t0 = _clock()
         decoded: list[WorkerRequest] = []
@@ -127,7 +133,7 @@ class InstanceRunner:
         lent: list[list] | None = [[] for _ in requests] if model.inputs_in_place else None
         for i, r in enumerate(requests):
             try:
-                wr = self._decode(r, scratch, lent[i] if lent is not None else None)
+                wr = self._decode(r, scratch, held, lent[i] if lent is not None else None)
                 if model.decoupled:
                     wr.sender = functools.partial(self._stream, msg_id, i, r)
                     wr.is_cancelled = functools.partial(self.worker.cancelled.__contains__, (msg_id, i))
@@ -160,7 +166,8 @@ class InstanceRunner:
         t3 = _clock()
         return {"responses": results, "timing": [t1 - t0, t2 - t1, t3 - t2]}
 
-    def _decode(self, r: dict[str, Any], scratch: list[Block] | None, lent: list | None = None) -> WorkerRequest:
+    def _decode(self, r: dict[str, Any], scratch: list[Block] | None, held: list[tuple[np.ndarray, list | Block]],
+                lent: list | None = None) -> WorkerRequest:
         inputs, datatypes = {}, {}
         reshapes = self.model.reshapes if self.model.reshapes.inputs else None
         arena_view, input_bytes = self.worker.inputs.view, self.worker.input_bytes
@@ -168,8 +175,15 @@ class InstanceRunner:
             if reshapes is not None:
                 shape = reshapes.input_shape(name, shape)
             # an arena block is read in place; a client region's bytes go through input_bytes
-            view = arena_view(desc) if desc and desc[0] != "r" else input_bytes(desc, scratch, lent)
-            inputs[name] = decode_input(datatype, shape, view)
+            if desc and desc[0] != "r":
+                inputs[name] = array = decode_input(datatype, shape, arena_view(desc))
+                if datatype != "BYTES":  # a view of the front-end's block, which it reuses after the reply
+                    held.append((array, desc))
+            else:
+                copies = len(scratch) if scratch is not None else 0
+                inputs[name] = array = decode_input(datatype, shape, input_bytes(desc, scratch, lent))
+                if scratch is not None and len(scratch) > copies and datatype != "BYTES":
+                    held.append((array, scratch[-1]))  # a view of our own block, reused after the batch
             datatypes[name] = datatype
         # the message is ours and the backends only read these lists: no copies
         request = WorkerRequest(r.get("request_id", ""), inputs, datatypes, r["outputs"], r.get("parameters") or {})

@@ -16,6 +16,8 @@ import sys
 import threading
 import time
 import traceback
+import weakref
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -89,6 +91,7 @@ class Worker:
         self.models: dict[str, LoadedModel] = {}
         self.bls = BlsClient(self)
         self.cancelled: set[tuple[int, int]] = set()  # (batch message id, request index) of gone clients
+        self._released: deque[list | Block] = deque()  # memory of kept inputs collected since (keep_held)
         pb_utils._set_bls_client(self.bls)
         self.loader = ThreadPoolExecutor(max_workers=4, thread_name_prefix="loader")
         # reading the ring: see ``_run_inline``
@@ -117,8 +120,41 @@ class Worker:
         """A control op of our own (segment, drop, bls, ...)."""
         self.send_frame(protocol.encode_control(0, message), fds)
 
+    # -- inputs a model keeps ------------------------------------------------------------
+    def keep_held(self, held: list[tuple[Any, list | Block]], scratch: list[Block] | None) -> None:
+        """After a batch: the input arrays a model still holds (stored, or handed to a
+        thread of a decoupled model) keep their memory until they die. A block of the
+        front-end's arena stays out of its reuse (``keep_inputs``, sent before the reply,
+        which would free it); a block of our own is taken out of ``scratch``. Each comes
+        back once its array is collected (``_flush_released``)."""
+        keep: list[list] = []
+        for entry in held:
+            if sys.getrefcount(entry[0]) <= 2:  # the tuple and the argument: nobody else holds it
+                continue
+            array, memory = entry
+            if isinstance(memory, list):
+                keep.append(memory)
+            elif scratch is not None:
+                scratch.remove(memory)
+            weakref.finalize(array, self._released.append, memory)  # deque.append: safe from any thread
+        if keep:
+            self.send({"op": "keep_inputs", "blocks": keep})
+
+    def _flush_released(self) -> None:
+        """Give back the memory of kept inputs that have been collected since."""
+        released = []
+        while self._released:
+            released.append(self._released.popleft())
+        ours = [m for m in released if not isinstance(m, list)]
+        if ours:
+            self.arena.free_blocks(ours)
+        if len(ours) < len(released):
+            self.send({"op": "release_inputs", "blocks": [m for m in released if isinstance(m, list)]})
+
     def reply(self, msg_id: int, body: dict[str, Any]) -> None:
         """Answer message ``msg_id``: a batch's results, an error, or a control op's reply."""
+        if self._released:
+            self._flush_released()
         if "responses" in body:
             frame = protocol.encode_reply(msg_id, body["responses"], body["timing"])
         elif "error" in body:
