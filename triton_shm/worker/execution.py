@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 import traceback
+from sys import getrefcount
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -99,9 +100,11 @@ class InstanceRunner:
                 held: list[tuple[np.ndarray, list | Block]] = []  # inputs over memory reused after the batch
                 try:
                     return self._run_each(requests, msg["id"], scratch, held)
-                finally:
-                    if held:  # after _run_each's frame is gone: only a model can still hold them
-                        self.worker.keep_held(held, scratch)
+                finally:  # after _run_each's frame is gone: only a model can still hold an input
+                    for entry in held:
+                        if getrefcount(entry[0]) > 2:  # more than the tuple and the argument
+                            self.worker.keep_held(held, scratch)
+                            break
                     if scratch:
                         self._free(scratch)
             finally:
