@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from .harness import ServerProcess
+from .helpers import Regions, connect
 from .models import add_sub_onnx_model, python_identity
 from .perf_analyzer import PerfAnalyzer, Unavailable, ensure_perf_analyzer
 
@@ -38,3 +39,25 @@ def perf_analyzer() -> PerfAnalyzer:
         return ensure_perf_analyzer()
     except Unavailable as e:
         pytest.skip(f"perf_analyzer unavailable: {e}")
+
+
+@pytest.fixture(params=["http", "grpc"])
+def proto(request) -> str:
+    """A test that takes it runs over HTTP and over gRPC."""
+    return request.param
+
+
+@pytest.fixture
+def client(proto, server):
+    """A tritonclient of ``proto`` on the module's server (a module may define its own)."""
+    cl = connect(server, proto)
+    yield cl
+    cl.close()
+
+
+@pytest.fixture
+def regions(server):
+    """/dev/shm objects a test makes, destroyed (and unregistered) when it ends."""
+    r = Regions(server)
+    yield r
+    r.cleanup()

@@ -13,6 +13,14 @@ import urllib.request
 from pathlib import Path
 
 
+def rss_kib(pid: int) -> int:
+    """Resident memory of process ``pid`` in KiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"process {pid} has no VmRSS")
+
+
 def children(pid: int) -> list[int]:
     """Child process ids of ``pid`` (a server's workers)."""
     out: list[int] = []

@@ -3,12 +3,15 @@ check that a call fails with one status and message, and the check that a server
 serves after whatever a test did to it."""
 from __future__ import annotations
 
+import itertools
+import os
 from typing import Any, Callable
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, triton_to_np_dtype
 
 from .harness import ServerProcess, children
@@ -72,3 +75,54 @@ def assert_serving(srv: ServerProcess, model: str = "identity_fp32", *, datatype
         np.testing.assert_array_equal(result.as_numpy(output_name), data)
     if workers is not None:
         assert children(srv.proc.pid) == workers, "a worker died (and was replaced)"
+
+
+SHM_DIR = "/dev/shm"
+SHM_NAMES = itertools.count()  # a test's /dev/shm objects: tshm_<pid>_<n>...
+
+
+class Regions:
+    """/dev/shm objects this test created; all destroyed (and the server's registrations
+    dropped) when the test ends, whatever its outcome."""
+
+    def __init__(self, srv: ServerProcess):
+        self.srv = srv
+        self.handles = []
+        self.paths: list[str] = []  # other things made under /dev/shm (links, dirs, fifos)
+
+    @staticmethod
+    def unique(tag: str = "r") -> str:
+        return f"tshm_{os.getpid()}_{next(SHM_NAMES)}_{tag}"
+
+    def create(self, byte_size: int, tag: str = "r"):
+        """(handle, object name, key)."""
+        name = self.unique(tag)
+        handle = shm.create_shared_memory_region(name, "/" + name, byte_size)
+        self.handles.append(handle)
+        return handle, name, "/" + name
+
+    def path(self, name: str) -> str:
+        p = os.path.join(SHM_DIR, name)
+        self.paths.append(p)
+        return p
+
+    def cleanup(self) -> None:
+        try:
+            cl = httpclient.InferenceServerClient(self.srv.http_url)
+            cl.unregister_system_shared_memory()
+            cl.close()
+        except Exception:  # noqa: BLE001 - the server may be the thing that failed
+            pass
+        for h in self.handles:
+            try:
+                shm.destroy_shared_memory_region(h)
+            except Exception:  # noqa: BLE001 - e.g. the test unlinked it already
+                pass
+        for p in self.paths:
+            try:
+                if os.path.isdir(p) and not os.path.islink(p):
+                    os.rmdir(p)
+                else:
+                    os.unlink(p)
+            except FileNotFoundError:
+                pass

@@ -38,11 +38,6 @@ def server(tmp_path_factory) -> ServerProcess:
     srv.stop_cleanly()
 
 
-@pytest.fixture(params=["http", "grpc"])
-def proto(request) -> str:
-    return request.param
-
-
 # =========================================================================== a CPU-only server
 
 def test_cpu_server_refuses_cuda_registration(proto, server):

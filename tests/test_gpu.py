@@ -66,11 +66,6 @@ def server(tmp_path_factory) -> ServerProcess:
     srv.stop_cleanly()
 
 
-@pytest.fixture(params=["http", "grpc"])
-def proto(request) -> str:
-    return request.param
-
-
 class DeviceBuffer:
     """A client's CUDA buffer with its IPC handle (base64, as tritonclient passes it)."""
 

@@ -18,12 +18,11 @@ import socket
 import threading
 import time
 import zlib
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from .harness import ServerProcess
+from .harness import ServerProcess, rss_kib
 from .models import add_sub_onnx_model, python_identity
 from .helpers import assert_serving
 
@@ -404,13 +403,6 @@ def test_slow_headers_time_out(server):
     idle.close()
 
 
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 def test_client_that_stops_reading(server):
     """Pipelined 1 MiB responses nobody reads: the server stops reading too (the client's
     send blocks) instead of buffering them; other clients are served meanwhile."""
@@ -422,7 +414,7 @@ def test_client_that_stops_reading(server):
                   {"Inference-Header-Content-Length": str(len(header))})
     c = Conn(server, timeout=3)
     c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
-    rss0 = _rss_kib(server.proc.pid)
+    rss0 = rss_kib(server.proc.pid)
     sent, blocked = 0, False
     try:
         for _ in range(200):  # 200 MiB of responses if nothing pushed back
@@ -431,7 +423,7 @@ def test_client_that_stops_reading(server):
     except socket.timeout:
         blocked = True
     assert blocked, f"sent {sent} MiB without the server pushing back"
-    grown = (_rss_kib(server.proc.pid) - rss0) / 1024
+    grown = (rss_kib(server.proc.pid) - rss0) / 1024
     assert grown < 64, f"front-end grew by {grown:.0f} MiB for a client that does not read"
     done = threading.Event()
     t = threading.Thread(target=lambda: (assert_serving(server), done.set()))

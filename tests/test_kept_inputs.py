@@ -11,7 +11,6 @@ contents change to a later request's.
 from __future__ import annotations
 
 import queue
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,10 +18,10 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
 
-from .harness import ServerProcess
-from .helpers import client_module, connect
+from .harness import ServerProcess, rss_kib
+from .helpers import Regions, client_module, connect
 from .models import python_identity, write_model
-from .test_shm import Regions, shm_input
+from .test_shm import shm_input
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,11 +97,6 @@ def server(tmp_path_factory) -> ServerProcess:
     assert srv.stop() == 0, srv.log()[-4000:]
 
 
-@pytest.fixture(params=["http", "grpc"])
-def proto(request) -> str:
-    return request.param
-
-
 def _infer(proto, cl, model: str, data: np.ndarray, **params) -> np.ndarray:
     inp = client_module(proto).InferInput("INPUT0", list(data.shape), "FP32")
     inp.set_data_from_numpy(data)
@@ -168,13 +162,6 @@ def test_a_decoupled_model_reads_its_input_after_execute_returned(server):
         np.testing.assert_array_equal(got[str(k)], x)
 
 
-def _rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmRSS")
-
-
 def test_inputs_nobody_holds_are_reused(server):
     """A model that holds nothing keeps nothing: 1 MiB inputs in a loop reuse one block,
     and the front-end's memory stays flat."""
@@ -182,8 +169,8 @@ def test_inputs_nobody_holds_are_reused(server):
     with connect(server, "grpc") as cl:
         for _ in range(20):
             _infer("grpc", cl, "identity_fp32", big)
-        before = _rss_kib(server.proc.pid)
+        before = rss_kib(server.proc.pid)
         for _ in range(300):  # 300 MiB if every block were kept
             _infer("grpc", cl, "identity_fp32", big)
-        grown = _rss_kib(server.proc.pid) - before
+        grown = rss_kib(server.proc.pid) - before
     assert grown < 64 << 10, f"the front-end grew by {grown} KiB over 300 MiB of inputs"

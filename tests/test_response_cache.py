@@ -124,11 +124,6 @@ def server(tmp_path_factory):
     srv.stop_cleanly()
 
 
-@pytest.fixture(params=["http", "grpc"])
-def proto(request) -> str:
-    return request.param
-
-
 def module(proto: str):
     return httpclient if proto == "http" else grpcclient
 

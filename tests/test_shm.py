@@ -9,7 +9,6 @@ the server, whatever the outcome.
 """
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import re
@@ -33,13 +32,11 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor, 
 from .conftest import build_core_repository
 from .harness import ServerProcess, children
 from .models import python_identity, write_model
-from .helpers import assert_serving, client_module, connect, expect_error
+from .helpers import SHM_DIR, SHM_NAMES, Regions, assert_serving, client_module, connect, expect_error
 
 pytestmark = pytest.mark.timeout(120)
 
-SHM_DIR = "/dev/shm"
 FLAG = "--allow-client-shm=true"
-_COUNTER = itertools.count()
 
 SLOW_CONFIG = """
     name: "slow_fp32"
@@ -105,72 +102,6 @@ def server_noshm(tmp_path_factory) -> ServerProcess:
 
 
 # --------------------------------------------------------------------------- helpers
-
-@pytest.fixture(params=["http", "grpc"])
-def proto(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def client(proto, server):
-    cl = connect(server, proto)
-    yield cl
-    cl.close()
-
-
-class Regions:
-    """/dev/shm objects this test created; all destroyed (and the server's registrations
-    dropped) when the test ends, whatever its outcome."""
-
-    def __init__(self, srv: ServerProcess):
-        self.srv = srv
-        self.handles = []
-        self.paths: list[str] = []  # other things made under /dev/shm (links, dirs, fifos)
-
-    @staticmethod
-    def unique(tag: str = "r") -> str:
-        return f"tshm_{os.getpid()}_{next(_COUNTER)}_{tag}"
-
-    def create(self, byte_size: int, tag: str = "r"):
-        """(handle, object name, key)."""
-        name = self.unique(tag)
-        handle = shm.create_shared_memory_region(name, "/" + name, byte_size)
-        self.handles.append(handle)
-        return handle, name, "/" + name
-
-    def path(self, name: str) -> str:
-        p = os.path.join(SHM_DIR, name)
-        self.paths.append(p)
-        return p
-
-    def cleanup(self) -> None:
-        try:
-            cl = httpclient.InferenceServerClient(self.srv.http_url)
-            cl.unregister_system_shared_memory()
-            cl.close()
-        except Exception:  # noqa: BLE001 - the server may be the thing that failed
-            pass
-        for h in self.handles:
-            try:
-                shm.destroy_shared_memory_region(h)
-            except Exception:  # noqa: BLE001 - e.g. the test unlinked it already
-                pass
-        for p in self.paths:
-            try:
-                if os.path.isdir(p) and not os.path.islink(p):
-                    os.rmdir(p)
-                else:
-                    os.unlink(p)
-            except FileNotFoundError:
-                pass
-
-
-@pytest.fixture
-def regions(server):
-    r = Regions(server)
-    yield r
-    r.cleanup()
-
 
 def status(proto: str, cl, name: str = "") -> dict[str, dict]:
     """name -> {name, key, offset, byte_size} for either protocol."""
@@ -523,7 +454,7 @@ def test_register_invalid(proto, client, server, regions, case):
 @pytest.mark.parametrize("prefix", ["triton_python_backend_shm_region_", "triton_shm_internal_"])
 def test_register_reserved_existing_object(proto, client, regions, prefix):
     """The object exists under a reserved name: refused because of the name, not a failed open."""
-    name = f"{prefix}tshm_{os.getpid()}_{next(_COUNTER)}"
+    name = f"{prefix}tshm_{os.getpid()}_{next(SHM_NAMES)}"
     path = regions.path(name)
     with open(path, "wb") as f:
         f.truncate(64)

@@ -25,13 +25,12 @@ from tritonclient.utils import InferenceServerException
 from triton_shm.worker.assembler import USING_EXTENSION
 
 from .harness import ServerProcess, children
-from .helpers import assert_serving, client_module, connect, expect_error
+from .helpers import SHM_DIR, assert_serving, client_module, connect, expect_error
 from .models import add_sub_onnx_model, python_identity, write_model
-from .test_shm import Regions, plain_output, shm_input, wait_started
+from .test_shm import plain_output, shm_input, wait_started
 
 pytestmark = pytest.mark.timeout(120)
 
-SHM_DIR = "/dev/shm"
 N = 1024  # FP32 elements per request: 4 KiB
 
 CONFIG = """
@@ -92,25 +91,6 @@ def server(tmp_path_factory) -> ServerProcess:
     srv = ServerProcess(repo, root / "server.log", extra_args=["--allow-client-shm=true"]).start()
     yield srv
     assert srv.stop() == 0, srv.log()[-4000:]
-
-
-@pytest.fixture(params=["http", "grpc"])
-def proto(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def client(proto, server):
-    cl = connect(server, proto)
-    yield cl
-    cl.close()
-
-
-@pytest.fixture
-def regions(server):
-    r = Regions(server)
-    yield r
-    r.cleanup()
 
 
 def _region(client, regions, name: str, values: np.ndarray):

@@ -566,6 +566,8 @@ def test_a_worker_that_stops_reading_fails_requests_by_their_timeout(own_hostile
     import os
     import signal
     import time
+
+    from .harness import rss_kib
     srv = own_hostile_server.start()
     pid = _worker_pid(srv)
     _infer(srv, "stop_reading")  # answered; the worker reads nothing after it
@@ -574,10 +576,10 @@ def test_a_worker_that_stops_reading_fails_requests_by_their_timeout(own_hostile
         errors = list(pool.map(lambda _: _catch(srv, 500_000), range(12)))
     assert time.monotonic() - t0 < 20
     assert all(e is not None and "timeout" in e.message().lower() for e in errors), errors
-    rss = _rss_kib(srv.proc.pid)
+    rss = rss_kib(srv.proc.pid)
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda _: _catch(srv, 100_000), range(200)))
-    assert _rss_kib(srv.proc.pid) < rss + 20_000  # bounded: frames wait in a fixed ring, requests time out
+    assert rss_kib(srv.proc.pid) < rss + 20_000  # bounded: frames wait in a fixed ring, requests time out
     os.kill(pid, signal.SIGKILL)  # a stuck worker can only be restarted
     _recovers(srv, pid)
     srv.stop_cleanly()
@@ -590,13 +592,6 @@ def _catch(srv, timeout_us):
     except InferenceServerException as e:
         return e
     return None
-
-
-def _rss_kib(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 def test_a_worker_killed_mid_batch_with_frames_both_ways_fails_them_and_recovers(own_hostile_server):
