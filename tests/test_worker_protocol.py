@@ -451,6 +451,11 @@ class TritonPythonModel:
             worker._dispatch = lambda msg, fds: time.sleep(3600)
         elif fault == "slow":
             time.sleep(1.0)
+        elif fault == "bogus_keeps":  # keeps and releases of input blocks that are not the worker's to name
+            worker.send({"op": "keep_inputs", "blocks": [[999, 0, 64], "junk", [1, 2], None]})
+            worker.send({"op": "release_inputs", "blocks": [[999, 0, 64], [0, 0, 0], "junk"]})
+            worker.send({"op": "keep_inputs", "blocks": 7})
+            worker.send({"op": "keep_inputs", "blocks": [[7, 64 * k, 64] for k in range(70000)]})
         elif fault:
             _break_next_reply(worker, fault)  # the reply to this very batch
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(
@@ -533,6 +538,19 @@ def test_a_malformed_reply_fails_its_request_with_internal_and_loses_nothing(hos
     for _ in range(3):  # the instance was not lost, nothing waits
         _infer(hostile_server)
     assert _worker_pid(hostile_server) == pid  # a legible frame answers for itself: no restart
+
+
+def test_keeps_and_releases_of_blocks_a_worker_was_never_lent_change_nothing(hostile_server):
+    """The front-end keeps a block past its batch only if the worker names one of that
+    batch's blocks, frees only blocks it kept or lent, and bounds what it holds announced."""
+    pid = _worker_pid(hostile_server)
+    _infer(hostile_server, "bogus_keeps")
+    for _ in range(20):  # every block of these requests is freed and serves again
+        _infer(hostile_server)
+    assert _worker_pid(hostile_server) == pid
+    log = hostile_server.log()
+    assert "keeps more input blocks than are in flight" in log
+    assert "malformed 'keep_inputs' message" in log
 
 
 def _recovers(srv, old_pid: int) -> None:
