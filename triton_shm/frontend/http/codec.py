@@ -27,6 +27,7 @@ from ...core.types import (
 )
 from ...errors import Internal, InvalidArgument, TritonShmError, Unsupported
 from .common_shape import decode_common, encode_common
+from .common_shape_py import response_header
 
 # Triton's HTTP_MAX_JSON_NESTING_DEPTH (server#8172). orjson stops at 1024 by itself,
 # so shallower excess is checked on the parsed document (see _check_depth).
@@ -37,7 +38,6 @@ _INT_TYPES = frozenset({"UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", 
 _FLOAT_TYPES = frozenset({"FP32", "FP64"})
 # Keys of an input's ``parameters`` that say where its data is; at most one may be set.
 _DATA_SOURCES = ("binary_data_size", "shared_memory_region")
-_JSON_OPTS = orjson.OPT_SERIALIZE_NUMPY
 # Members the parser interprets (and so bounds) at each level of the request document.
 _REQUEST_KEYS = frozenset({"id", "parameters", "inputs", "outputs"})
 _INPUT_KEYS = frozenset({"name", "datatype", "shape", "parameters", "data"})
@@ -362,15 +362,7 @@ def encode_document(response: InferResponse, request: InferRequest) -> tuple[byt
                 entry["data"] = wire_to_json(out)
         outputs.append(entry)
 
-    doc: dict[str, Any] = {}
-    if response.id:
-        doc["id"] = response.id
-    doc["model_name"] = response.model_name
-    doc["model_version"] = response.model_version
-    if response.parameters:
-        doc["parameters"] = response.parameters
-    doc["outputs"] = outputs
-    header = orjson.dumps(doc, option=_JSON_OPTS)
+    header = response_header(response, outputs)
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)

@@ -143,6 +143,14 @@ def encode_common(response: InferResponse, request: InferRequest) -> tuple[bytes
         outputs.append(entry)
     if len(parts) == 1:
         return None
+    header = response_header(response, outputs)
+    parts[0] = header
+    return b"".join(parts), len(header)
+
+
+def response_header(response: InferResponse, outputs: list[dict[str, Any]]) -> bytes:
+    """The JSON document of an infer response whose output entries are ``outputs`` (the
+    general encoder's too; the C twin builds the same one)."""
     doc: dict[str, Any] = {}
     if response.id:
         doc["id"] = response.id
@@ -151,9 +159,7 @@ def encode_common(response: InferResponse, request: InferRequest) -> tuple[bytes
     if response.parameters:
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs
-    header = orjson.dumps(doc, option=JSON_OPTS)
-    parts[0] = header
-    return b"".join(parts), len(header)
+    return orjson.dumps(doc, option=JSON_OPTS)
 
 
 _HEAD = (b"HTTP/1.1 200 OK\r\nDate: %s\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n"
