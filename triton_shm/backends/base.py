@@ -81,6 +81,11 @@ class Backend(ABC):
     # client's system shared-memory region are then lent to it in place, as read-only
     # arrays, instead of copied out of the region first.
     reads_inputs_in_place: bool = False
+    # True when a KIND_GPU instance takes its inputs on its device: an input in a client's
+    # CUDA shared-memory region then reaches it as a CuPy array on the GPU (a view of the
+    # region when ``reads_inputs_in_place``, else one device copy) instead of a host copy.
+    # The GPU backends always do; a Python model does with FORCE_CPU_ONLY_INPUT_TENSORS "no".
+    takes_device_inputs: bool = False
 
     def __init__(self, context: ModelContext):
         self.context = context
