@@ -173,6 +173,7 @@ class TensorRTBackend(Backend):
     name = "tensorrt"
     concat_batching = True
     reads_inputs_in_place = True  # it reads its inputs only
+    takes_device_inputs = True  # CUDA shared-memory inputs are bound where they lie
 
     @staticmethod
     def auto_complete(context: ModelContext) -> dict[str, Any]:

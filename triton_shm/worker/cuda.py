@@ -4,10 +4,12 @@
 A CUDA shared-memory region is a client's ``cudaIpcMemHandle_t``, opened once per worker
 (``cudaIpcOpenMemHandle``) and closed when the front-end drops it (no request uses it
 any more). Inputs are read from it and outputs written into it with device copies; a
-model that wants host data gets one device-to-host copy.
+model that wants host data gets one device-to-host copy, one that takes device inputs
+(``Backend.takes_device_inputs``) a CuPy array on its GPU.
 """
 from __future__ import annotations
 
+import ctypes
 from typing import Any
 
 import numpy as np
@@ -15,7 +17,7 @@ import numpy as np
 from ..errors import InvalidArgument, TritonShmError, Unsupported
 
 CUPY_MISSING = "CUDA shared memory needs a GPU and CuPy (pip install 'triton-shm[gpu]')"
-_DLPACK_CUDA = 2  # kDLCUDA in DLDeviceType
+_DLPACK_CPU, _DLPACK_CUDA = 1, 2  # kDLCPU, kDLCUDA in DLDeviceType
 _MEMCPY_HOST_TO_DEVICE, _MEMCPY_DEVICE_TO_HOST, _MEMCPY_DEVICE_TO_DEVICE = 1, 2, 3
 
 
@@ -41,6 +43,36 @@ def is_device_array(obj: Any) -> bool:
         return int(device()[0]) == _DLPACK_CUDA
     except Exception:  # noqa: BLE001 - an object that is not a tensor after all
         return False
+
+
+# A DLPack capsule holds a pointer to a DLManagedTensor ("dltensor", DLPack < 1.0) or a
+# DLManagedTensorVersioned ("dltensor_versioned"); the DLTensor's ``device`` (two int32:
+# type, id) follows its ``data`` pointer. Offsets of that DLTensor in each struct:
+_POINTER = ctypes.sizeof(ctypes.c_void_p)
+_DLTENSOR_AT = {b"dltensor": 0, b"dltensor_versioned": 8 + 3 * _POINTER}  # version, ctx, deleter, flags
+_capsule_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_name.restype, _capsule_name.argtypes = ctypes.c_char_p, [ctypes.py_object]
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype, _capsule_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+
+
+def capsule_device(capsule: Any) -> tuple[int, int] | None:
+    """The ``(device type, device id)`` of the tensor a DLPack capsule holds, read without
+    consuming it; None for a capsule already consumed (renamed ``used_dltensor``) or one
+    that is not DLPack's."""
+    name = _capsule_name(capsule)
+    at = _DLTENSOR_AT.get(name or b"")
+    if at is None:
+        return None
+    address = _capsule_pointer(capsule, name)
+    if not address:
+        return None
+    device = address + at + _POINTER
+    return ctypes.c_int32.from_address(device).value, ctypes.c_int32.from_address(device + 4).value
+
+
+def is_dlpack_capsule(obj: Any) -> bool:
+    return type(obj).__name__ == "PyCapsule"
 
 
 class DeviceSpan:
@@ -85,6 +117,35 @@ class DeviceSpan:
         cp = cupy()
         memory = cp.cuda.UnownedMemory(self.ptr, self.nbytes, owner, self.device)
         return cp.ndarray(tuple(shape), dtype=dtype, memptr=cp.cuda.MemoryPointer(memory, 0))
+
+    def copy_array(self, dtype: Any, shape: list[int]) -> Any:
+        """A CuPy array of its own holding this memory's bytes: one device-to-device copy,
+        for a model that may write its inputs or keep them past the request."""
+        cp = cupy()
+        with cp.cuda.Device(self.device):
+            out = cp.empty(tuple(shape), dtype=dtype)
+            if self.nbytes:
+                cp.cuda.runtime.memcpy(out.data.ptr, self.ptr, self.nbytes, _MEMCPY_DEVICE_TO_DEVICE)
+        return out
+
+
+def gather_device(pieces: list[DeviceSpan | memoryview], device: int) -> Any:
+    """The pieces' bytes, in order, in one CuPy uint8 array on ``device``: device spans
+    copied device to device, host bytes host to device (a batch whose rows lie in CUDA
+    shared memory, joined for a GPU backend without passing through the host)."""
+    cp = cupy()
+    with cp.cuda.Device(device):
+        out = cp.empty(sum(p.nbytes for p in pieces), dtype=cp.uint8)
+        at = out.data.ptr
+        for p in pieces:
+            if not p.nbytes:
+                continue
+            if isinstance(p, DeviceSpan):
+                cp.cuda.runtime.memcpy(at, p.ptr, p.nbytes, _MEMCPY_DEVICE_TO_DEVICE)
+            else:
+                cp.cuda.runtime.memcpy(at, _host_address(p), p.nbytes, _MEMCPY_HOST_TO_DEVICE)
+            at += p.nbytes
+    return out
 
 
 def _host_address(view: memoryview) -> int:

@@ -22,12 +22,13 @@ import numpy as np
 
 from ..backends.base import ModelInstance, WorkerRequest, WorkerResponse
 from ..core import codec
-from ..core.datatypes import element_size
+from ..core.datatypes import element_size, numpy_dtype
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc.arena import Block
 from . import assembler
-from .cuda import DeviceSpan
-from .tensors import decode_input, encode_output, encode_output_into, wire_bytes, write_device_output
+from .cuda import DeviceSpan, gather_device
+from .tensors import (
+    decode_device_input, decode_input, encode_output, encode_output_into, wire_bytes, write_device_output)
 
 if TYPE_CHECKING:
     from .process import LoadedModel, Worker
@@ -47,8 +48,11 @@ class InstanceRunner:
     """A model instance and the thread that feeds it batches (unless the control thread
     runs the batch itself: ``Worker._run_inline``)."""
 
-    def __init__(self, worker: "Worker", model: "LoadedModel", instance: ModelInstance, name: str):
+    def __init__(self, worker: "Worker", model: "LoadedModel", instance: ModelInstance, name: str,
+                 device_inputs: bool = False):
         self.worker, self.model, self.instance, self.name = worker, model, instance, name
+        # CUDA shared-memory inputs reach the instance on its GPU (``Backend.takes_device_inputs``)
+        self.device_inputs = device_inputs
         self.queue: queue.SimpleQueue[dict | None] = queue.SimpleQueue()
         self.solo = False      # the control thread may run its batches (set by the worker at load)
         self.lock = threading.Lock()  # held while a batch runs: executions never overlap
@@ -183,6 +187,11 @@ class InstanceRunner:
                 if datatype != "BYTES":  # a view of the front-end's block, which it reuses after the reply
                     held.append((array, desc))
             else:
+                span = self._device_span(desc) if self.device_inputs and datatype != "BYTES" else None
+                if span is not None:  # stays on the GPU
+                    inputs[name] = decode_device_input(datatype, shape, span, lent is not None)
+                    datatypes[name] = datatype
+                    continue
                 copies = len(scratch) if scratch is not None else 0
                 inputs[name] = array = decode_input(datatype, shape, input_bytes(desc, scratch, lent))
                 if scratch is not None and len(scratch) > copies and datatype != "BYTES":
@@ -266,12 +275,18 @@ class InstanceRunner:
         total = sum(rows)
         inputs, datatypes = {}, {}
         for k, (name, datatype, shape, _) in enumerate(requests[0]["inputs"]):
-            views = [self.worker.view(r["inputs"][k][3]) for r in requests]
+            descs = [r["inputs"][k][3] for r in requests]
+            model_shape = self.model.reshapes.input_shape(name, [total, *shape[1:]])
+            datatypes[name] = datatype
+            if self.device_inputs and datatype != "BYTES":
+                joined = self._gather_on_device(descs)
+                if joined is not None:
+                    inputs[name] = joined.view(numpy_dtype(datatype)).reshape(model_shape)
+                    continue
+            views = [self.worker.view(desc) for desc in descs]
             buf = np.empty(sum(v.nbytes for v in views), dtype=np.uint8)
             assembler.gather(buf, views)  # BYTES too: encoded tensors concatenate
-            model_shape = self.model.reshapes.input_shape(name, [total, *shape[1:]])
             inputs[name] = decode_input(datatype, model_shape, buf.data)
-            datatypes[name] = datatype
         merged = WorkerRequest(id=requests[0].get("request_id", ""), inputs=inputs, datatypes=datatypes,
                                requested_outputs=list(requests[0]["outputs"]),
                                parameters=requests[0].get("parameters") or {})
@@ -291,6 +306,31 @@ class InstanceRunner:
             raise
         t3 = _clock()
         return {"responses": results, "timing": [t1 - t0, t2 - t1, t3 - t2]}
+
+    def _device_span(self, desc: list) -> DeviceSpan | None:
+        """Where an input lies in a client's CUDA shared-memory region, its span there."""
+        if not desc or desc[0] != "r":
+            return None
+        return self.worker.regions.device_view(int(desc[1]), int(desc[2]), int(desc[3]))
+
+    def _gather_on_device(self, descs: list[list]) -> Any:
+        """The rows of one input, joined on the GPU when any of them lies in CUDA shared
+        memory (the others copied up once); None when all are on the host."""
+        spans = [self._device_span(desc) for desc in descs]
+        if not any(spans):
+            return None
+        pieces: list[DeviceSpan | memoryview] = []
+        for desc, span in zip(descs, spans):
+            if span is not None:
+                pieces.append(span)
+                continue
+            view = self.worker.view(desc)
+            if not isinstance(view, memoryview):  # a system region under the twin: read it out once
+                host = np.empty(view.nbytes, dtype=np.uint8)
+                assembler.gather(host, [view])
+                view = host.data
+            pieces.append(view)
+        return gather_device(pieces, next(s for s in spans if s is not None).device)
 
     def _scatter_output(self, name: str, array, requests, rows, results, blocks: list[Block]) -> None:
         datatype = self.model.output_types[name]

@@ -401,7 +401,9 @@ class Worker:
         try:
             for spec in msg["instances"]:
                 inst = backend.create_instance(InstanceSpec(spec["name"], spec["kind"], int(spec["device_id"])))
-                model.runners.append(InstanceRunner(self, model, inst, spec["name"]))
+                on_gpu = spec["kind"] == "KIND_GPU"
+                model.runners.append(InstanceRunner(self, model, inst, spec["name"],
+                                                    device_inputs=on_gpu and backend.takes_device_inputs))
             # the control thread may run it (see ``_run_inline``): a CUDA device is current per
             # thread, and a decoupled model's cancellations arrive while it runs
             only = model.runners[0] if len(model.runners) == 1 else None

@@ -100,6 +100,11 @@ class RegionMap:
         """Bytes of a system region, or a ``DeviceSpan`` of a CUDA region."""
         return self._region(rid).view(offset, size)
 
+    def device_view(self, rid: int, offset: int, size: int) -> DeviceSpan | None:
+        """The ``DeviceSpan`` of a slice of a CUDA region; None for a system region."""
+        region = self._region(rid)
+        return region.view(offset, size) if isinstance(region, CudaRegion) else None
+
     def lend(self, rid: int, offset: int, size: int) -> tuple[memoryview, SharedMapping] | None:
         """``ClientRegion.lend`` of a system region; None for a CUDA one."""
         region = self._region(rid)

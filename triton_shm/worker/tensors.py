@@ -80,6 +80,15 @@ def decode_input(datatype: str, shape: list[int], view: memoryview) -> np.ndarra
     return np.ndarray(shape, dtype, view)  # positional: numpy parses keywords slowly
 
 
+def decode_device_input(datatype: str, shape: list[int], span: DeviceSpan, in_place: bool) -> Any:
+    """A CuPy array on the GPU over a CUDA shared-memory input: a view of the client's
+    region for a model that only reads its inputs, else a copy of its own (one device copy)."""
+    dtype, size = _FIXED[datatype]  # BYTES never comes here: it is decoded on the host
+    if math.prod(shape) * size != span.nbytes:
+        raise Internal("input descriptor size does not match its shape")
+    return span.as_array(dtype, shape) if in_place else span.copy_array(dtype, shape)
+
+
 def _coerce(name: str, array, datatype: str) -> np.ndarray:
     """The model's array in the dtype the config declares for this output."""
     array = np.asarray(array)

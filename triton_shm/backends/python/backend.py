@@ -57,6 +57,7 @@ _WIRE_TO_ENUM = pb_utils._WIRE_TO_ENUM
 _Tensor, _InferenceResponse = pb_utils.Tensor, pb_utils.InferenceResponse
 _new_tensor = _Tensor.__new__
 _new_request = pb_utils.InferenceRequest._of
+_ndarray = np.ndarray
 
 _import_lock = threading.Lock()
 # module name -> (file fingerprint, module): auto_complete and create_instance in one
@@ -145,10 +146,23 @@ def load_model_class(context: ModelContext) -> type:
 IN_PLACE_PARAMETER = "SHM_INPUTS_IN_PLACE"
 
 
-def _flag(config: dict[str, Any], key: str) -> bool:
-    """A yes/no model config parameter, as Triton's python backend spells them."""
+# Triton's python-backend parameter: "no" lets a KIND_GPU instance's inputs stay on the
+# GPU (here: inputs in a client's CUDA shared memory arrive as GPU tensors); "yes", the
+# default, gives every input on the host.
+FORCE_CPU_PARAMETER = "FORCE_CPU_ONLY_INPUT_TENSORS"
+
+
+def _parameter(config: dict[str, Any], key: str) -> str:
     value = ((config.get("parameters") or {}).get(key) or {}).get("string_value", "")
-    return str(value).strip().lower() in ("yes", "true", "on", "1")
+    return str(value).strip().lower()
+
+
+def _flag(config: dict[str, Any], key: str, default: bool = False) -> bool:
+    """A yes/no model config parameter, as Triton's python backend spells them."""
+    value = _parameter(config, key)
+    if value in ("yes", "true", "on", "1"):
+        return True
+    return False if value in ("no", "false", "off", "0") else default
 
 
 class PythonBackend(Backend):
@@ -160,6 +174,7 @@ class PythonBackend(Backend):
         # A model's own promise that it never writes into its input arrays (Triton's
         # python backend always hands a model copies it may write).
         self.reads_inputs_in_place = _flag(context.config, IN_PLACE_PARAMETER)
+        self.takes_device_inputs = not _flag(context.config, FORCE_CPU_PARAMETER, default=True)
 
     @staticmethod
     def auto_complete(context: ModelContext) -> dict[str, Any]:
@@ -266,6 +281,8 @@ class PythonModelInstance(ModelInstance):
         for name, array in r.inputs.items():
             t = _new_tensor(_Tensor)
             t._name, t._array, t._triton_dtype, t._device_array = name, array, _WIRE_TO_ENUM[datatypes[name]], None
+            if type(array) is not _ndarray:  # a CuPy array: an input left on the GPU (takes_device_inputs)
+                t._array, t._device_array = _ndarray(0, array.dtype), array
             inputs.append(t)
         requested = list(r.requested_outputs) if r.requested_outputs else list(self._all_outputs)
         if self._state_outputs:

@@ -12,9 +12,15 @@ helpers of ``triton_python_backend_utils.py`` plus the classes its C++ stub bind
 
 Differences from Triton, by design or not yet done:
 
-* Inputs live in CPU memory (``is_cpu()`` is True). ``from_dlpack`` of a CUDA tensor
-  (CuPy, torch on GPU) keeps it on the GPU (``is_cpu()`` False, CuPy needed): an output
-  bound for CUDA shared memory is copied device to device, otherwise to the host once.
+* Inputs live in CPU memory (``is_cpu()`` is True), as with Triton's default
+  ``FORCE_CPU_ONLY_INPUT_TENSORS: "yes"``. With ``"no"``, an input of a KIND_GPU instance
+  that lies in a client's CUDA shared memory arrives on the GPU (``is_cpu()`` False;
+  ``to_dlpack()`` / ``__dlpack__`` hand it to torch or CuPy without a copy): one device
+  copy of its own, or the region itself for a model that declares
+  ``SHM_INPUTS_IN_PLACE``. Other inputs arrive on the host. ``from_dlpack`` of a CUDA
+  tensor (a capsule, or an object with ``__dlpack__``: CuPy, torch, any producer) keeps
+  it on the GPU (``is_cpu()`` False, CuPy needed): an output bound for CUDA shared memory
+  is copied device to device, otherwise to the host once.
 * BF16 has no numpy type: BF16 tensors hold their raw ``uint16`` words (``as_numpy``
   returns ``uint16``; ``triton_dtype()`` still says BF16). ``triton_string_to_numpy``
   has no ``TYPE_BF16`` entry, as in Triton.
@@ -173,10 +179,15 @@ class TritonModelException(Exception):
 # --------------------------------------------------------------------------- tensors
 
 class _CapsuleHolder:
-    """Gives a bare DLPack capsule the ``__dlpack__`` protocol numpy.from_dlpack wants."""
+    """Gives a bare DLPack capsule the ``__dlpack__`` protocol that numpy's and CuPy's
+    ``from_dlpack`` want, with the device its tensor really lies on."""
 
     def __init__(self, capsule):
+        device = _cuda.capsule_device(capsule)
+        if device is None:
+            raise TritonModelException("a DLPack capsule can be consumed only once")
         self._capsule = capsule
+        self._device = device
 
     def __dlpack__(self, *args, **kwargs):
         if self._capsule is None:
@@ -185,7 +196,7 @@ class _CapsuleHolder:
         return capsule
 
     def __dlpack_device__(self):
-        return (1, 0)  # kDLCPU
+        return self._device
 
 
 def _bf16_words(obj) -> np.ndarray | None:
@@ -207,6 +218,8 @@ def _bf16_words(obj) -> np.ndarray | None:
 
 class Tensor:
     """A named tensor: request input, response output. Data is a numpy array."""
+
+    _device_array: Any  # the CuPy array of a tensor on the GPU, else None
 
     def __init__(self, name: str, numpy_array, triton_dtype: int | None = None):
         if not isinstance(name, str):
@@ -245,7 +258,7 @@ class Tensor:
         self._name = name
         self._array = numpy_array
         self._triton_dtype = int(triton_dtype)
-        self._device_array = None  # a CuPy array for a tensor on the GPU
+        self._device_array = None
 
     @classmethod
     def _on_gpu(cls, name: str, device_array) -> "Tensor":
@@ -280,11 +293,12 @@ class Tensor:
         return self._device_array is None
 
     def to_dlpack(self):
-        """A DLPack capsule over the data (CPU). BYTES tensors cannot be exported."""
+        """A DLPack capsule over the data, on the host or the GPU where the tensor lies (no
+        copy). BYTES tensors cannot be exported."""
         if self._triton_dtype == TYPE_BYTES:
             raise TritonModelException("TYPE_BYTES tensors cannot be converted to DLPack.")
         if self._device_array is not None:
-            return self._device_array.toDlpack()
+            return self._device_array.__dlpack__()
         arr = self._array
         if not arr.flags.c_contiguous:
             arr = np.ascontiguousarray(arr)
@@ -305,11 +319,11 @@ class Tensor:
     @staticmethod
     def from_dlpack(name: str, dlpack_tensor) -> "Tensor":
         """Tensor from a DLPack capsule or any object with ``__dlpack__``; a CUDA tensor
-        stays on the GPU (a bare capsule is taken as a CPU one)."""
+        stays on the GPU (a capsule's device is read from the tensor it holds)."""
         obj = dlpack_tensor
-        if type(obj).__name__ == "PyCapsule":
+        if _cuda.is_dlpack_capsule(obj):
             obj = _CapsuleHolder(obj)
-        elif _cuda.is_device_array(obj):
+        if _cuda.is_device_array(obj):
             try:
                 return Tensor._on_gpu(name, _cuda.as_cupy(obj))
             except TritonShmError as e:  # no CuPy: a clear message, not an ImportError
