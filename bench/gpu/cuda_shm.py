@@ -1,7 +1,11 @@
 """GPU benchmarks (a CUDA device and CuPy needed; bench/gpu/run.sh runs this):
 
-1. 16 MiB and 64 MiB through an identity model: in-band vs system shared memory vs CUDA
-   shared memory, client latency and throughput, against one device memcpy of that size.
+1. 16 MiB and 64 MiB through a GPU Python model (CuPy, y = 2x, KIND_GPU), median ms per
+   request over HTTP at concurrency 1: in-band, system shared memory, CUDA shared memory
+   with Triton's default FORCE_CPU_ONLY_INPUT_TENSORS "yes" (the input goes to the host
+   and back), CUDA shared memory with "no" (the input stays on the GPU: one device copy
+   in, one out), against one device-to-device copy of that size; the two ratios the GPU
+   work is held to (CUDA shm under 2 ms at 64 MiB, at least 5x system shm at 16 MiB).
 2. A GPU python model (CuPy, y = 2x) at batch 1 through triton-shm vs the same computation
    in-process (the limit).
 
@@ -25,8 +29,21 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from tests.harness import ServerProcess  # noqa: E402
-from tests.models import python_identity, write_model  # noqa: E402
+from tests.models import write_model  # noqa: E402
 from tests.test_gpu import CUPY_DOUBLE_PY, _missing  # noqa: E402
+from tests.test_gpu_inputs import CUPY_WHERE_PY  # noqa: E402
+
+# the same model twice: inputs on the host (Triton's default) and left on the GPU
+DOUBLE_CONFIG = """
+    name: "{name}"
+    backend: "python"
+    input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+    output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }},
+             {{ name: "WHERE" data_type: TYPE_STRING dims: [ 1 ] }} ]
+    instance_group [ {{ kind: KIND_GPU count: 1 gpus: [ 0 ] }} ]
+    parameters: {{ key: "FORCE_CPU_ONLY_INPUT_TENSORS" value: {{ string_value: "{force_cpu}" }} }}
+    """
+HOST_MODEL, DEVICE_MODEL = "double_host_inputs", "double_device_inputs"
 
 
 def _timed(fn, n: int) -> float:
@@ -47,17 +64,20 @@ def transfer_table(url: str, n: int) -> None:
     import tritonclient.utils.shared_memory as shm
 
     cl = httpclient.InferenceServerClient(url, network_timeout=300, connection_timeout=300)
-    print("| size | in-band | system shm | CUDA shm | one device memcpy |")
-    print("| --- | --- | --- | --- | --- |")
+    columns = {"inband": "in-band", "system": "system shm", "cuda_host": "CUDA shm, inputs on the host",
+               "cuda": "CUDA shm, inputs on the GPU", "memcpy": "one device-to-device copy"}
+    print("| size | " + " | ".join(columns.values()) + " | CUDA shm ÷ system shm |")
+    print("| --- " * (len(columns) + 2) + "|")
     for mib in (16, 64):
         nbytes = mib << 20
         values = np.ones(nbytes // 4, np.float32)
+        want = values * 2
         results = {}
+        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
 
         inp = httpclient.InferInput("INPUT0", [values.size], "FP32")
         inp.set_data_from_numpy(values, binary_data=True)
-        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
-        results["inband"] = _timed(lambda inp=inp, out=out: cl.infer("identity_fp32", [inp], outputs=[out]), n)
+        results["inband"] = _timed(lambda inp=inp, out=out: cl.infer(DEVICE_MODEL, [inp], outputs=[out]), n)
 
         key = f"/bench_gpu_{mib}"
         sin = shm.create_shared_memory_region(f"sin{mib}", key + "_in", nbytes)
@@ -70,7 +90,9 @@ def transfer_table(url: str, n: int) -> None:
         sout_r = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
         sout_r.set_shared_memory(f"sout{mib}", nbytes)
         results["system"] = _timed(
-            lambda sinp=sinp, sout_r=sout_r: cl.infer("identity_fp32", [sinp], outputs=[sout_r]), n)
+            lambda sinp=sinp, sout_r=sout_r: cl.infer(DEVICE_MODEL, [sinp], outputs=[sout_r]), n)
+        got = shm.get_contents_as_numpy(sout, np.float32, [values.size])
+        assert np.array_equal(got, want), "system shared-memory output is wrong"
         cl.unregister_system_shared_memory()
         shm.destroy_shared_memory_region(sin)
         shm.destroy_shared_memory_region(sout)
@@ -83,9 +105,11 @@ def transfer_table(url: str, n: int) -> None:
         cinp.set_shared_memory(f"cin{mib}", nbytes)
         cout_r = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
         cout_r.set_shared_memory(f"cout{mib}", nbytes)
-        results["cuda"] = _timed(
-            lambda cinp=cinp, cout_r=cout_r: cl.infer("identity_fp32", [cinp], outputs=[cout_r]), n)
-        assert bool((dev_out == dev_in).all()), "CUDA shared-memory output differs from its input"
+        for key_, model in (("cuda_host", HOST_MODEL), ("cuda", DEVICE_MODEL)):
+            dev_out.fill(0)
+            results[key_] = _timed(
+                lambda cinp=cinp, cout_r=cout_r, model=model: cl.infer(model, [cinp], outputs=[cout_r]), n)
+            assert bool((dev_out == dev_in * 2).all()), f"CUDA shared-memory output of {model} is wrong"
         cl.unregister_cuda_shared_memory()
 
         scratch = cp.empty_like(dev_in)
@@ -95,9 +119,9 @@ def transfer_table(url: str, n: int) -> None:
             cp.cuda.Device().synchronize()
         results["memcpy"] = _timed(memcpy, n)
 
-        cells = [f"{results[k] * 1e3:.2f} ms ({nbytes / results[k] / 1e9:.1f} GB/s)"
-                 for k in ("inband", "system", "cuda", "memcpy")]
-        print(f"| {mib} MiB | " + " | ".join(cells) + " |", flush=True)
+        cells = [f"{results[k] * 1e3:.2f} ms" for k in columns]
+        ratio = results["system"] / results["cuda"]
+        print(f"| {mib} MiB | " + " | ".join(cells) + f" | {ratio:.1f}x faster |", flush=True)
     cl.close()
 
 
@@ -129,7 +153,9 @@ def main() -> None:
         raise SystemExit(f"bench/gpu/cuda_shm.py needs a GPU: {_missing()}")
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
-        python_identity(repo, "identity_fp32", "FP32")
+        for name, force_cpu in ((HOST_MODEL, "yes"), (DEVICE_MODEL, "no")):
+            write_model(repo, name, config=DOUBLE_CONFIG.format(name=name, force_cpu=force_cpu),
+                        model_py=CUPY_WHERE_PY)
         write_model(repo, "cupy_double", config="""
             name: "cupy_double"
             backend: "python"

@@ -22,11 +22,12 @@ import numpy as np
 
 from ..backends.base import ModelInstance, WorkerRequest, WorkerResponse
 from ..core import codec
-from ..core.datatypes import element_size, numpy_dtype
+from ..core.datatypes import element_size, from_numpy, numpy_dtype
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc.arena import Block
 from . import assembler
-from .cuda import DeviceSpan, gather_device
+from .assembler_py import RegionSpan
+from .cuda import DeviceSpan, as_cupy, gather_device, is_device_array
 from .tensors import (
     decode_device_input, decode_input, encode_output, encode_output_into, wire_bytes, write_device_output)
 
@@ -336,6 +337,11 @@ class InstanceRunner:
         datatype = self.model.output_types[name]
         if array is None:
             raise Internal(f"model '{self.model.context.name}' did not produce output '{name}'")
+        refs = [(r.get("shm_outputs") or {}).get(name) for r in requests]
+        regions = self.worker.regions
+        if datatype not in ("BYTES", "BF16") and is_device_array(array) and any(
+                ref is not None and regions.device_view(*ref) is not None for ref in refs):
+            return self._scatter_on_device(name, datatype, as_cupy(array), refs, rows, results, blocks)
         shape, data = wire_bytes(name, datatype, array)
         if not shape or shape[0] != sum(rows):
             raise Internal(f"output '{name}' has batch dimension {shape[:1]}, expected {sum(rows)}")
@@ -347,14 +353,10 @@ class InstanceRunner:
             sizes = [n * per_row * element_size(datatype) for n in rows]
         targets = []
         staged: list[tuple[DeviceSpan, memoryview]] = []
-        for r, n, size, result in zip(requests, rows, sizes, results):
-            ref = (r.get("shm_outputs") or {}).get(name)
+        for ref, n, size, result in zip(refs, rows, sizes, results):
             if ref is not None:
-                rid, offset, limit = ref
-                if size > limit:
-                    raise InvalidArgument(f"shared memory size specified with the request for output '{name}' "
-                                          f"({limit} bytes) should be at least {size} bytes to hold the results")
-                target = self.worker.regions.view(rid, offset, size)
+                rid, offset, _ = ref
+                target = self._shm_output(name, ref, size)
                 if isinstance(target, DeviceSpan):  # staged on the host, then one copy to the device
                     staged.append((target, memoryview(bytearray(size))))
                     target = staged[-1][1]
@@ -368,6 +370,40 @@ class InstanceRunner:
         assembler.scatter(data, targets)
         for span, host in staged:
             span.write_host(host)
+
+    def _scatter_on_device(self, name: str, datatype: str, array: Any, refs: list, rows: list[int],
+                           results: list[dict[str, Any]], blocks: list[Block]) -> None:
+        """A batch's output on the GPU, split there: a request's rows bound for CUDA shared
+        memory go device to device, the others to the host once each."""
+        got = from_numpy(array.dtype)
+        if got != datatype:
+            raise InvalidArgument(f"output '{name}' of type {got} does not match the config's {datatype}")
+        shape = list(array.shape)
+        if not shape or shape[0] != sum(rows):
+            raise Internal(f"output '{name}' has batch dimension {shape[:1]}, expected {sum(rows)}")
+        row_shape = self.model.reshapes.output_shape(name, shape)[1:]
+        start = 0
+        for ref, n, result in zip(refs, rows, results):
+            part, start = array[start:start + n], start + n
+            if ref is not None:
+                target = self._shm_output(name, ref, int(part.nbytes))
+                if isinstance(target, DeviceSpan):
+                    written = target.write_device(part)
+                else:
+                    written = encode_output_into(target, name, datatype, part)[1]
+                result["outputs"].append([name, datatype, [n, *row_shape], ["r", ref[0], ref[1], written]])
+            else:
+                _, block = encode_output(self.worker.arena, name, datatype, part)
+                blocks.append(block)
+                result["outputs"].append([name, datatype, [n, *row_shape], block.descriptor()])
+
+    def _shm_output(self, name: str, ref: list, size: int) -> memoryview | RegionSpan | DeviceSpan:
+        """The first ``size`` bytes of a request's shared-memory output slice ``[region, offset, limit]``."""
+        rid, offset, limit = ref
+        if size > limit:
+            raise InvalidArgument(f"shared memory size specified with the request for output '{name}' "
+                                  f"({limit} bytes) should be at least {size} bytes to hold the results")
+        return self.worker.regions.view(rid, offset, size)
 
 
 def _uniform(requests: list[dict[str, Any]]) -> bool:
