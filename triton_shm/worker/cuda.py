@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import InvalidArgument, TritonShmError, Unsupported
 
 CUPY_MISSING = "CUDA shared memory needs a GPU and CuPy (pip install 'triton-shm[gpu]')"
-_DLPACK_CPU, _DLPACK_CUDA = 1, 2  # kDLCPU, kDLCUDA in DLDeviceType
+_DLPACK_DEVICE_TYPES = (2, 13)  # kDLCUDA, kDLCUDAManaged in DLDeviceType: what CuPy imports
 _MEMCPY_HOST_TO_DEVICE, _MEMCPY_DEVICE_TO_HOST, _MEMCPY_DEVICE_TO_DEVICE = 1, 2, 3
 
 
@@ -40,7 +40,7 @@ def is_device_array(obj: Any) -> bool:
     if device is None:
         return False
     try:
-        return int(device()[0]) == _DLPACK_CUDA
+        return int(device()[0]) in _DLPACK_DEVICE_TYPES
     except Exception:  # noqa: BLE001 - an object that is not a tensor after all
         return False
 
