@@ -451,6 +451,13 @@ class TritonPythonModel:
             worker._dispatch = lambda msg, fds: time.sleep(3600)
         elif fault == "slow":
             time.sleep(1.0)
+        elif fault == "ring_stays_full":  # the reply to this batch finds no room, ever (the wait cut short)
+            import triton_shm.worker.process as process
+
+            def full(*args, **kwargs):
+                raise BlockingIOError("ring full")
+            process.RING_FULL_WAIT = 0.2
+            worker.link.send = full
         elif fault == "bogus_keeps":  # keeps and releases of input blocks that are not the worker's to name
             worker.send({"op": "keep_inputs", "blocks": [[999, 0, 64], "junk", [1, 2], None]})
             worker.send({"op": "release_inputs", "blocks": [[999, 0, 64], [0, 0, 0], "junk"]})
@@ -463,14 +470,14 @@ class TritonPythonModel:
 """
 
 
-def _hostile_repo(root):
+def _hostile_repo(root, count: int = 1):
     from .models import write_model
-    write_model(root, "hostile", model_py=HOSTILE_PY, config="""
+    write_model(root, "hostile", model_py=HOSTILE_PY, config=f"""
         name: "hostile"
         backend: "python"
-        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        instance_group [ { count: 1 kind: KIND_CPU } ]
+        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+        instance_group [ {{ count: {count} kind: KIND_CPU }} ]
         """)
     return root
 
@@ -577,6 +584,22 @@ def test_a_ring_index_past_its_end_restarts_the_worker(own_hostile_server):
     assert "ring index past its end" in srv.log()
     _recovers(srv, pid)
     srv.stop_cleanly()
+
+
+@pytest.mark.parametrize("count", [1, 2])  # one instance runs on the control thread, two on their own
+def test_a_reply_that_cannot_be_sent_restarts_the_worker_instead_of_hanging(tmp_path, count):
+    """The ring to the front-end stays full past RING_FULL_WAIT while the front-end lives:
+    the worker leaves, so the request fails UNAVAILABLE and a new worker serves, instead of
+    the instance (or its thread) ending quietly and the request waiting forever."""
+    from .harness import ServerProcess
+    srv = ServerProcess(_hostile_repo(tmp_path / "models", count), tmp_path / "server.log").start()
+    try:
+        pid = _worker_pid(srv)
+        _fails(srv, "ring_stays_full", "503", "worker 'cpu'")
+        assert "a reply could not be sent to the front-end" in srv.log()
+        _recovers(srv, pid)
+    finally:
+        srv.stop_cleanly()
 
 
 def test_a_worker_that_stops_reading_fails_requests_by_their_timeout(own_hostile_server):

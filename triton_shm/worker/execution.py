@@ -123,7 +123,8 @@ class InstanceRunner:
         while (msg := self.queue.get()) is not None:
             try:
                 self.execute(msg)
-            except OSError:  # the front-end has gone; the control loop is ending too
+            except OSError as e:  # the reply could not be sent
+                self.worker.reply_failed(e)
                 return
 
     # -- one batch -------------------------------------------------------------------------

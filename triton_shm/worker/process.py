@@ -314,8 +314,19 @@ class Worker:
                     self.link.kick()
                 self._reader.acquire()
             self.reply(body["id"], result)
-        except OSError:  # the front-end has gone: the next read finds the link's end
-            pass
+        except OSError as e:
+            self.reply_failed(e)
+
+    def reply_failed(self, e: OSError) -> None:
+        """A reply could not be sent. With the front-end gone, the control loop finds the
+        link's end and stops. Otherwise the ring to the front-end stayed full for
+        RING_FULL_WAIT: the reply is lost and its requests would wait forever, so the worker
+        leaves, and the front-end fails what it had in flight here (UNAVAILABLE) and starts
+        a new one."""
+        if self.link.peer_gone():
+            return
+        log.error("worker '%s' stops: a reply could not be sent to the front-end: %s", self.name, e)
+        os._exit(1)
 
     def need_reader(self) -> None:
         """A model is about to wait for a frame (a BLS reply): make sure someone reads them."""
