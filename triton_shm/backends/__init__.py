@@ -12,6 +12,9 @@ def get_backend(name: str) -> type[Backend]:
     if name == "tensorrt":
         from .tensorrt import TensorRTBackend
         return TensorRTBackend
+    if name == "pytorch":
+        from .pytorch import PyTorchBackend
+        return PyTorchBackend
     if name == "python":
         from .python.backend import PythonBackend
         return PythonBackend

@@ -18,9 +18,11 @@ ModelConfig = mc.ModelConfig
 
 # Which file a backend loads when the config names none, and which platform string
 # the metadata reports for it.
-DEFAULT_MODEL_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py", "tensorrt": "model.plan"}
-PLATFORM_TO_BACKEND = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}
-BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "python": "python", "tensorrt": "tensorrt_plan"}
+DEFAULT_MODEL_FILENAME = {"onnxruntime": "model.onnx", "python": "model.py", "tensorrt": "model.plan",
+                          "pytorch": "model.pt"}
+PLATFORM_TO_BACKEND = {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt", "pytorch_libtorch": "pytorch"}
+BACKEND_PLATFORM = {"onnxruntime": "onnxruntime_onnx", "python": "python", "tensorrt": "tensorrt_plan",
+                    "pytorch": "pytorch_libtorch"}
 SUPPORTED_BACKENDS = frozenset(DEFAULT_MODEL_FILENAME)
 ENSEMBLE = "ensemble"
 
@@ -148,7 +150,7 @@ def backend_of(config: ModelConfig, model_dir: Path) -> str:
         if not backend:
             raise InvalidArgument(
                 f"unable to determine the backend for model '{model_dir.name}': config.pbtxt names "
-                "no backend or platform and no model.onnx or model.py was found")
+                f"no backend or platform and no {', '.join(DEFAULT_MODEL_FILENAME.values())} was found")
     if backend not in SUPPORTED_BACKENDS:
         raise InvalidArgument(
             f"model '{model_dir.name}' needs backend '{backend}', which this server does not provide "
