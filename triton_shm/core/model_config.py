@@ -104,7 +104,7 @@ def _int64_to_numbers(message_descriptor, data: dict[str, Any]) -> None:
                 elif vfield.type in _INT64_TYPES:
                     for k in value:
                         value[k] = int(value[k])
-            elif field.label == FieldDescriptor.LABEL_REPEATED:
+            elif field.is_repeated:  # protobuf 7 removed FieldDescriptor.label; is_repeated is in 6.31+ too
                 for v in value:
                     _int64_to_numbers(field.message_type, v)
             else:
