@@ -1,14 +1,49 @@
 # Two entry points, each doing all set-up on a fresh machine (a venv in .venv):
 #   make serve   run the server on examples/model_repository
-#   make test    check the installed package, then run the whole test suite
+#   make test    check the installed package, run the whole test suite, then its core on protobuf 7
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= python3
+
+# PyTorch's CPU wheel, for the PyTorch backend's tests. Pinned: a plain `torch` pulls a
+# multi-GB CUDA build. `make test TORCH_VERSION=` leaves it out (those tests then skip).
+TORCH_VERSION ?= 2.13.0
+
+# A second venv on protobuf 7: the pins allow 6.31.1+ and 7.x (pyproject.toml says why).
+PB7_VENV ?= .venv-pb7
+PB7_PY := $(PB7_VENV)/bin/python
+PROTOBUF7_VERSION ?= 7.36.2
+# The suite's core, run again there (about 100 s on 2 cores): config parsing and auto-complete,
+# model loading, ensembles, both gRPC servers, HTTP, the wire codecs checked against protobuf,
+# statistics, model control, the command line.
+PB7_TESTS ?= tests/test_model_config.py tests/test_models.py tests/test_pipelines.py tests/test_grpc.py \
+	tests/test_grpc_native.py tests/test_grpc_infer_wire.py tests/test_http.py tests/test_wire_codecs.py \
+	tests/test_validation.py tests/test_metrics.py tests/test_model_control.py tests/test_cli.py
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
 	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+$(VENV)/.torch: $(VENV)/.installed
+	$(PY) -m pip install -q 'torch==$(TORCH_VERSION)'
+	touch $@
+
+# $(VENV)'s packages at the same versions, except protobuf 7 (and no torch). It imports the
+# checkout through a .pth file, so it runs the stubs (protobuf-6 gencode) and extensions that
+# $(VENV)'s editable install built, as a protobuf-7 machine runs a wheel built on protobuf 6.
+# tritonclient[grpc] 2.73 requires protobuf<7: it goes in with --no-deps (its dependencies
+# are in the frozen list).
+$(PB7_VENV)/.installed: $(VENV)/.installed
+	rm -rf $(PB7_VENV)
+	$(PYTHON) -m venv $(PB7_VENV)
+	$(PB7_PY) -m pip install -q -U pip
+	$(PY) -m pip freeze --exclude-editable | grep -viE '^(protobuf|tritonclient|torch|triton-shm)(==| @)' \
+		> $(PB7_VENV)/requirements.txt
+	$(PB7_PY) -m pip install -q -r $(PB7_VENV)/requirements.txt 'protobuf==$(PROTOBUF7_VERSION)'
+	$(PB7_PY) -m pip install -q --no-deps "$$($(PY) -m pip freeze | grep -iE '^tritonclient==')"
+	echo '$(CURDIR)' > "$$($(PB7_PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/triton-shm.pth"
 	touch $@
 
 install: $(VENV)/.installed
@@ -19,15 +54,21 @@ serve: $(VENV)/.installed
 # First the static checks (ruff, mypy: pyproject.toml configures both), then the user's
 # path (sdist and wheel built, installed into clean venvs, the console script serving from
 # outside the checkout), then the whole suite twice: with the C extensions, then with their
-# pure-Python twins.
-test: $(VENV)/.installed
+# pure-Python twins; last the suite's core on protobuf 7.
+test: $(VENV)/.installed $(if $(TORCH_VERSION),$(VENV)/.torch)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 	$(PY) tests/check_install.py
 	$(PY) -m pytest tests
 	TRITON_SHM_NO_EXTENSIONS=1 $(PY) -m pytest tests
+	$(MAKE) test-pb7
+
+# The suite's core on protobuf 7: the last step of `make test`, and a target of its own.
+test-pb7: $(PB7_VENV)/.installed
+	$(PB7_PY) -c 'import google.protobuf as p; assert p.__version__ == "$(PROTOBUF7_VERSION)", p.__version__'
+	$(PB7_PY) -m pytest $(PB7_TESTS)
 
 bench: $(VENV)/.installed
 	$(PY) bench/run_all.py
 
-.PHONY: install serve test bench
+.PHONY: install serve test test-pb7 bench
