@@ -1,7 +1,8 @@
-"""CUDA shared memory and GPU tensors on the CPU side: what a server without a GPU answers
-(end to end, real server, real tritonclient), and the logic that does not need a device
-(region registry, device naming, the lazy CuPy boundary, GPU tensors in pb_utils). The
-device half of the story is tests/test_gpu.py."""
+"""CUDA shared memory and GPU tensors on the CPU side: what a server that runs no GPU
+(``--gpus none``, also where one is visible) answers (end to end, real server, real
+tritonclient), and the logic that does not need a device (region registry, device naming,
+the lazy CuPy boundary, GPU tensors in pb_utils). The device half of the story is
+tests/test_gpu.py."""
 from __future__ import annotations
 
 import base64
@@ -33,7 +34,9 @@ HAS_CUPY = importlib.util.find_spec("cupy") is not None
 def server(tmp_path_factory) -> ServerProcess:
     root = tmp_path_factory.mktemp("cuda_shm_cpu")
     repo = build_core_repository(root / "models")
-    srv = ServerProcess(repo, root / "server.log", extra_args=["--allow-client-shm=true"]).start()
+    # --gpus none: a server that runs no GPU, on a machine with one too (it would serve every
+    # visible GPU, open the handles below and place add_sub on a GPU otherwise)
+    srv = ServerProcess(repo, root / "server.log", extra_args=["--allow-client-shm=true", "--gpus", "none"]).start()
     yield srv
     srv.stop_cleanly()
 

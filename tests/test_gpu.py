@@ -67,19 +67,39 @@ def server(tmp_path_factory) -> ServerProcess:
 
 
 class DeviceBuffer:
-    """A client's CUDA buffer with its IPC handle (base64, as tritonclient passes it)."""
+    """A client's CUDA buffer with its IPC handle (base64, as tritonclient passes it).
+
+    The buffer is its own cudaMalloc (``cupy.cuda.Memory``), not a block of CuPy's memory
+    pool: an IPC handle names a whole allocation, and the server maps it from its start,
+    so a pool block that begins inside a larger allocation would be read at the wrong place."""
 
     def __init__(self, nbytes: int):
         import cupy as cp
         self.cp = cp
-        self.array = cp.zeros(nbytes, dtype=cp.uint8)
-        self.raw_handle = base64.b64encode(cp.cuda.runtime.ipcGetMemHandle(self.array.data.ptr))
+        self.memory = cp.cuda.Memory(max(nbytes, 1))
+        self.array = cp.ndarray(nbytes, dtype=cp.uint8, memptr=cp.cuda.MemoryPointer(self.memory, 0))
+        self.array.fill(0)
+        self.raw_handle = base64.b64encode(cp.cuda.runtime.ipcGetMemHandle(self.memory.ptr))
 
     def put(self, values: np.ndarray) -> None:
         self.array[:values.nbytes] = self.cp.asarray(values.reshape(-1).view(np.uint8))
 
     def get(self, dtype, count: int) -> np.ndarray:
         return self.cp.asnumpy(self.array[:count * np.dtype(dtype).itemsize]).view(dtype)
+
+
+def _assert_output_in_shared_memory(proto: str, result, name: str, shape: list[int]) -> None:
+    """The response lists output ``name`` with its shape and carries none of its data (it went
+    to the device buffer). tritonclient's ``as_numpy`` cannot say so: for an output without
+    data its HTTP result raises KeyError ('data') and its gRPC result fails to reshape."""
+    out = result.get_output(name)
+    assert out is not None, name
+    if proto == "http":
+        assert out["shape"] == shape, out
+        assert "data" not in out and "binary_data_size" not in out.get("parameters", {}), out
+    else:
+        assert list(out.shape) == shape, out
+        assert not any(result.get_response().raw_output_contents)
 
 
 def _infer_in_cuda_shm(proto, cl, model: str, values: np.ndarray, prefix: str) -> np.ndarray:
@@ -94,7 +114,7 @@ def _infer_in_cuda_shm(proto, cl, model: str, values: np.ndarray, prefix: str) -
         out = mod.InferRequestedOutput("OUTPUT0")
         out.set_shared_memory(f"{prefix}_out", values.nbytes)
         result = cl.infer(model, [inp], outputs=[out])
-        assert result.as_numpy("OUTPUT0") is None  # the data went to the device buffer
+        _assert_output_in_shared_memory(proto, result, "OUTPUT0", list(values.shape))
         return dst.get(np.float32, values.size)
     finally:
         cl.unregister_cuda_shared_memory(f"{prefix}_in")
@@ -168,8 +188,10 @@ def test_tritonclient_cuda_shared_memory_utilities(server):
         inp.set_shared_memory("tc_in", values.nbytes)
         out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
         out.set_shared_memory("tc_out", values.nbytes)
-        cl.infer("identity_fp32", [inp], outputs=[out])
-        np.testing.assert_array_equal(cudashm.get_contents_as_numpy(dst, "FP32", [64]), values)
+        result = cl.infer("identity_fp32", [inp], outputs=[out])
+        _assert_output_in_shared_memory("http", result, "OUTPUT0", [64])
+        # get_contents_as_numpy takes a numpy dtype, not a Triton datatype name
+        np.testing.assert_array_equal(cudashm.get_contents_as_numpy(dst, np.float32, [64]), values)
     finally:
         cl.unregister_cuda_shared_memory()
         cudashm.destroy_shared_memory_region(src)

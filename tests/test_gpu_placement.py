@@ -63,7 +63,8 @@ def test_cpu_server_fails_a_kind_gpu_model_and_serves_the_rest(tmp_path):
         output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
         instance_group [ { kind: KIND_GPU count: 1 } ]
         """, model_py=(repo / "identity_fp32" / "1" / "model.py").read_text())
-    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=["--exit-on-error=false"])
+    # --gpus none: a CPU-only server, also on a machine with a GPU (it would serve it otherwise)
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=["--exit-on-error=false", "--gpus", "none"])
     srv.start(wait_ready=False)  # not ready: a model failed to load (strict readiness)
     try:
         srv.wait_repository_loaded()

@@ -1,7 +1,8 @@
 """The TensorRT backend's logic, without TensorRT or a GPU: config completion from an
 engine's I/O description and optimization profiles, profile selection, the clear errors
 where TensorRT or a GPU is missing, and a CPU-only server with a plan in its repository.
-(A plan built and run on a GPU needs TensorRT there: not on the project's GPU machine yet.)"""
+(A plan built and run on a GPU needs TensorRT there: not on the project's GPU machine yet; there,
+without TensorRT, a GPU server fails the plan with the missing-TensorRT message.)"""
 from __future__ import annotations
 
 import importlib.util
@@ -11,13 +12,16 @@ import tritonclient.http as httpclient
 
 from triton_shm.backends import tensorrt as trt_backend
 from triton_shm.backends.base import ModelContext
-from triton_shm.backends.tensorrt import (EngineDescription, EngineTensor, complete_config, engine_max_batch,
-                                          select_profile)
+from triton_shm.backends.tensorrt import (TENSORRT_MISSING, EngineDescription, EngineTensor, complete_config,
+                                          engine_max_batch, select_profile)
 from triton_shm.errors import InvalidArgument, Unsupported
 
 from .harness import ServerProcess
 from .helpers import assert_serving
 from .models import python_identity, write_model
+from .test_gpu import _missing
+
+HAS_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 
 P_IN = (((1, 3), (8, 3), (32, 3)),)  # one profile: batch 1..32 of 3 features
 BATCHING = EngineDescription((
@@ -90,7 +94,7 @@ def test_profile_selection():
         select_profile(BATCHING, {})
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tensorrt") is not None, reason="TensorRT is installed here")
+@pytest.mark.skipif(HAS_TENSORRT, reason="TensorRT is installed here")
 def test_missing_tensorrt_is_a_clear_error(tmp_path):
     (tmp_path / "m" / "1").mkdir(parents=True)
     (tmp_path / "m" / "1" / "model.plan").write_bytes(b"not a plan")
@@ -99,12 +103,18 @@ def test_missing_tensorrt_is_a_clear_error(tmp_path):
         trt_backend.TensorRTBackend.auto_complete(context)
 
 
-def test_cpu_server_with_a_plan_serves_its_other_models(tmp_path):
-    repo = tmp_path / "models"
+def _plan_repository(repo):
+    """identity_fp32 and a 64-byte plan that is no engine."""
     python_identity(repo, "identity_fp32", "FP32")
     write_model(repo, "plan", config='platform: "tensorrt_plan"\nmax_batch_size: 8\n')
     (repo / "plan" / "1" / "model.plan").write_bytes(b"\0" * 64)
-    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=["--exit-on-error=false"])
+    return repo
+
+
+def test_cpu_server_with_a_plan_serves_its_other_models(tmp_path):
+    repo = _plan_repository(tmp_path / "models")
+    # --gpus none: a CPU-only server, also on a machine with a GPU (it would serve it otherwise)
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=["--exit-on-error=false", "--gpus", "none"])
     srv.start(wait_ready=False)
     try:
         srv.wait_repository_loaded()
@@ -112,6 +122,27 @@ def test_cpu_server_with_a_plan_serves_its_other_models(tmp_path):
         index = {m["name"]: m for m in cl.get_model_repository_index()}
         assert (index["plan"]["state"], index["plan"]["reason"]) == (
             "UNAVAILABLE", "model 'plan' is a TensorRT plan, which needs a GPU; this server runs none")
+        cl.close()
+        assert_serving(srv)
+    finally:
+        srv.stop_cleanly()
+
+
+@pytest.mark.skipif(_missing() is not None, reason=f"needs a GPU server: {_missing()}")
+@pytest.mark.skipif(HAS_TENSORRT, reason="TensorRT is installed here: the plan would be read")
+def test_gpu_server_without_tensorrt_fails_the_plan_and_serves_the_rest(tmp_path):
+    """A GPU, no TensorRT: the plan's config is completed on the GPU worker, which says what is
+    missing; the other models serve."""
+    repo = _plan_repository(tmp_path / "models")
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=["--exit-on-error=false", "--gpus", "0"])
+    srv.start(wait_ready=False)
+    try:
+        srv.wait_repository_loaded()
+        cl = httpclient.InferenceServerClient(srv.http_url)
+        index = {m["name"]: m for m in cl.get_model_repository_index()}
+        assert index["plan"]["state"] == "UNAVAILABLE"
+        assert TENSORRT_MISSING in index["plan"]["reason"], index["plan"]
+        assert index["identity_fp32"]["state"] == "READY"
         cl.close()
         assert_serving(srv)
     finally:
