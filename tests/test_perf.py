@@ -1,9 +1,11 @@
 """``triton-shm perf`` (python -m triton_shm.perf) against a real server process: both
-protocols, concurrency and request-rate modes, system shared memory, the CSV, and every
-bad-input path (clear one-line message, non-zero exit, no traceback)."""
+protocols, concurrency and request-rate modes, system and CUDA shared memory (CUDA on a
+machine with CuPy and a GPU), the CSV, and every bad-input path (clear one-line message,
+non-zero exit, no traceback)."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import signal
@@ -18,6 +20,7 @@ import pytest
 
 from .harness import ServerProcess, free_port
 from .models import add_sub_onnx_model, python_identity, write_model
+from .test_gpu import _missing
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -51,14 +54,17 @@ def _repo(repo: Path) -> Path:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> ServerProcess:
     root = tmp_path_factory.mktemp("perf_server")
-    srv = ServerProcess(_repo(root / "models"), root / "server.log", extra_args=["--allow-client-shm=true"]).start()
+    # --gpus none: the CPU server these tests expect, also on a machine with a GPU (add_sub would
+    # be placed on it otherwise, and fail there without onnxruntime's CUDA provider)
+    srv = ServerProcess(_repo(root / "models"), root / "server.log",
+                        extra_args=["--allow-client-shm=true", "--gpus", "none"]).start()
     yield srv
     srv.stop()
 
 
-def perf(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+def perf(*args: str, timeout: float = 60, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "triton_shm.perf", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+                          timeout=timeout, cwd=ROOT, env=None if env is None else {**os.environ, **env})
 
 
 def url(server: ServerProcess, proto: str) -> str:
@@ -155,6 +161,17 @@ def test_system_shared_memory(server, proto, tmp_path):
     assert our_shm_files() - before == set()                            # and removed locally
 
 
+def test_output_regions_are_sized_as_perf_analyzer_sizes_them(server):
+    """A dynamic output's region is --output-shared-memory-size bytes: a 1 MiB output does not
+    fit the 100 KiB default (the server refuses each request) and fits in 1 MiB."""
+    mib = ["-m", "identity_dyn", "-u", server.grpc_url, "--shared-memory", "system", "--shape", "INPUT0:262144",
+           "--concurrency-range", "1", "--measurement-interval", "300", "--max-trials", "3"]
+    assert_clean_failure(perf(*mib), "request(s) failed", "should be at least 1048576 bytes")
+    p = perf(*mib, "--output-shared-memory-size", str(1 << 20))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert shm_status(server) == []
+
+
 def test_triton_shm_perf_subcommand(server):
     p = subprocess.run([sys.executable, "-m", "triton_shm", "perf", "-m", "identity_fp32", "-u", server.grpc_url,
                         "--measurement-interval", "300", "--max-trials", "3"],
@@ -199,7 +216,6 @@ def test_dynamic_shape_needs_shape_flag(server, tmp_path):
     (["--concurrency-range", "1", "--request-rate-range", "10"], "cannot be used together"),
     (["--request-distribution", "uniform"], "invalid choice"),
     (["-i", "tcp"], "invalid choice"),
-    (["--shared-memory", "cuda"], "not supported"),
     (["--streaming", "-i", "http"], "--streaming needs -i grpc"),
     (["--percentile", "150"], "percentile"),
     (["--measurement-interval", "-5"], "positive"),
@@ -258,7 +274,8 @@ def test_request_errors_are_counted(server, tmp_path):
 @pytest.mark.parametrize("proto", ["grpc", "http"])
 def test_server_going_down_mid_run(proto, tmp_path):
     root = tmp_path
-    srv = ServerProcess(_repo(root / "models"), root / "server.log", extra_args=["--allow-client-shm=true"]).start()
+    srv = ServerProcess(_repo(root / "models"), root / "server.log",
+                        extra_args=["--allow-client-shm=true", "--gpus", "none"]).start()
     before = our_shm_files()
     try:
         proc = subprocess.Popen([sys.executable, "-m", "triton_shm.perf", "-m", "identity_fp32", "-i", proto,
@@ -291,7 +308,87 @@ def test_interrupt_cleans_up_shared_memory(server):
     assert our_shm_files() - before == set()
 
 
+# ------------------------------------------------------------------------------- CUDA shared memory
+
+def test_cuda_shared_memory_without_cupy_or_gpu_is_a_usage_error():
+    """--shared-memory cuda without CuPy (hidden from the import system here), or without a
+    visible CUDA device (CUDA_VISIBLE_DEVICES=""), stops at once: one line, exit 2, before
+    any call to the server (whose address here answers nothing)."""
+    from triton_shm.perf.cuda import CUPY_MISSING, NO_DEVICE
+    nowhere = f"127.0.0.1:{free_port()}"
+    hide = "import sys; sys.modules['cupy'] = None; from triton_shm.perf.cli import main; sys.exit(main())"
+    runs = {
+        CUPY_MISSING: subprocess.run([sys.executable, "-c", hide, "-m", "identity_fp32", "-u", nowhere,
+                                      "--shared-memory", "cuda", *SHORT],
+                                     capture_output=True, text=True, timeout=60, cwd=ROOT),
+        # no device: the same message everywhere CuPy is installed (on a GPU machine too)
+        NO_DEVICE if importlib.util.find_spec("cupy") is not None else CUPY_MISSING:
+            perf("-m", "identity_fp32", "-u", nowhere, "--shared-memory", "cuda", *SHORT,
+                 env={"CUDA_VISIBLE_DEVICES": ""}),
+    }
+    for message, p in runs.items():
+        assert p.returncode == 2, p.stdout + p.stderr
+        assert_clean_failure(p, message)
+        assert p.stderr.strip().splitlines() == [f"triton-shm perf: error: {message}"], p.stderr
+        assert p.stdout == ""  # not even the settings: nothing was measured
+
+
+@pytest.fixture(scope="module")
+def gpu_server(tmp_path_factory) -> ServerProcess:
+    """Python identity models served on GPU 0 (their instances KIND_AUTO, so KIND_GPU)."""
+    root = tmp_path_factory.mktemp("perf_gpu_server")
+    repo = root / "models"
+    python_identity(repo, "identity_fp32", "FP32", dims="[ 16 ]")
+    python_identity(repo, "identity_dyn", "FP32")
+    srv = ServerProcess(repo, root / "server.log", extra_args=["--allow-client-shm=true", "--gpus", "0"]).start()
+    yield srv
+    srv.stop_cleanly()
+
+
+def cuda_shm_status(server: ServerProcess) -> list:
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/cudasharedmemory/status", timeout=5) as r:
+        return json.loads(r.read())
+
+
+@pytest.mark.skipif(_missing() is not None, reason=f"--shared-memory cuda needs CuPy and a GPU: {_missing()}")
+@pytest.mark.parametrize("proto", ["grpc", "http"])
+def test_cuda_shared_memory(gpu_server, proto, tmp_path):
+    """Inputs and outputs in CUDA buffers of the client, registered with the server's GPU 0:
+    throughput without errors, the regions unregistered at the end. An output of fixed size
+    gets a region of that size; a dynamic one --output-shared-memory-size bytes per batch
+    element, so a 1 MiB output fails in the 100 KiB default and passes in 1 MiB."""
+    out = tmp_path / "cuda.csv"
+    p = perf("-m", "identity_fp32", "-i", proto, "-u", url(gpu_server, proto), "--shared-memory", "cuda",
+             "--concurrency-range", "1:2", *SHORT, "-f", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Shared memory: cuda" in p.stdout
+    rows = read_csv(out)
+    assert [r["Concurrency"] for r in rows] == ["1", "2"]
+    assert all(r["Errors"] == "0" and float(r["Inferences/Second"]) > 0 for r in rows), rows
+    assert cuda_shm_status(gpu_server) == []
+
+    mib = ["-m", "identity_dyn", "-i", proto, "-u", url(gpu_server, proto), "--shared-memory", "cuda",
+           "--shape", "INPUT0:262144", "--concurrency-range", "2", *SHORT]
+    p = perf(*mib, "--output-shared-memory-size", str(1 << 20), "-f", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    row = read_csv(out)[0]
+    assert row["Errors"] == "0" and float(row["Inferences/Second"]) > 0, row
+    p = perf(*mib)
+    assert_clean_failure(p, "request(s) failed")
+    assert cuda_shm_status(gpu_server) == []
+
+
 # ------------------------------------------------------------------------------- units
+
+def test_output_region_size_follows_perf_analyzer():
+    from triton_shm.perf.inputs import TensorSpec, output_region_size
+    assert output_region_size(TensorSpec("y", "FP32", [16]), 1, 102400) == 64         # known: its size
+    assert output_region_size(TensorSpec("y", "FP16", [2, 3]), 4, 102400) == 48       # times the batch
+    assert output_region_size(TensorSpec("y", "BF16", []), 1, 102400) == 2            # a scalar
+    assert output_region_size(TensorSpec("y", "FP32", [-1, 4]), 2, 102400) == 204800  # dynamic: the flag's
+    assert output_region_size(TensorSpec("y", "BYTES", [4]), 1, 1000) == 1000         # BYTES: the flag's
+    assert output_region_size(TensorSpec("y", "INT8", [0]), 1, 1000) == 1             # never 0 bytes
+
 
 def test_parse_range_and_stability():
     from triton_shm.perf.cli import parse_range

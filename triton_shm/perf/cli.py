@@ -113,9 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--input-data", default="random", metavar="zero|random|FILE.json",
         help="input values: zero, random (default), or a perf_analyzer JSON file ({\"data\": [{...}]})")
     add("--shared-memory", default="none", type=str.lower, choices=["none", "system", "cuda"],
-        help="send inputs and receive outputs through shared memory (default none)")
+        help="send inputs and receive outputs through shared memory (default none); cuda: buffers on "
+             "this machine's CUDA device 0, registered as the server's GPU 0 (needs CuPy)")
     add("--output-shared-memory-size", type=_positive_int, default=100 * 1024, metavar="BYTES",
-        help="size of each output's shared-memory region (default 102400)")
+        help="bytes per batch element of each output's shared-memory region where the model does not fix "
+             "the output's size (dynamic dims, BYTES) (default 102400)")
     add("--measurement-interval", "-p", dest="interval_ms", type=_positive_float, default=5000.0, metavar="MS",
         help="length of one measurement window in milliseconds (default 5000)")
     add("--percentile", type=_percentile, default=None, metavar="P",
@@ -143,9 +145,9 @@ def options_from_args(ns: argparse.Namespace):
         mode, values = "concurrency", parse_range("--concurrency-range", ns.concurrency_range or "1", integer=True)
     if ns.streaming and ns.protocol != "grpc":
         raise UsageError("--streaming needs -i grpc")
-    if ns.shared_memory == "cuda":
-        raise UsageError("--shared-memory cuda is not supported by triton-shm perf (no CUDA buffers on the "
-                         "client side); use --shared-memory system or none")
+    if ns.shared_memory == "cuda":  # CuPy and a CUDA device here, before any load
+        from .cuda import check_available
+        check_available()
     if ns.plot:
         from .report import check_plot_available
         check_plot_available()

@@ -1,11 +1,11 @@
 """The two protocols behind one small async interface.
 
-The control plane (health, metadata, config, statistics, shared-memory registration) goes
-through ``tritonclient.grpc.aio`` / ``tritonclient.http.aio``. The hot path sends a request
-built once (a serialized ``ModelInferRequest`` sent by :mod:`.grpc_h2`, or the bytes of an
-HTTP request with the binary tensor extension sent by :mod:`.http1`) so that the client
-spends as little CPU per request as it can, as perf_analyzer does. The gRPC stream
-(``--streaming``) uses grpcio.
+The control plane (health, metadata, config, statistics, system and CUDA shared-memory
+registration) goes through ``tritonclient.grpc.aio`` / ``tritonclient.http.aio``. The hot
+path sends a request built once (a serialized ``ModelInferRequest`` sent by
+:mod:`.grpc_h2`, or the bytes of an HTTP request with the binary tensor extension sent by
+:mod:`.http1`) so that the client spends as little CPU per request as it can, as
+perf_analyzer does. The gRPC stream (``--streaming``) uses grpcio.
 """
 from __future__ import annotations
 
@@ -115,6 +115,15 @@ class GrpcClient(_Base):
     async def unregister_system_shm(self, name: str) -> None:
         await self._ctl(f"unregistering system shared memory '{name}'",
                         self.ctl.unregister_system_shared_memory(name, client_timeout=DEFAULT_TIMEOUT_S))
+
+    async def register_cuda_shm(self, name: str, raw_handle: str, device_id: int, size: int) -> None:
+        """``raw_handle``: the cudaIpcMemHandle_t in base64."""
+        await self._ctl(f"registering CUDA shared memory '{name}'", self.ctl.register_cuda_shared_memory(
+            name, raw_handle, device_id, size, client_timeout=DEFAULT_TIMEOUT_S))
+
+    async def unregister_cuda_shm(self, name: str) -> None:
+        await self._ctl(f"unregistering CUDA shared memory '{name}'",
+                        self.ctl.unregister_cuda_shared_memory(name, client_timeout=DEFAULT_TIMEOUT_S))
 
     def prepare(self, model: str, version: str, tensors: list[InputTensor],
                 input_regions: list[tuple[str, int]] | None,
@@ -307,6 +316,15 @@ class HttpClient(_Base):
     async def unregister_system_shm(self, name: str) -> None:
         await self._ctl(f"unregistering system shared memory '{name}'",
                         self.ctl.unregister_system_shared_memory(name))
+
+    async def register_cuda_shm(self, name: str, raw_handle: str, device_id: int, size: int) -> None:
+        """``raw_handle``: the cudaIpcMemHandle_t in base64 (sent as ``{"b64": ...}``)."""
+        await self._ctl(f"registering CUDA shared memory '{name}'",
+                        self.ctl.register_cuda_shared_memory(name, raw_handle, device_id, size))
+
+    async def unregister_cuda_shm(self, name: str) -> None:
+        await self._ctl(f"unregistering CUDA shared memory '{name}'",
+                        self.ctl.unregister_cuda_shared_memory(name))
 
     def prepare(self, model: str, version: str, tensors: list[InputTensor],
                 input_regions: list[tuple[str, int]] | None,

@@ -80,6 +80,15 @@ def model_spec(metadata: dict, config: dict | None, version: str) -> ModelSpec:
                      [spec(t) for t in metadata.get("outputs", [])])
 
 
+def output_region_size(t: TensorSpec, batch_size: int, default: int) -> int:
+    """Bytes of an output's shared-memory region, by perf_analyzer's rule: the output's size
+    for one batch element where its datatype and dims fix it, else ``default``
+    (``--output-shared-memory-size``); times the batch size."""
+    element = _ELEMENT_SIZE.get(t.datatype)  # BYTES has no fixed size
+    known = element is not None and all(d >= 0 for d in t.dims)
+    return max((element * math.prod(t.dims) if known and element is not None else default) * batch_size, 1)
+
+
 def parse_shape_flags(values: list[str]) -> dict[str, list[int]]:
     shapes: dict[str, list[int]] = {}
     for v in values:

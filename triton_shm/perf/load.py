@@ -1,5 +1,5 @@
 """Load generation: concurrency mode and request-rate mode (constant or Poisson arrivals),
-async on one event loop, optionally over one gRPC stream, with system shared memory."""
+async on one event loop, optionally over one gRPC stream, with system or CUDA shared memory."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from . import PerfError, UsageError
 from .client import ConnectionLost, InferError, make_client
-from .inputs import build_input_sets, model_spec, parse_shape_flags
+from .inputs import build_input_sets, model_spec, output_region_size, parse_shape_flags
 from .measure import (STABILITY_WINDOWS, Recorder, Result, ServerSnapshot, Window, is_stable, summarize,
                       window_metric)
 
@@ -47,7 +47,7 @@ class Options:
 
 # ------------------------------------------------------------------------------- shared memory
 
-_LIVE_REGIONS: "set[SharedMemoryRegions]" = set()
+_LIVE_REGIONS: "set[_Regions]" = set()
 
 
 @atexit.register
@@ -56,34 +56,42 @@ def _destroy_leftovers() -> None:
         r.destroy_all()
 
 
-class SharedMemoryRegions:
-    """System shared-memory regions this process created and registered; ``destroy_all`` runs
-    synchronously so that it also works after the event loop is gone (Ctrl-C)."""
+class _Regions:
+    """Shared-memory regions this process created and registered, of one kind; the
+    subclasses make, fill, register and free them. ``destroy_all`` runs synchronously so
+    that it also works after the event loop is gone (Ctrl-C)."""
+
+    kind = ""
 
     def __init__(self) -> None:
-        import tritonclient.utils.shared_memory as shm
-        self._shm = shm
         self._tag = f"{os.getpid()}_{secrets.token_hex(4)}"
         self._count = itertools.count()
         self.handles: list[Any] = []
         self.registered: list[str] = []
         _LIVE_REGIONS.add(self)
 
-    def create(self, label: str, size: int) -> tuple[str, str, Any]:
+    def _name(self, label: str) -> tuple[int, str]:
         n = next(self._count)
-        name = f"perf_{self._tag}_{n}_{label}"
-        key = f"/triton_shm_perf_{self._tag}_{n}"
-        handle = self._shm.create_shared_memory_region(name, key, max(size, 1))
-        self.handles.append(handle)
-        return name, key, handle
+        return n, f"perf_{self._tag}_{n}_{label}"
+
+    def create(self, label: str, size: int) -> tuple[str, str, Any]:
+        """(region name, what registers it: a key or an IPC handle, the local handle)."""
+        raise NotImplementedError
 
     def write(self, handle: Any, data: bytes) -> None:
-        import numpy as np
-        if data:
-            self._shm.set_shared_memory_region(handle, [np.frombuffer(data, dtype=np.uint8)])
+        raise NotImplementedError
+
+    async def _register(self, client: Any, name: str, key: str, size: int) -> None:
+        raise NotImplementedError
+
+    async def _unregister(self, client: Any, name: str) -> None:
+        raise NotImplementedError
+
+    def _destroy(self, handle: Any) -> None:
+        raise NotImplementedError
 
     async def register(self, client: Any, name: str, key: str, size: int) -> None:
-        await client.register_system_shm(name, key, max(size, 1))
+        await self._register(client, name, key, max(size, 1))
         self.registered.append(name)
 
     async def unregister_all(self, client: Any, server_gone: bool = False) -> None:
@@ -95,20 +103,79 @@ class SharedMemoryRegions:
                 failed += 1
                 continue
             try:
-                await asyncio.wait_for(client.unregister_system_shm(name), 5)
+                await asyncio.wait_for(self._unregister(client, name), 5)
             except (Exception, asyncio.TimeoutError) as e:  # noqa: BLE001
                 failed, first = failed + 1, first or str(e) or type(e).__name__
         if failed:
-            progress(f"warning: could not unregister {failed} shared-memory region(s) on the server "
-                     f"(first: {first}); the local regions are removed")
+            progress(f"warning: could not unregister {failed} {self.kind} shared-memory region(s) on the "
+                     f"server (first: {first}); the local regions are removed")
 
     def destroy_all(self) -> None:
         while self.handles:
             h = self.handles.pop()
             try:
-                self._shm.destroy_shared_memory_region(h)
+                self._destroy(h)
             except Exception:  # noqa: BLE001
                 pass
+
+
+class SharedMemoryRegions(_Regions):
+    """System shared memory: POSIX objects under /dev/shm."""
+
+    kind = "system"
+
+    def __init__(self) -> None:
+        import tritonclient.utils.shared_memory as shm
+        self._shm = shm
+        super().__init__()
+
+    def create(self, label: str, size: int) -> tuple[str, str, Any]:
+        n, name = self._name(label)
+        key = f"/triton_shm_perf_{self._tag}_{n}"
+        handle = self._shm.create_shared_memory_region(name, key, max(size, 1))
+        self.handles.append(handle)
+        return name, key, handle
+
+    def write(self, handle: Any, data: bytes) -> None:
+        import numpy as np
+        if data:
+            self._shm.set_shared_memory_region(handle, [np.frombuffer(data, dtype=np.uint8)])
+
+    async def _register(self, client: Any, name: str, key: str, size: int) -> None:
+        await client.register_system_shm(name, key, size)
+
+    async def _unregister(self, client: Any, name: str) -> None:
+        await client.unregister_system_shm(name)
+
+    def _destroy(self, handle: Any) -> None:
+        self._shm.destroy_shared_memory_region(handle)
+
+
+class CudaSharedMemoryRegions(_Regions):
+    """CUDA shared memory: one cudaMalloc per region on device 0 (:mod:`.cuda`), registered
+    by its IPC handle as the server's GPU 0, freed after it is unregistered."""
+
+    kind = "CUDA"
+
+    def create(self, label: str, size: int) -> tuple[str, str, Any]:
+        from .cuda import DeviceBuffer
+        _, name = self._name(label)
+        buffer = DeviceBuffer(size)
+        self.handles.append(buffer)
+        return name, buffer.raw_handle, buffer
+
+    def write(self, handle: Any, data: bytes) -> None:
+        handle.write(data)
+
+    async def _register(self, client: Any, name: str, key: str, size: int) -> None:
+        from .cuda import DEVICE
+        await client.register_cuda_shm(name, key, DEVICE, size)
+
+    async def _unregister(self, client: Any, name: str) -> None:
+        await client.unregister_cuda_shm(name)
+
+    def _destroy(self, handle: Any) -> None:
+        handle.free()
 
 
 # ------------------------------------------------------------------------------- one step
@@ -254,7 +321,7 @@ class RunOutcome:
 
 async def run(opts: Options, on_result: Callable[[Result, bool], None]) -> RunOutcome:
     client = make_client(opts.protocol, opts.url)
-    regions: SharedMemoryRegions | None = None
+    regions: _Regions | None = None
     server_gone = False
     try:
         try:
@@ -282,16 +349,19 @@ async def run(opts: Options, on_result: Callable[[Result, bool], None]) -> RunOu
                              f"{spec.max_batch_size}")
         sets = build_input_sets(spec, parse_shape_flags(opts.shapes), opts.input_data, opts.batch_size)
 
-        if opts.shared_memory == "system":
-            if "system_shared_memory" not in extensions:
-                raise PerfError(f"the server at {opts.url} does not offer the system_shared_memory extension "
-                                "(start triton-shm with --allow-client-shm=true)")
-            regions = SharedMemoryRegions()
+        if opts.shared_memory in ("system", "cuda"):
+            extension = f"{opts.shared_memory}_shared_memory"
+            if extension not in extensions:
+                where = " on a machine with a GPU and CuPy" if opts.shared_memory == "cuda" else ""
+                raise PerfError(f"the server at {opts.url} does not offer the {extension} extension "
+                                f"(start triton-shm with --allow-client-shm=true{where})")
+            regions = SharedMemoryRegions() if opts.shared_memory == "system" else CudaSharedMemoryRegions()
             outputs = []
-            for o in spec.outputs:
-                name, key, _ = regions.create(f"out_{o.name}", opts.output_shm_size)
-                await regions.register(client, name, key, opts.output_shm_size)
-                outputs.append((o.name, name, opts.output_shm_size))
+            for o in spec.outputs:  # every in-flight request writes its output at the start of the same region
+                size = output_region_size(o, opts.batch_size, opts.output_shm_size)
+                name, key, _ = regions.create(f"out_{o.name}", size)
+                await regions.register(client, name, key, size)
+                outputs.append((o.name, name, size))
             prepared = []
             for tensors in sets:
                 in_regions = []
@@ -331,4 +401,5 @@ async def run(opts: Options, on_result: Callable[[Result, bool], None]) -> RunOu
         await client.close()
 
 
-__all__ = ["Options", "run", "run_step", "SharedMemoryRegions", "ConnectionLost", "progress"]
+__all__ = ["Options", "run", "run_step", "SharedMemoryRegions", "CudaSharedMemoryRegions", "ConnectionLost",
+           "progress"]
