@@ -9,11 +9,13 @@ import asyncio
 import queue
 import time
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.grpc.aio as aiogrpc
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from .harness import ServerProcess
@@ -391,6 +393,73 @@ def test_malformed_sequence_parameters(srv, params, message):
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=30)
     assert (e.value.code, json.loads(e.value.read())) == (400, {"error": message})
+
+
+# -- the control parameters over gRPC, as raw messages ---------------------------------------
+def raw_request(model: str = "seq_direct", request_id: str = "", **params) -> service_pb2.ModelInferRequest:
+    """A ModelInferRequest for one of the sequence models with ``params`` given as
+    ``key=(field, value)``: each parameter's value in the field a client chose."""
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id)
+    shape = [1, 1] if model != "seq_bls" else [1]
+    request.inputs.add(name="INPUT", datatype="INT32", shape=shape)
+    request.raw_input_contents.append(np.full(shape, 3, dtype=np.int32).tobytes())
+    for key, (kind, value) in params.items():
+        setattr(request.parameters[key], kind, value)
+    return request
+
+
+def raw_seen(response: service_pb2.ModelInferResponse) -> dict:
+    """What SEQUENCE_PY reported, from a raw response."""
+    raw = {o.name: response.raw_output_contents[i] for i, o in enumerate(response.outputs)}
+    where = raw["WHERE"][4:].decode().split(":", 5)
+    return {"total": int(np.frombuffer(raw["OUTPUT"], np.int32)[0]), "corrid": raw["CORRID_OUT"][4:].decode(),
+            "flags": int(where[4]), "correlation_id": where[5]}
+
+
+def test_grpc_negative_int64_sequence_id_is_the_unsigned_id(srv):
+    """A C++ client casts a correlation ID of 2**63 and above to int64: the same 64 bits are
+    the unsigned ID, the one the model's CORRID input and request.correlation_id() get. The
+    response echoes no parameter."""
+    with grpc.insecure_channel(srv.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        first = stub.ModelInfer(raw_request(sequence_id=("int64_param", -1), sequence_start=("bool_param", True)))
+        last = stub.ModelInfer(raw_request(sequence_id=("int64_param", -1), sequence_end=("bool_param", True)))
+        # the same sequence as the unsigned ID over HTTP (the state carries on); 2**63 as -2**63
+        both = http_infer(srv, "seq_direct", 1, sequence_id=2**63, sequence_start=True)
+        half = stub.ModelInfer(raw_request(sequence_id=("int64_param", -2**63), sequence_end=("bool_param", True)))
+    sid = str(2**64 - 1)
+    assert [raw_seen(first), raw_seen(last)] == [{"total": 3, "corrid": sid, "flags": 1, "correlation_id": sid},
+                                                 {"total": 6, "corrid": sid, "flags": 2, "correlation_id": sid}]
+    assert not first.parameters and not last.parameters
+    assert (both["correlation_id"], raw_seen(half)["correlation_id"], raw_seen(half)["total"]) == (
+        str(2**63), str(2**63), 4)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"sequence_id": ("uint64_param", 77), "sequence_start": ("bool_param", True)},
+     "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+    ({"sequence_id": ("bool_param", True), "sequence_start": ("bool_param", True)},
+     "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+    ({"sequence_id": ("double_param", 5.0), "sequence_start": ("bool_param", True)},
+     "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."),
+    ({"sequence_id": ("int64_param", 5), "sequence_start": ("int64_param", 1)},
+     "invalid value type for 'sequence_start' parameter, expected bool_param."),
+    ({"sequence_id": ("int64_param", 5), "sequence_start": ("string_param", "true")},
+     "invalid value type for 'sequence_start' parameter, expected bool_param."),
+    ({"sequence_id": ("int64_param", 5), "sequence_end": ("string_param", "x")},
+     "invalid value type for 'sequence_end' parameter, expected bool_param."),
+    ({"sequence_id": ("int64_param", 5), "sequence_end": ("uint64_param", 1)},
+     "invalid value type for 'sequence_end' parameter, expected bool_param."),
+    ({"sequence_start": ("int64_param", 1)},  # before the correlation ID is missed
+     "invalid value type for 'sequence_start' parameter, expected bool_param."),
+])
+@pytest.mark.parametrize("model", ["seq_direct", "seq_bls"])  # a sequence model, and one without sequences
+def test_grpc_sequence_parameters_of_the_wrong_type(srv, params, message, model):
+    with grpc.insecure_channel(srv.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.ModelInfer(raw_request(model, **params))
+    assert (e.value.code(), e.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
 # -- statistics and perf_analyzer ------------------------------------------------------------

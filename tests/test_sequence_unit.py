@@ -233,6 +233,16 @@ def test_control_tensors_carry_the_configured_values():
     assert (corrid.datatype, corrid.shape, bytes(corrid.data)) == ("BYTES", [1], struct.pack("<I", 3) + b"abc")
 
 
+@pytest.mark.parametrize("corrid, dtype", [("TYPE_INT64", "<i8"), ("TYPE_UINT32", "<u4"), ("TYPE_INT32", "<i4")])
+def test_a_64_bit_id_fills_a_narrower_or_signed_corrid_with_its_low_bits(corrid, dtype):
+    """An ID of 2**63 and above (gRPC's negative int64_param) is the unsigned ID: a CORRID of
+    another integer type gets it cast, as C does, rather than an overflow."""
+    cfg = sequence_config(config(corrid=corrid))
+    for sid in (2**64 - 1, 2**63, 2**32 + 5, 7):
+        tensor = next(t for t in control_tensors(cfg, sid, True, False, True) if t.name == "CORRID")
+        assert np.frombuffer(tensor.data, dtype).tolist() == [np.array([sid], np.uint64).astype(dtype)[0]]
+
+
 @pytest.mark.parametrize("extra, words", [
     ('control_input [ { name: "S2" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]',
      "more than one control input for CONTROL_SEQUENCE_START"),

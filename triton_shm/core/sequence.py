@@ -406,8 +406,9 @@ def control_tensors(cfg: SequenceConfig, key: Any, start: bool, end: bool, ready
         if c.kind == CORRID and c.datatype == "BYTES":
             raw = b"" if key is None else str(key).encode()
             data = struct.pack("<I", len(raw)) + raw
-        elif c.kind == CORRID:
-            data = np.array(key if isinstance(key, int) else 0, dtype=numpy_dtype(c.datatype)).tobytes()
+        elif c.kind == CORRID:  # the ID's low bytes, as the unsigned 64-bit ID cast to the type
+            size = element_size(c.datatype)
+            data = ((key if isinstance(key, int) else 0) & ((1 << (8 * size)) - 1)).to_bytes(size, "little")
         else:
             flags: dict[int, bool] = {START: start, END: end, READY: ready}
             flag = flags[c.kind]

@@ -58,6 +58,38 @@ def decode_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, Para
     return out
 
 
+# Request parameters the front-end reads itself, with the value types they may take and
+# Triton's words for any other: a sequence_id of 2**63 and above comes as a negative
+# int64_param (C++ clients cast the unsigned ID), read back as the same 64 bits unsigned.
+_CONTROL_TYPES: dict[str, tuple[tuple[str, ...], str]] = {
+    "sequence_id": (("int64_param", "string_param"), "int64_param or string_param"),
+    "sequence_start": (("bool_param",), "bool_param"),
+    "sequence_end": (("bool_param",), "bool_param"),
+}
+
+
+def decode_request_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, ParamValue]:
+    """A request's own parameters: ``decode_parameters`` and the sequence controls' types."""
+    if not len(params):
+        return {}
+    out: dict[str, ParamValue] = {}
+    for key, param in params.items():
+        which = param.WhichOneof("parameter_choice")
+        control = _CONTROL_TYPES.get(key)
+        if control is not None:
+            if which not in control[0]:
+                raise InvalidArgument(f"invalid value type for '{key}' parameter, expected {control[1]}.")
+            value = getattr(param, which)
+            if which == "int64_param" and value < 0:
+                value += 1 << 64
+            out[key] = value
+            continue
+        if which is None:
+            raise InvalidArgument(f"parameter '{key}' has no value set")
+        out[key] = getattr(param, which)
+    return out
+
+
 def encode_parameters(params: Mapping[str, Any], target: Any) -> None:
     """Fill a protobuf ``map<string, InferParameter>`` from Python values."""
     for key, value in params.items():
@@ -161,7 +193,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, raw: list[memoryview] | None
         model_name=model,
         model_version=msg.model_version,
         id=msg.id,
-        parameters=decode_parameters(msg.parameters),
+        parameters=decode_request_parameters(msg.parameters),
         inputs=inputs,
         outputs=[RequestedOutput(name=o.name, parameters=decode_parameters(o.parameters))
                  for o in msg.outputs],
