@@ -54,6 +54,9 @@ COMMON = [  # (header document, binary part)
     ({"inputs": [binary_input("SMALL"), {**binary_input("BIG", 8192), "shape": [2048]}]},  # copied, and viewed
      F32 + bytes(range(256)) * 32),
     ({"inputs": [binary_input("IN")], "parameters": {"note": "n" * 5000}}, F32),  # a header too long to keep
+    ({"inputs": [binary_input("IN")], "parameters": {"sequence_id": 2**64 - 1, "sequence_start": True,
+                                                     "sequence_end": False}}, F32),
+    ({"inputs": [binary_input("IN")], "parameters": {"sequence_id": "user-7", "sequence_end": True}}, F32),
 ]
 
 NOT_COMMON = [  # each left to the general parser, which serves or refuses it
@@ -65,6 +68,12 @@ NOT_COMMON = [  # each left to the general parser, which serves or refuses it
     ({"inputs": [binary_input("IN")], "id": 5}, F32),
     ({"inputs": [binary_input("IN")], "parameters": {"binary_data_output": 1}}, F32),
     ({"inputs": [binary_input("IN")], "parameters": {"nested": {"a": 1}}}, F32),
+    # the sequence controls' types: the general parser refuses them in Triton's words
+    ({"inputs": [binary_input("IN")], "parameters": {"sequence_id": -1}}, F32),
+    ({"inputs": [binary_input("IN")], "parameters": {"sequence_id": True}}, F32),
+    ({"inputs": [binary_input("IN")], "parameters": {"sequence_id": 5.0}}, F32),
+    ({"inputs": [binary_input("IN")], "parameters": {"sequence_id": 5, "sequence_start": 1}}, F32),
+    ({"inputs": [binary_input("IN")], "parameters": {"sequence_id": 5, "sequence_end": "x"}}, F32),
     ({"inputs": [binary_input("IN", 65)]}, F32),        # more than the body holds
     ({"inputs": [binary_input("IN", 32)]}, F32),        # bytes left over
     ({"inputs": [binary_input("IN", -1)]}, F32),

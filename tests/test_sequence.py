@@ -378,18 +378,47 @@ def test_control_and_state_inputs_are_not_the_clients(srv):
                                  "for model 'seq_direct'")
 
 
+UNABLE_ID = "Unable to parse 'sequence_id': attempt to access JSON non-string as string"
+
+
+def unable_flag(key: str) -> str:
+    return f"Unable to parse '{key}': attempt to access JSON non-boolean as boolean"
+
+
 @pytest.mark.parametrize("params, message", [
-    ({"sequence_id": -5, "sequence_start": True}, "'sequence_id' must be an unsigned 64-bit integer or a string"),
-    ({"sequence_id": 5, "sequence_start": "yes"}, "'sequence_start' must be a boolean"),
-    ({"sequence_id": 5, "sequence_end": 1}, "'sequence_end' must be a boolean"),
+    ({"sequence_id": -5, "sequence_start": True}, UNABLE_ID),
+    ({"sequence_id": True, "sequence_start": True}, UNABLE_ID),
+    ({"sequence_id": 5.0, "sequence_start": True}, UNABLE_ID),
+    ({"sequence_id": 2**64, "sequence_start": True}, UNABLE_ID),
+    ({"sequence_id": None, "sequence_start": True}, UNABLE_ID),
+    ({"sequence_id": 5, "sequence_start": 1}, unable_flag("sequence_start")),
+    ({"sequence_id": 5, "sequence_start": "yes"}, unable_flag("sequence_start")),
+    ({"sequence_id": 5, "sequence_start": None}, unable_flag("sequence_start")),
+    ({"sequence_id": 5, "sequence_end": "x"}, unable_flag("sequence_end")),
+    ({"sequence_id": 5, "sequence_end": 1}, unable_flag("sequence_end")),
+    ({"sequence_end": "x", "sequence_start": 1}, unable_flag("sequence_end")),  # the first in the document
+    ({"sequence_start": 1}, unable_flag("sequence_start")),  # before the correlation ID is missed
 ])
-def test_malformed_sequence_parameters(srv, params, message):
+@pytest.mark.parametrize("model", ["seq_direct", "seq_bls"])  # a sequence model, and one without sequences
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])  # the general parser, the common shape
+def test_malformed_sequence_parameters(srv, params, message, model, binary):
+    """Triton's HTTP front-end reads the control parameters itself, for every model, and refuses
+    a value of the wrong type with its JSON reader's words (as a 500, where every malformed
+    request here is a 400, InvalidArgument)."""
     import json
     import urllib.error
     import urllib.request
-    body = {"inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [1]}], "parameters": params}
-    req = urllib.request.Request(f"http://{srv.http_url}/v2/models/seq_direct/infer", json.dumps(body).encode(),
-                                 {"Content-Type": "application/json"})
+    data = np.array([[1]] if model == "seq_direct" else [1], dtype=np.int32)
+    tensor = {"name": "INPUT", "datatype": "INT32", "shape": list(data.shape)}
+    if binary:
+        tensor["parameters"] = {"binary_data_size": data.nbytes}
+    else:
+        tensor["data"] = data.reshape(-1).tolist()
+    header = json.dumps({"inputs": [tensor], "parameters": params}).encode()
+    headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(header))} \
+        if binary else {"Content-Type": "application/json"}
+    req = urllib.request.Request(f"http://{srv.http_url}/v2/models/{model}/infer",
+                                 header + (data.tobytes() if binary else b""), headers)
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=30)
     assert (e.value.code, json.loads(e.value.read())) == (400, {"error": message})

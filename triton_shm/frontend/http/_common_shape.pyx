@@ -18,13 +18,14 @@ import orjson
 
 from ...core.datatypes import DATATYPES
 from ...core._types cimport InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
-from .common_shape_py import INPUT_KEYS, INT64_MAX, JSON_OPTS, OUTPUT_KEYS, REQUEST_KEYS
+from .common_shape_py import INPUT_KEYS, INT64_MAX, JSON_OPTS, OUTPUT_KEYS, REQUEST_KEYS, UINT64_MAX
 
 cdef frozenset _REQUEST_KEYS = REQUEST_KEYS
 cdef frozenset _INPUT_KEYS = INPUT_KEYS
 cdef frozenset _OUTPUT_KEYS = OUTPUT_KEYS
 cdef frozenset _DATATYPES = DATATYPES
 cdef object _INT64_MAX = INT64_MAX
+cdef object _UINT64_MAX = UINT64_MAX
 cdef object _dumps = orjson.dumps
 cdef object _loads = orjson.loads
 cdef object _JSONDecodeError = orjson.JSONDecodeError
@@ -83,6 +84,20 @@ cdef object _scalar_params(object value):
     return value
 
 
+cdef bint _controls_ok(dict params):
+    """Whether the sequence controls among the parameters have types they take (the
+    general parser refuses any other in Triton's words)."""
+    value = _get(params, "sequence_id")
+    if value is not None and type(value) is not str and (type(value) is not int or value < 0
+                                                         or value > _UINT64_MAX):
+        return False
+    value = _get(params, "sequence_start")
+    if value is not None and type(value) is not bool:
+        return False
+    value = _get(params, "sequence_end")
+    return value is None or type(value) is bool
+
+
 cdef object _shape(object value):
     if type(value) is not list:
         return None
@@ -106,6 +121,8 @@ def decode_common(doc, str model_name, str model_version, view, Py_ssize_t heade
         return None
     flag = _get(<dict>params, "binary_data_output")
     if flag is not None and type(flag) is not bool:
+        return None
+    if params and not _controls_ok(<dict>params):
         return None
     inputs = _get(d, "inputs")
     if type(inputs) is not list:

@@ -27,7 +27,7 @@ from ...core.types import (
 )
 from ...errors import Internal, InvalidArgument, TritonShmError, Unsupported
 from .common_shape import decode_common, encode_common
-from .common_shape_py import response_header
+from .common_shape_py import CONTROL_PARAMETERS, control_parameter_ok, response_header
 
 # Triton's HTTP_MAX_JSON_NESTING_DEPTH (server#8172). orjson stops at 1024 by itself,
 # so shallower excess is checked on the parsed document (see _check_depth).
@@ -88,7 +88,7 @@ def decode_document(doc: Any, model_name: str, model_version: str, view: memoryv
     if not isinstance(request_id, str):
         raise InvalidArgument("request 'id' must be a string")
     request = InferRequest(model_name=model_name, model_version=model_version, id=request_id)
-    request.parameters = _parse_parameters(doc.get("parameters"), "request")
+    request.parameters = _parse_request_parameters(doc.get("parameters"))
     if "binary_data_output" in request.parameters and not isinstance(request.parameters["binary_data_output"], bool):
         raise InvalidArgument("parameter 'binary_data_output' must be a boolean")
 
@@ -190,6 +190,16 @@ def _parse_parameters(value: Any, where: str) -> dict[str, ParamValue]:
             raise InvalidArgument(
                 f"parameter '{key}' has invalid type. It should be either 'int', 'bool', 'double' or 'string'.")
     return value
+
+
+def _parse_request_parameters(value: Any) -> dict[str, ParamValue]:
+    """A request's own parameters, the sequence controls refused in Triton's words."""
+    if isinstance(value, dict):
+        for key, v in value.items():
+            if key in CONTROL_PARAMETERS and not control_parameter_ok(key, v):
+                wanted = "string" if key == "sequence_id" else "boolean"
+                raise InvalidArgument(f"Unable to parse '{key}': attempt to access JSON non-{wanted} as {wanted}")
+    return _parse_parameters(value, "request")
 
 
 def _parse_shape(value: Any, name: str) -> list[int]:

@@ -29,6 +29,10 @@ from ...core.datatypes import DATATYPES
 from ...core.types import Buffer, InferRequest, InferResponse, InputTensor, RequestedOutput
 
 INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1
+# Request parameters the front-end reads itself; the general parser refuses a value of a
+# type they do not take, in Triton's words (codec._parse_request_parameters).
+CONTROL_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
 REQUEST_KEYS = frozenset({"id", "parameters", "inputs", "outputs"})
 INPUT_KEYS = frozenset({"name", "datatype", "shape", "parameters"})  # no "data": binary only
 OUTPUT_KEYS = frozenset({"name", "parameters"})
@@ -46,6 +50,21 @@ def _scalar_params(value: Any) -> dict | None:
         if type(v) not in _SCALARS:
             return None
     return value
+
+
+def control_parameter_ok(key: str, value: Any) -> bool:
+    """Whether a value has a type its control parameter takes: ``sequence_id`` an unsigned
+    64-bit integer or a string, ``sequence_start`` and ``sequence_end`` booleans."""
+    if key == "sequence_id":
+        return type(value) is str or (type(value) is int and 0 <= value <= UINT64_MAX)
+    return type(value) is bool
+
+
+def _controls_ok(params: dict) -> bool:
+    for key in CONTROL_PARAMETERS:
+        if key in params and not control_parameter_ok(key, params[key]):
+            return False
+    return True
 
 
 def _shape(value: Any) -> list | None:
@@ -68,6 +87,8 @@ def decode_common(doc: Any, model_name: str, model_version: str, view: memoryvie
     if type(request_id) is not str or params is None:
         return None
     if "binary_data_output" in params and type(params["binary_data_output"]) is not bool:
+        return None
+    if params and not _controls_ok(params):
         return None
     inputs = doc.get("inputs")
     if type(inputs) is not list:
