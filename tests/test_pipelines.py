@@ -821,6 +821,27 @@ def test_stream_non_final_error_response_continues(server):
     assert is_final(got[3][0]) and len(got) == 4
 
 
+def test_stream_error_responses_name_request_and_model(server):
+    """An error a decoupled model sends carries its request's id and the model's name, and the
+    final flag where the stream's responses are flagged."""
+    import grpc
+    from tritonclient.grpc import service_pb2, service_pb2_grpc
+
+    request = service_pb2.ModelInferRequest(model_name="repeat", id="soft-then-final")
+    for name, datatype, values in (("IN", "INT32", np.array([1, -4, -1], np.int32)),
+                                   ("DELAY", "FP32", np.array([0], np.float32))):
+        request.inputs.add(name=name, datatype=datatype, shape=[len(values)])
+        request.raw_input_contents.append(values.tobytes())
+    request.parameters["triton_enable_empty_final_response"].bool_param = True
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        replies = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(iter([request]), timeout=30)
+        got = [(r.error_message, r.infer_response.id, r.infer_response.model_name,
+                {k: v.bool_param for k, v in r.infer_response.parameters.items()}) for r in replies]
+    assert got == [("", "soft-then-final", "repeat", {"triton_final_response": False}),
+                   ("repeat: soft error at index 1", "soft-then-final", "repeat", {"triton_final_response": False}),
+                   ("repeat: negative value at index 2", "soft-then-final", "repeat", {"triton_final_response": True})]
+
+
 def test_stream_non_decoupled_model(server):
     s = Stream(server)
     x = np.full((1, 16), 2, dtype=np.float32)

@@ -491,6 +491,44 @@ def test_grpc_sequence_parameters_of_the_wrong_type(srv, params, message, model)
     assert (e.value.code(), e.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
+def test_grpc_stream_error_names_its_request(srv):
+    """An error on the stream carries the failing request's id in infer_response (present,
+    and empty, for a request without one); the good replies around it are unchanged."""
+    requests = [
+        raw_request(request_id="good-1", sequence_id=("int64_param", 4600), sequence_start=("bool_param", True)),
+        raw_request(request_id="no-start", sequence_id=("int64_param", 4601)),
+        raw_request(request_id="bad-type", sequence_id=("int64_param", 4600), sequence_end=("int64_param", 1)),
+        raw_request(model="no_such_model", request_id="no-model"),
+        raw_request(sequence_id=("int64_param", 4602)),
+        raw_request(request_id="good-2", sequence_id=("int64_param", 4600), sequence_end=("bool_param", True)),
+    ]
+
+    def send():  # one at a time, so the replies come in order
+        for request in requests:
+            yield request
+            replied.get(timeout=30)
+
+    replied: queue.Queue = queue.Queue()
+    got = []
+    with grpc.insecure_channel(srv.grpc_url) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        for reply in stub.ModelStreamInfer(send(), timeout=60):
+            got.append(reply)
+            replied.put(None)
+            if len(got) == len(requests):
+                break
+    errors = [(r.error_message, r.HasField("infer_response"), r.infer_response) for r in got]
+    assert [(message, present, infer.id, infer.model_name, len(infer.parameters))
+            for message, present, infer in errors[1:5]] == [
+        (start_error(4601, "seq_direct"), True, "no-start", "", 0),
+        ("invalid value type for 'sequence_end' parameter, expected bool_param.", True, "bad-type", "", 0),
+        ("Request for unknown model: 'no_such_model' is not found", True, "no-model", "", 0),
+        (start_error(4602, "seq_direct"), True, "", "", 0),
+    ]
+    assert [(r.error_message, r.infer_response.id, raw_seen(r.infer_response)["total"]) for r in (got[0], got[5])] \
+        == [("", "good-1", 3), ("", "good-2", 6)]
+
+
 # -- statistics and perf_analyzer ------------------------------------------------------------
 def test_statistics_count_requests_not_null_rows(srv):
     http_infer(srv, "seq_stats", 1, sequence_id=9001, sequence_start=True)

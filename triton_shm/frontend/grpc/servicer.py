@@ -20,6 +20,7 @@ from .rpc import Mailbox, Method, raw_bytes, rpc_status
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
+    from ...core.types import InferRequest
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +34,26 @@ def _tensor_metadata(tensors: list[dict[str, Any]]) -> list[pb.ModelMetadataResp
         for t in tensors]
 
 
-def _stream_error(message: str) -> bytes:
-    """A stream's error reply: the stream goes on."""
-    return pb.ModelStreamInferResponse(error_message=message).SerializeToString()
+def _stream_error(message: str, request_id: str, model: str = "", final: bool | None = None) -> bytes:
+    """A stream's error reply (the stream goes on), with the id of the request it answers in
+    ``infer_response`` (present even when empty, as Triton sends it); an error the model
+    sent also names the model and, where the stream's responses are flagged, the flag."""
+    reply = pb.ModelStreamInferResponse(error_message=message)
+    infer = reply.infer_response
+    infer.SetInParent()
+    infer.id = request_id
+    infer.model_name = model
+    if final is not None:
+        infer.parameters["triton_final_response"].bool_param = final
+    return reply.SerializeToString()
+
+
+def _request_id(msg: bytes) -> str:
+    """The id of a stream request that failed before it was decoded, if it has one."""
+    try:
+        return pb.ModelInferRequest.FromString(msg).id
+    except DecodeError:
+        return ""
 
 
 class InferenceRpcs:
@@ -167,6 +185,7 @@ class InferenceRpcs:
 
     async def _serve_stream_request(self, msg: bytes, out: Mailbox) -> None:
         """Puts each reply, already encoded (responses are released as they are encoded)."""
+        request: InferRequest | None = None
         try:
             request = parse_infer_request(msg)
             # A non-decoupled model's one response is always flagged final; a decoupled
@@ -176,7 +195,8 @@ class InferenceRpcs:
                           or not model.decoupled)
             async for response, final in self.service.infer_stream(request, model):
                 if isinstance(response, TritonShmError):  # an error is a response of its own (final or not)
-                    out.put_nowait(_stream_error(response.message))
+                    out.put_nowait(_stream_error(response.message, request.id, request.model_name,
+                                                 final if flag_final else None))
                 elif response is not None:
                     out.put_nowait(stream_response_bytes(response, final if flag_final else None))
                 elif final and flag_final:
@@ -185,12 +205,12 @@ class InferenceRpcs:
                     reply.parameters["triton_final_response"].bool_param = True
                     out.put_nowait(pb.ModelStreamInferResponse(infer_response=reply).SerializeToString())
         except TritonShmError as e:
-            out.put_nowait(_stream_error(e.message))
+            out.put_nowait(_stream_error(e.message, _request_id(msg) if request is None else request.id))
         except DecodeError as e:  # answered; the stream goes on
-            out.put_nowait(_stream_error(rpc_status(e, "/inference.GRPCInferenceService/ModelStreamInfer")[1]))
+            out.put_nowait(_stream_error(rpc_status(e, "/inference.GRPCInferenceService/ModelStreamInfer")[1], ""))
         except Exception as e:  # noqa: BLE001 - the stream must get an answer
             log.exception("stream request failed")
-            out.put_nowait(_stream_error(f"{type(e).__name__}: {e}"))
+            out.put_nowait(_stream_error(f"{type(e).__name__}: {e}", "" if request is None else request.id))
 
     # -- trace and logging extensions -------------------------------------------------------
     async def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
