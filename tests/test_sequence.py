@@ -103,6 +103,8 @@ def srv(tmp_path_factory):
     sequence_model(repo, "seq_str", corrid_type="TYPE_STRING")
     sequence_model(repo, "seq_nobatch", max_batch_size=0)
     sequence_model(repo, "seq_idle", idle_us=IDLE_US)
+    default_idle = sequence_model(repo, "seq_default_idle") / "config.pbtxt"
+    default_idle.write_text(default_idle.read_text().replace("max_sequence_idle_microseconds: 5000000", ""))
     sequence_model(repo, "seq_two", max_batch_size=1, instances=2)
     sequence_model(repo, "seq_stats")
     sequence_model(repo, "seq_pa", max_batch_size=8, instances=2)
@@ -527,6 +529,17 @@ def test_grpc_stream_error_names_its_request(srv):
     ]
     assert [(r.error_message, r.infer_response.id, raw_seen(r.infer_response)["total"]) for r in (got[0], got[5])] \
         == [("", "good-1", 3), ("", "good-2", 6)]
+
+
+# -- config ----------------------------------------------------------------------------------
+def test_default_idle_time_is_shown(srv):
+    """A config without max_sequence_idle_microseconds shows the 1 s it uses, over both APIs."""
+    http_config = httpclient.InferenceServerClient(srv.http_url).get_model_config("seq_default_idle")
+    grpc_config = grpcclient.InferenceServerClient(srv.grpc_url).get_model_config("seq_default_idle").config
+    assert http_config["sequence_batching"]["max_sequence_idle_microseconds"] == 1_000_000
+    assert grpc_config.sequence_batching.max_sequence_idle_microseconds == 1_000_000
+    idle = httpclient.InferenceServerClient(srv.http_url).get_model_config("seq_idle")
+    assert idle["sequence_batching"]["max_sequence_idle_microseconds"] == IDLE_US  # a set one stays
 
 
 # -- statistics and perf_analyzer ------------------------------------------------------------

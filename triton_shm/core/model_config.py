@@ -164,6 +164,8 @@ def fill_defaults(config: ModelConfig, name: str, backend: str, gpus: list[int])
         raise InvalidArgument(f"model name in config.pbtxt ('{config.name}') does not match the "
                               f"directory name '{name}'")
     config.name = name
+    if config.HasField("sequence_batching") and not config.sequence_batching.max_sequence_idle_microseconds:
+        config.sequence_batching.max_sequence_idle_microseconds = 1_000_000  # Triton's default, shown as used
     if backend == ENSEMBLE:
         if not config.HasField("version_policy"):
             config.version_policy.latest.num_versions = 1
