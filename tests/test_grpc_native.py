@@ -385,6 +385,33 @@ def test_unknown_method_and_not_grpc(server):
     conn.close()
 
 
+def test_content_type_and_te(server):
+    """Served without content-type (as gRPC's C core serves it) and without te: trailers (see
+    docs/architecture.md, gRPC); another content-type is 415, a te other than trailers a
+    malformed request (RST_STREAM PROTOCOL_ERROR, RFC 9113 8.2.2)."""
+    conn = RawH2(server)
+    start = [(":method", "POST"), (":scheme", "http"), (":path", INFER_PATH), (":authority", "test")]
+
+    def call(sid: int, headers: list[tuple[str, str]]) -> None:
+        block = conn.encoder.encode([NeverIndexedHeaderTuple(k, v) for k, v in start + headers])
+        conn.send(HeadersFrame(sid, data=block, flags=["END_HEADERS"]).serialize()
+                  + DataFrame(sid, data=infer_message(), flags=["END_STREAM"]).serialize())
+
+    answered = {":status": "200", "content-type": "application/grpc", "grpc-status": "0"}
+    for sid, headers in ((1, [("te", "trailers")]), (3, [("content-type", "application/grpc")]), (5, []),
+                         (7, [("content-type", "application/grpc+proto"), ("te", "trailers")])):
+        call(sid, headers)
+        got = stream_headers(conn, sid)
+        assert {k: got.get(k) for k in answered} == answered, (headers, got)
+    call(9, [("content-type", "text/plain"), ("te", "trailers")])
+    assert stream_headers(conn, 9) == {":status": "415"}
+    call(11, [("content-type", "application/grpc"), ("te", "gzip")])
+    reset = conn.wait_for(lambda f: f.stream_id == 11 and isinstance(f, RstStreamFrame))
+    assert reset is not None and reset.error_code == PROTOCOL_ERROR
+    conn.close()
+    assert_serving(server)
+
+
 def test_malformed_header_block_ends_connection(server):
     conn = RawH2(server)
     conn.wait_for(lambda f: isinstance(f, SettingsFrame))

@@ -362,7 +362,8 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         if get(b":method") != b"POST":
             self._http_error(sid, b"405")
             return
-        if not get(b"content-type", b"").startswith(b"application/grpc"):
+        # A request without content-type is served, as gRPC's C core serves it; another type is 415.
+        if not get(b"content-type", b"application/grpc").startswith(b"application/grpc"):
             self._http_error(sid, b"415")
             return
         if self.shutting_down:  # after our GOAWAY: not processed, safe for the client to retry
