@@ -82,6 +82,10 @@ class ServerProcess:
         args = [*self.program, "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
                 "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                 "--allow-metrics", "false", "--drain-secs", "0", *self.extra_args]
+        if not any(a == "--gpus" or a.startswith("--gpus=") for a in self.extra_args):
+            # a test's server runs on the CPU unless the test names its GPUs: what the suite
+            # expects of placement (KIND_AUTO on the CPU, one worker) holds on a GPU machine too
+            args += ["--gpus", "none"]
         for repo in self.repositories:
             args += ["--model-repository", str(repo)]
         self._log = open(self.log_path, "wb")
