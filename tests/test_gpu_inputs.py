@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from .harness import ServerProcess
-from .helpers import client_module, connect
+from .helpers import client_module
 from .models import write_model
 from .test_gpu import DeviceBuffer, _missing
 
@@ -126,70 +126,44 @@ def _infer(proto: str, cl, model: str, values: np.ndarray, tag: str, *, shm_in: 
 
 
 @pytest.mark.parametrize("model", ["cupy_device", "cupy_in_place"])
-def test_cuda_shm_input_arrives_on_the_gpu(proto, server, model):
-    cl = connect(server, proto)
-    try:
-        values = np.arange(1 << 16, dtype=np.float32)
-        got, where, _ = _infer(proto, cl, model, values, f"dev_{model}_{proto}")
+def test_cuda_shm_input_arrives_on_the_gpu(proto, client, model):
+    values = np.arange(1 << 16, dtype=np.float32)
+    for shm_out in (True, False):
+        got, where, _ = _infer(proto, client, model, values, f"dev_{model}_{proto}_{shm_out}", shm_out=shm_out)
         assert where == "gpu"
         np.testing.assert_array_equal(got, values * 2)
-        got, where, _ = _infer(proto, cl, model, values, f"devh_{model}_{proto}", shm_out=False)
-        assert where == "gpu"
-        np.testing.assert_array_equal(got, values * 2)
-    finally:
-        cl.close()
 
 
-def test_default_keeps_inputs_on_the_host(proto, server):
-    """Triton's default, FORCE_CPU_ONLY_INPUT_TENSORS "yes": a CUDA shm input is copied to the host."""
-    cl = connect(server, proto)
-    try:
-        values = np.arange(4096, dtype=np.float32)
-        got, where, _ = _infer(proto, cl, "cupy_default", values, f"def_{proto}")
-        assert where == "cpu"
-        np.testing.assert_array_equal(got, values * 2)
-    finally:
-        cl.close()
+@pytest.mark.parametrize("model, shm_in", [
+    ("cupy_default", True),   # Triton's default, FORCE_CPU_ONLY_INPUT_TENSORS "yes": copied to the host
+    ("cupy_device", False),   # an in-band input is on the host already
+])
+def test_other_inputs_arrive_on_the_host(proto, client, model, shm_in):
+    values = np.arange(4096, dtype=np.float32)
+    got, where, _ = _infer(proto, client, model, values, f"host_{model}_{proto}", shm_in=shm_in)
+    assert where == "cpu"
+    np.testing.assert_array_equal(got, values * 2)
 
 
-def test_in_band_input_stays_on_the_host(proto, server):
-    cl = connect(server, proto)
-    try:
-        values = np.arange(64, dtype=np.float32)
-        got, where, _ = _infer(proto, cl, "cupy_device", values, f"ib_{proto}", shm_in=False, shm_out=False)
-        assert where == "cpu"
-        np.testing.assert_array_equal(got, values * 2)
-    finally:
-        cl.close()
-
-
-def test_a_model_writing_its_device_input_leaves_the_client_buffer_alone(proto, server):
-    cl = connect(server, proto)
-    try:
-        values = np.arange(1024, dtype=np.float32)
-        got, where, src = _infer(proto, cl, "cupy_device", values, f"wr_{proto}", parameters={"write": 1})
-        assert where == "gpu"
-        np.testing.assert_array_equal(got, values * 2)
-        np.testing.assert_array_equal(src.get(np.float32, values.size), values)
-    finally:
-        cl.close()
+def test_a_model_writing_its_device_input_leaves_the_client_buffer_alone(proto, client):
+    values = np.arange(1024, dtype=np.float32)
+    got, where, src = _infer(proto, client, "cupy_device", values, f"wr_{proto}", parameters={"write": 1})
+    assert where == "gpu"
+    np.testing.assert_array_equal(got, values * 2)
+    np.testing.assert_array_equal(src.get(np.float32, values.size), values)
 
 
 @needs_torch
-def test_torch_dlpack_idiom_on_the_gpu(proto, server):
+def test_torch_dlpack_idiom_on_the_gpu(proto, client):
     """torch.utils.dlpack.from_dlpack(input.to_dlpack()) is a CUDA tensor for a device
     input, a host one otherwise; a CUDA capsule handed to Tensor.from_dlpack stays on the GPU
     (written device to device into CUDA shm, copied to the host once otherwise)."""
-    cl = connect(server, proto)
-    try:
-        values = np.arange(8192, dtype=np.float32)
-        got, where, _ = _infer(proto, cl, "torch_device", values, f"td_{proto}")
-        assert where == "gpu"
-        np.testing.assert_array_equal(got, values * 2)
-        got, where, _ = _infer(proto, cl, "torch_default", values, f"tc_{proto}", shm_in=False, shm_out=False)
+    values = np.arange(8192, dtype=np.float32)
+    got, where, _ = _infer(proto, client, "torch_device", values, f"td_{proto}")
+    assert where == "gpu"
+    np.testing.assert_array_equal(got, values * 2)
+    for shm_out in (False, True):
+        got, where, _ = _infer(proto, client, "torch_default", values, f"tc_{proto}_{shm_out}", shm_in=False,
+                               shm_out=shm_out)
         assert where == "cpu"
         np.testing.assert_array_equal(got, values * 2)
-        got, where, _ = _infer(proto, cl, "torch_default", values, f"tcs_{proto}", shm_in=False)
-        np.testing.assert_array_equal(got, values * 2)
-    finally:
-        cl.close()
