@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from triton_shm import cli
 from triton_shm.cli import INERT_FLAGS, parse_args
@@ -359,14 +360,54 @@ def test_id_in_server_metadata(compat_server):
 
 
 def test_config_less_model_fails_without_auto_complete(compat_server):
+    """As Triton: without auto-complete a model with no config file fails the repository poll,
+    so it is never loaded and the index lists it by name only (no version, state or reason);
+    the log says why."""
     http = httpclient.InferenceServerClient(compat_server.http_url)
     index = {m["name"]: m for m in http.get_model_repository_index()}
-    assert index["bare"]["state"] == "UNAVAILABLE"
+    assert index["bare"] == {"name": "bare"}
+    with grpcclient.InferenceServerClient(compat_server.grpc_url) as grpc:
+        grpc_index = {m["name"]: m for m in grpc.get_model_repository_index(as_json=True)["models"]}
+    assert grpc_index["bare"] == {"name": "bare"}
     path = Path(compat_server.repositories[0]) / "bare" / "config.pbtxt"
-    assert index["bare"]["reason"] == (
-        f"model 'bare' has no config.pbtxt ({path}): a config file is required when config auto-complete "
-        "is disabled (--disable-auto-complete-config)")
+    assert (f"Poll failed for model directory 'bare': model 'bare' has no config.pbtxt ({path}): a config "
+            "file is required when config auto-complete is disabled") in compat_server.log()
     assert index["add_sub"]["state"] == "READY"
+    table = compat_server.log().split("| Model")[1].split("\n\n")[0]
+    assert "bare" not in table, table  # not in the model table either
+
+
+def test_config_less_model_without_auto_complete_keeps_server_ready(tmp_path):
+    """Strict readiness does not count a model that failed the poll, as Triton does not; an
+    explicit load of it is refused as Triton refuses it, and it stays listed by name only."""
+    repo = _repository(tmp_path)
+    srv = ServerProcess(repo, tmp_path / "server.log",
+                        extra_args=["--disable-auto-complete-config", "--exit-on-error=false", "--gpus=none"]).start()
+    try:
+        http = httpclient.InferenceServerClient(srv.http_url)
+        assert http.is_server_ready()
+        assert {m["name"]: m for m in http.get_model_repository_index()}["bare"] == {"name": "bare"}
+    finally:
+        srv.stop_cleanly()
+    srv = ServerProcess(repo, tmp_path / "explicit.log",
+                        extra_args=["--disable-auto-complete-config", "--model-control-mode=explicit",
+                                    "--gpus=none"]).start()
+    try:
+        for proto in ("http", "grpc"):
+            client = (httpclient if proto == "http" else grpcclient).InferenceServerClient(
+                srv.http_url if proto == "http" else srv.grpc_url)
+            with pytest.raises(InferenceServerException) as info:
+                client.load_model("bare")
+            assert info.value.status() == ("500" if proto == "http" else "StatusCode.INTERNAL")
+            assert info.value.message() == "failed to load 'bare', failed to poll from model repository"
+            client.load_model("add_sub")
+            assert client.is_server_ready()
+        http = httpclient.InferenceServerClient(srv.http_url)
+        index = {m["name"]: m for m in http.get_model_repository_index()}
+        assert index == {"add_sub": {"name": "add_sub", "version": "1", "state": "READY"}, "bare": {"name": "bare"}}
+    finally:
+        srv.stop_cleanly()
+
 
 
 def test_model_config_name_picks_configs_file(compat_server):

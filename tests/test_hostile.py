@@ -338,6 +338,17 @@ def load_over(proto: str, srv: ServerProcess, name: str, files: dict[str, bytes]
 
 
 BAD_STATUS = {"http": "400", "grpc": "StatusCode.INVALID_ARGUMENT"}
+# File overrides that cannot be written fail the repository poll, as in Triton: INTERNAL, with
+# only that said to the caller; the log says why.
+POLL_FAILED = {"http": "500", "grpc": "StatusCode.INTERNAL"}
+
+
+def poll_failed(proto: str, name: str) -> tuple[str, str]:
+    return POLL_FAILED[proto], f"failed to load '{name}', failed to poll from model repository"
+
+
+def logged_poll_failure(srv: ServerProcess, name: str, detail: str) -> bool:
+    return f"Poll failed for model directory '{name}': {detail}" in (srv.repo.parent / "server.log").read_text()
 
 
 @pytest.mark.parametrize("proto", ["http", "grpc"])
@@ -347,8 +358,9 @@ def test_conflicting_file_overrides(srv, proto, order):
     if order == "folder_first":
         files = dict(reversed(files.items()))
     before = temp_dirs()
-    assert load_over(proto, srv, f"conflict_{proto}", files) == (
-        BAD_STATUS[proto], "file overrides conflict: '1' is a file and the folder of '1/model.py'")
+    assert load_over(proto, srv, f"conflict_{proto}", files) == poll_failed(proto, f"conflict_{proto}")
+    assert logged_poll_failure(srv, f"conflict_{proto}",
+                               "file overrides conflict: '1' is a file and the folder of '1/model.py'")
     assert temp_dirs() == before
     assert_serves(srv)
 
@@ -370,7 +382,8 @@ def test_file_override_paths_escaping_or_too_long(srv, proto, path):
     status, message = load_over(proto, srv, f"escape_{proto}", {f"file:{path}": b"x", "file:1/model.py": b"x"})
     expected = (f"file override path '{path[:64]}...' is too long" if len(path) > 255
                 else f"invalid file override path '{path}'")
-    assert (status, message) == (BAD_STATUS[proto], expected)
+    assert (status, message) == poll_failed(proto, f"escape_{proto}")
+    assert logged_poll_failure(srv, f"escape_{proto}", expected)
     assert temp_dirs() == before
     assert not Path("/tmp/escape.py").exists()
 
@@ -413,8 +426,9 @@ def test_config_parse_error_names_no_file_content(srv):
     name = "secret_config"
     write_model(srv.repo, name, config="hunter2 is the password\n", model_py="")
     status, body = post(srv, f"/v2/repository/models/{name}/load", b"{}")
-    assert (status, body) == (400, {"error": f"failed to parse config.pbtxt of model '{name}': "
-                                             "unknown field at line 1, column 1"})
+    assert (status, body) == (500, {"error": f"failed to load '{name}', failed to poll from model repository"})
+    assert logged_poll_failure(srv, name, f"failed to parse config.pbtxt of model '{name}': "
+                                          "unknown field at line 1, column 1")
     assert "hunter2" not in (srv.repo.parent / "server.log").read_text()
 
 

@@ -334,7 +334,6 @@ def test_load_infer_unload_reload(explicit, proto):
 
 FAILURES = {
     # model → (text the caller's error must contain, text the index reason must contain)
-    "bad_pbtxt": ("config.pbtxt", "config.pbtxt"),
     "corrupt_onnx": ("corrupt_onnx", ""),
     "init_raises": ("kaboom-init", "kaboom-init"),
 }
@@ -355,12 +354,30 @@ def test_failed_load_is_reported(explicit, proto, model):
     assert infer(explicit, proto, "const_a") == 1.0
 
 
+def poll_failed(srv: ServerProcess, proto: str, name: str, fn, detail: str) -> None:
+    """``fn`` (a load of ``name``) fails the repository poll, as in Triton: INTERNAL and only
+    "failed to poll" to the caller, the reason in the log."""
+    err = expect_error(proto, fn, "INTERNAL")
+    assert err.message() == f"failed to load '{name}', failed to poll from model repository", err.message()
+    assert f"Poll failed for model directory '{name}': " in srv.log()
+    assert detail in srv.log().split(f"Poll failed for model directory '{name}': ")[-1].splitlines()[0]
+
+
 @pytest.mark.parametrize("proto", PROTOS)
 def test_load_of_nonexistent_model(explicit, proto):
     name = f"no_such_model_{proto}"
-    err = expect_error(proto, lambda: load(explicit, proto, name), "INVALID_ARGUMENT")
-    assert name in err.message()
-    assert all("state" not in r or r["state"] != "READY" for r in rows_of(explicit, name))
+    poll_failed(explicit, proto, name, lambda: load(explicit, proto, name), f"no model directory '{name}'")
+    assert rows_of(explicit, name) == []  # not listed: there is no such directory
+    assert infer(explicit, proto, "const_a") == 1.0
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+def test_unreadable_config_fails_the_poll(explicit, proto):
+    """A config.pbtxt that cannot be parsed fails the poll: the model stays listed by name
+    only, as Triton lists it, and the others serve."""
+    poll_failed(explicit, proto, "bad_pbtxt", lambda: load(explicit, proto, "bad_pbtxt"), "config.pbtxt")
+    assert rows_of(explicit, "bad_pbtxt") == [{"name": "bad_pbtxt"}]
+    assert {r["name"]: r for r in grpc_index(explicit)}["bad_pbtxt"] == {"name": "bad_pbtxt"}
     assert infer(explicit, proto, "const_a") == 1.0
 
 
@@ -401,8 +418,11 @@ def test_config_override_rejected(explicit, proto, case):
     load(explicit, proto, name, config=good)
     before = states(explicit, name)
     assert before == {"1": "READY"}
-    err = expect_error(proto, lambda: load(explicit, proto, name, config=bad), "INVALID_ARGUMENT")
-    assert name in err.message() or "config" in err.message(), err.message()
+    if case in ("backend_change", "platform_change"):  # a valid config the model cannot take: its load fails
+        err = expect_error(proto, lambda: load(explicit, proto, name, config=bad), "INVALID_ARGUMENT")
+        assert name in err.message(), err.message()
+    else:  # not a config of this model at all: the poll fails, as in Triton
+        poll_failed(explicit, proto, name, lambda: load(explicit, proto, name, config=bad), "config")
     # a rejected reload leaves the loaded model serving
     assert states(explicit, name) == before
     if case != "platform_change":
@@ -492,7 +512,8 @@ def test_file_override_bad_paths_rejected(explicit, proto, pattern):
     repo_before, tmp_before = tree(explicit.repo), tree(explicit.tmpdir)
     onnx_bytes = b"payload"
     files = {pattern.format(canary=canary): onnx_bytes, "file:1/model.onnx": onnx_bytes}
-    expect_error(proto, lambda: load(explicit, proto, name, config=ADD_SUB_CONFIG, files=files), "INVALID_ARGUMENT")
+    poll_failed(explicit, proto, name, lambda: load(explicit, proto, name, config=ADD_SUB_CONFIG, files=files),
+                "file override")
     assert "READY" not in states(explicit, name).values()
     assert tree(explicit.repo) == repo_before
     assert tree(explicit.tmpdir) == tmp_before, "a rejected override left files in the temp dir"
@@ -504,9 +525,9 @@ def test_file_override_bad_paths_rejected(explicit, proto, pattern):
 def test_file_override_without_config_rejected(explicit, proto):
     name = f"noconf_{proto}"
     tmp_before = tree(explicit.tmpdir)
-    err = expect_error(proto, lambda: load(explicit, proto, name, files={"file:1/model.py": const_py(1.0).encode()}),
-                       "INVALID_ARGUMENT")
-    assert "config" in err.message()
+    files = {"file:1/model.py": const_py(1.0).encode()}
+    poll_failed(explicit, proto, name, lambda: load(explicit, proto, name, files=files),
+                "file overrides need a 'config' parameter as well")
     assert tree(explicit.tmpdir) == tmp_before
     assert rows_of(explicit, name) == []
 
@@ -789,11 +810,11 @@ def test_load_model_star_and_several_repositories(tmp_path):
         make_const(repo_b, "mb2", 3.0)
         load(srv, "http", "mb2")
         assert infer(srv, "grpc", "mb2") == 3.0
-        # one name in both repositories: the load is refused, naming both
+        # one name in both repositories: the poll fails, as in Triton; the log names both
         make_const(repo_a, "dup2", 1.0)
         make_const(repo_b, "dup2", 2.0)
-        err = expect_error("http", lambda: load(srv, "http", "dup2"), "INVALID_ARGUMENT")
-        assert str(repo_a) in err.message() and str(repo_b) in err.message(), err.message()
+        poll_failed(srv, "http", "dup2", lambda: load(srv, "http", "dup2"), "more than one model repository")
+        assert str(repo_a) in srv.log() and str(repo_b) in srv.log()
     finally:
         stop_ok(srv)
 
@@ -1035,3 +1056,110 @@ def test_index_reads_the_repository_each_time(explicit):
     assert rows_of(explicit, name) == [{"name": name}]
     shutil.rmtree(model_dir)
     assert rows_of(explicit, name) == []
+
+
+# --------------------------------------------------------------------------- tritonclient's example
+
+# The model of tritonclient's simple_{http,grpc}_model_control.py examples ("simple": max_batch_size 8,
+# two INT32 [16] inputs, their sum and difference), as a Python model. With COMPLETE its
+# auto_complete_config declares the tensors.
+SIMPLE_PY = """\
+import triton_python_backend_utils as pb_utils
+COMPLETE = {complete}
+TENSORS = [{{"name": n, "data_type": "TYPE_INT32", "dims": [16]}} for n in ("INPUT0", "INPUT1", "OUTPUT0", "OUTPUT1")]
+
+
+class TritonPythonModel:
+    if COMPLETE:
+        @staticmethod
+        def auto_complete_config(config):
+            for t in TENSORS[:2]:
+                config.add_input(t)
+            for t in TENSORS[2:]:
+                config.add_output(t)
+            return config
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", a + b),
+                                                         pb_utils.Tensor("OUTPUT1", a - b)]))
+        return responses
+"""
+
+
+def make_simple(repo: Path, name: str, complete: bool) -> None:
+    write_model(repo, name, config=f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 8
+        input [ {{ name: "INPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
+                {{ name: "INPUT1" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+        output [ {{ name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 16 ] }},
+                 {{ name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 16 ] }} ]
+        """, model_py=SIMPLE_PY.format(complete=complete))
+
+
+def infer_simple(srv: ServerProcess, proto: str, name: str) -> np.ndarray:
+    mod = httpclient if proto == "http" else grpcclient
+    a, b = np.arange(16, dtype=np.int32).reshape(1, 16), np.ones((1, 16), dtype=np.int32)
+    inputs = [mod.InferInput("INPUT0", [1, 16], "INT32"), mod.InferInput("INPUT1", [1, 16], "INT32")]
+    inputs[0].set_data_from_numpy(a)
+    inputs[1].set_data_from_numpy(b)
+    c = connect(srv, proto)
+    try:
+        return c.infer(name, inputs).as_numpy("OUTPUT0")
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("complete", [False, True], ids=["no_auto_complete", "auto_complete_config"])
+def test_tritonclient_model_control_example(explicit, proto, complete):
+    """The steps of tritonclient's simple_{http,grpc}_model_control.py, as Triton 2.51 answers
+    them: the example's malformed override fails with "failed to load" (INTERNAL) and leaves the
+    model serving; the override {"max_batch_size":"16"} replaces config.pbtxt whole, so the
+    model loads with the tensors its auto_complete_config declares, or none; a file path
+    component of 256 characters is refused and the server lives on."""
+    name = f"simple_{proto}_{'ac' if complete else 'plain'}"
+    make_simple(explicit.repo, name, complete)
+    c = connect(explicit, proto, timeout=120)
+    try:
+        c.load_model(name)
+        assert c.is_model_ready(name)
+        malformed = '"parameters": {"config": {{"max_batch_size": "16"}}}'  # what the example sends
+        err = expect_error(proto, lambda: c.load_model(name, config=malformed), "INTERNAL", "failed to load")
+        assert err.message() == f"failed to load '{name}', failed to poll from model repository"
+        assert c.is_model_ready(name)
+        np.testing.assert_array_equal(infer_simple(explicit, proto, name)[0], np.arange(16) + 1)
+
+        c.load_model(name, config='{"max_batch_size":"16"}')
+        assert c.is_model_ready(name)
+        _, cfg = http_call(explicit, "GET", f"/v2/models/{name}/config")
+        assert cfg["max_batch_size"] == 16
+        if complete:
+            assert [t["name"] for t in cfg["input"]] == ["INPUT0", "INPUT1"]
+            assert [t["name"] for t in cfg["output"]] == ["OUTPUT0", "OUTPUT1"]
+            np.testing.assert_array_equal(infer_simple(explicit, proto, name)[0], np.arange(16) + 1)
+        else:  # nothing on disk is kept: no tensors, and a request naming some is refused
+            assert (cfg["input"], cfg["output"]) == ([], [])
+            expect_error(proto, lambda: infer_simple(explicit, proto, name), "INVALID_ARGUMENT",
+                         "expected 0 inputs but got 2 inputs")
+        if proto == "grpc":
+            max_batch_size = c.get_model_config(name).config.max_batch_size
+        else:
+            max_batch_size = c.get_model_config(name)["max_batch_size"]
+        assert max_batch_size == 16
+
+        c.unload_model(name)
+        assert not c.is_model_ready(name)
+        err = expect_error(proto, lambda: c.load_model(name, config="{}", files={"file:" + "A" * 256: b"a"}),
+                           "INTERNAL", "failed to load")
+        assert c.is_server_live()
+        assert not c.is_model_ready(name)
+        expect_error(proto, lambda: c.load_model("wrong_model_name"), "INTERNAL", "failed to load")
+    finally:
+        c.close()
+    assert infer(explicit, proto, "const_a") == 1.0

@@ -206,13 +206,11 @@ def fill_defaults(config: ModelConfig, name: str, backend: str, gpus: list[int])
 
 def check_io(config: ModelConfig) -> None:
     """What must hold once auto-complete is done. A model may have no inputs (a graph of
-    constants); it needs outputs."""
+    constants) and, as in Triton, no outputs (a Python model whose config override names
+    none: it loads, and a request naming a tensor is refused)."""
     name = config.name
     if config.max_batch_size < 0:
         raise InvalidArgument(f"model '{name}': max_batch_size must be >= 0")
-    if not config.output:
-        raise InvalidArgument(f"model '{name}' has no outputs in its config and none could be "
-                              "completed from the model")
     for kind, tensors in (("input", config.input), ("output", config.output)):
         seen: set[str] = set()
         for t in tensors:

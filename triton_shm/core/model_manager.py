@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgument, TritonShmError, Unavailable
+from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from . import model_config as mcfg
 from .repository import (LOADING, NOT_REQUESTED, READY, UNAVAILABLE, UNLOADED, UNLOADING, ModelEntry,
                          ModelRepository, ModelVersion, check_links_inside, select_versions,
@@ -103,6 +103,17 @@ def write_override_files(name: str, files: dict[str, bytes]) -> Path:
     return model_dir
 
 
+class PollFailed(Internal):
+    """A model that cannot be read from the repository: no directory of that name, a config
+    that cannot be read or parsed, an override that is not a config, file overrides that
+    cannot be written. As Triton, the caller is told only that (INTERNAL), the log says why,
+    and the model's entry is left as it was: a model never loaded stays listed by name only,
+    a loaded one keeps serving."""
+
+    def __init__(self, name: str):
+        super().__init__(f"failed to load '{name}', failed to poll from model repository")
+
+
 def check_name_length(name: str) -> None:
     """A model name is a directory name: at most NAME_MAX bytes."""
     if len(name.encode(errors="surrogatepass")) > NAME_MAX:
@@ -132,6 +143,9 @@ class ModelManager:
         # Models loaded only because an ensemble needed them: unloading that ensemble with
         # unload_dependents takes them too, once no other ensemble uses them.
         self._implicit: set[str] = set()
+        # Models whose last load failed before it began (PollFailed), with why: they are not
+        # in the index (but by name), yet count as failed at start (--exit-on-error).
+        self._poll_failures: dict[str, str] = {}
         pool.on_worker_down, pool.on_worker_back = self._worker_down, self._worker_back
 
     # -- workers that die and come back ----------------------------------------------------
@@ -175,6 +189,8 @@ class ModelManager:
     async def _load_reporting(self, name: str) -> None:
         try:
             await self.load(name)
+        except PollFailed:  # logged, and kept in _poll_failures (seen by --exit-on-error)
+            pass
         except TritonShmError as e:  # recorded in the index (and so seen by --exit-on-error)
             entry = self.repository.models.get(name)
             if entry is None:  # it never got as far as an entry, e.g. no such model
@@ -205,16 +221,18 @@ class ModelManager:
             self._implicit.add(name)
         elif not self.repository.versions_of(name):  # a loaded model keeps how it came in
             self._implicit.discard(name)
-        if files and config_json is None:
-            raise InvalidArgument("file overrides need a 'config' parameter as well")
-        if files:
-            model_dir = write_override_files(name, files)
-        else:
-            found = self.repository.scan().get(name)
-            if found is None:
-                raise InvalidArgument(f"failed to load '{name}': no model directory '{name}' in the model "
-                                      "repository")
-            model_dir = found
+        try:
+            if files and config_json is None:
+                raise InvalidArgument("file overrides need a 'config' parameter as well")
+            if files:
+                model_dir = write_override_files(name, files)
+            else:
+                found = self.repository.scan().get(name)
+                if found is None:
+                    raise InvalidArgument(f"no model directory '{name}' in the model repository")
+                model_dir = found
+        except InvalidArgument as e:
+            raise self._poll_failed(name, e.message) from None
         entry = self.repository.entry(name, model_dir)
         if config_json is None and _is_ensemble(model_dir, self.config_name):
             # Loading an ensemble loads its composing models that are not loaded yet.
@@ -236,6 +254,12 @@ class ModelManager:
             finally:
                 self._settle_temp_dir(name, model_dir if files else None, loaded)
 
+    def _poll_failed(self, name: str, detail: str) -> PollFailed:
+        """The error of a model that cannot be read from the repository, logged with why."""
+        log.error("Poll failed for model directory '%s': %s", name, detail)
+        self._poll_failures[name] = detail
+        return PollFailed(name)
+
     def _settle_temp_dir(self, name: str, new_dir: Path | None, loaded: bool) -> None:
         """Keep a file-override directory while its model serves from it; remove the
         one it replaced, or the new one when the load failed."""
@@ -255,10 +279,18 @@ class ModelManager:
         try:
             if not self.external_links:
                 check_links_inside(model_dir)
-            base = self._base_config(name, model_dir, config_json)
+            try:
+                base = self._poll_config(name, model_dir, config_json)
+            except TritonShmError as e:
+                entry.fingerprint = snapshot  # poll mode retries only once the files change
+                raise self._poll_failed(name, e.message) from None
+            self._check_override(name, model_dir, base, config_json)
+            mcfg.fill_defaults(base, name, mcfg.backend_of(base, model_dir), self.repository.gpus)
             chosen = select_versions(base, version_dirs(model_dir))
             if not chosen:
                 raise InvalidArgument(f"model '{name}' has no version folder to load")
+        except PollFailed:
+            raise
         except TritonShmError as e:
             if not entry.ready_versions():
                 entry.state, entry.reason = UNAVAILABLE, e.message
@@ -286,9 +318,15 @@ class ModelManager:
         old = entry.versions
         entry.versions = dict(fresh)
         entry.model_dir, entry.state, entry.reason, entry.fingerprint = model_dir, READY, "", snapshot
+        self._poll_failures.pop(name, None)
         await asyncio.gather(*(self._retire(mv) for mv in old.values() if mv not in fresh.values()))
 
-    def _base_config(self, name: str, model_dir: Path, config_json: str | None) -> mcfg.ModelConfig:
+    def _poll_config(self, name: str, model_dir: Path, config_json: str | None) -> mcfg.ModelConfig:
+        """The config as read from the repository (or as the override gives it), before its
+        defaults; raises what Triton's repository poll fails on (a PollFailed to the
+        caller): a config that cannot be read or parsed, one naming another model, a
+        negative max_batch_size, or no way to tell the backend. What fails later (an unknown
+        backend, a GPU instance without a GPU) fails the load of the versions instead."""
         if config_json is None:
             base = self._read_config(name, model_dir)
         else:
@@ -302,16 +340,29 @@ class ModelManager:
             base = mcfg.config_from_json(data, f"config override of model '{name}'")
             if base.name and base.name != name:
                 raise InvalidArgument(f"the config override names model '{base.name}', not '{name}'")
-            if model_dir.is_dir() and mcfg.config_path(model_dir, self.config_name).is_file():
-                on_disk = mcfg.read_config(model_dir, self.config_name)
-                for field_name in ("platform", "backend"):
-                    ours, theirs = getattr(base, field_name), getattr(on_disk, field_name)
-                    if ours and theirs and ours != theirs:
-                        raise InvalidArgument(f"the config override changes the {field_name} of model '{name}' "
-                                              f"from '{theirs}' to '{ours}'")
-        backend = mcfg.backend_of(base, model_dir)
-        mcfg.fill_defaults(base, name, backend, self.repository.gpus)
+        if base.name and base.name != name:
+            raise InvalidArgument(f"model name in config.pbtxt ('{base.name}') does not match the "
+                                  f"directory name '{name}'")
+        if base.max_batch_size < 0:
+            raise InvalidArgument(f"'max_batch_size' must be non-negative value for {name}")
+        if not (base.platform or base.backend):
+            mcfg.backend_of(base, model_dir)  # from the model file present, or it raises
         return base
+
+    def _check_override(self, name: str, model_dir: Path, base: mcfg.ModelConfig, config_json: str | None) -> None:
+        """A config override keeps the platform and backend of the config on disk (a load
+        failure, not a poll failure: the override itself is a valid config)."""
+        if config_json is None or not mcfg.config_path(model_dir, self.config_name).is_file():
+            return
+        try:
+            on_disk = mcfg.read_config(model_dir, self.config_name)
+        except TritonShmError:
+            return  # the override replaces a config that cannot be read
+        for field_name in ("platform", "backend"):
+            ours, theirs = getattr(base, field_name), getattr(on_disk, field_name)
+            if ours and theirs and ours != theirs:
+                raise InvalidArgument(f"the config override changes the {field_name} of model '{name}' "
+                                      f"from '{theirs}' to '{ours}'")
 
     def _read_config(self, name: str, model_dir: Path) -> mcfg.ModelConfig:
         path = mcfg.config_path(model_dir, self.config_name)
@@ -463,10 +514,11 @@ class ModelManager:
 
     # -- reporting -----------------------------------------------------------------------
     def failed_models(self) -> list[str]:
-        return [f"{e.name}: {e.reason or '; '.join(v.reason for v in e.versions.values() if not v.ready)}"
-                for e in self.repository.models.values()
-                if e.state != NOT_REQUESTED and not all(v.ready for v in e.versions.values()) or
-                (e.state == UNAVAILABLE and not e.versions)]
+        failed = [f"{e.name}: {e.reason or '; '.join(v.reason for v in e.versions.values() if not v.ready)}"
+                  for e in self.repository.models.values()
+                  if e.state != NOT_REQUESTED and not all(v.ready for v in e.versions.values()) or
+                  (e.state == UNAVAILABLE and not e.versions)]
+        return failed + [f"{name}: {detail}" for name, detail in self._poll_failures.items()]
 
 
 def _composing_models_of(entry: ModelEntry) -> list[str]:
