@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -181,6 +182,24 @@ def test_deprecated_trace_flags_become_trace_config():
 def test_load_model_star():
     options = parse_args(REPO + ["--model-control-mode=explicit", "--load-model=*"])
     assert (options.model_control_mode, options.load_model) == ("explicit", ["*"])
+    assert parse_args(REPO + ["--model-control-mode=explicit", "--load-model=*", "--load-model=*"]).load_model
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--model-control-mode=explicit", "--load-model=*", "--load-model=m"],
+     "Wildcard model name '*' must be the ONLY startup model if specified at all."),
+    (["--model-control-mode=explicit", "--load-model=m", "--load-model", "*"],
+     "Wildcard model name '*' must be the ONLY startup model if specified at all."),
+    (["--load-model=m"], "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."),
+    (["--model-control-mode=poll", "--load-model=*"],
+     "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."),
+])
+def test_load_model_flags_tritonserver_refuses(argv, error, capsys):
+    """As tritonserver 2.51: exit status 1 and its words, nothing loaded."""
+    with pytest.raises(SystemExit) as exc:
+        parse_args(REPO + argv)
+    assert exc.value.code == 1
+    assert capsys.readouterr().err.endswith(f"triton-shm: error: {error}\n")
 
 
 # -- inert, with one warning each -----------------------------------------------------------------
@@ -408,6 +427,17 @@ def test_config_less_model_without_auto_complete_keeps_server_ready(tmp_path):
     finally:
         srv.stop_cleanly()
 
+
+def test_wildcard_with_another_load_model_exits_1(tmp_path):
+    """The server itself, as tritonserver: exit status 1 before anything starts."""
+    repo = _repository(tmp_path)
+    run = subprocess.run([sys.executable, "-m", "triton_shm", "--model-repository", str(repo),
+                          "--model-control-mode=explicit", "--load-model=*", "--load-model=add_sub",
+                          "--http-port=0", "--grpc-port=0", "--allow-metrics=false"],
+                         capture_output=True, text=True, timeout=30)
+    assert run.returncode == 1, run.stderr
+    assert "Wildcard model name '*' must be the ONLY startup model if specified at all." in run.stderr
+    assert "started worker" not in run.stderr
 
 
 def test_model_config_name_picks_configs_file(compat_server):

@@ -300,6 +300,17 @@ def _add_security(g: argparse._ArgumentGroup) -> None:
              "@FILE or env:NAME (repeatable)")
 
 
+def _load_model_error(options: ServerOptions) -> str:
+    """What makes the --load-model flags unusable, or '' (tritonserver's words)."""
+    if not options.load_model:
+        return ""
+    if options.model_control_mode != "explicit":
+        return "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."
+    if "*" in options.load_model and len(set(options.load_model)) > 1:
+        return "Wildcard model name '*' must be the ONLY startup model if specified at all."
+    return ""
+
+
 def _security_error(options: ServerOptions) -> str:
     """What makes the TLS or restricted-API flags unusable, or ''."""
     for port in _TLS_PORTS:
@@ -431,7 +442,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     else:
         warnings.append("--strict-model-config is deprecated: use --disable-auto-complete-config")
     options = ServerOptions(**values, inert=inert, startup_warnings=warnings)
-    error = _security_error(options)
+    error = _load_model_error(options) or _security_error(options)
     if error:  # tritonserver exits 1 for these
         parser.print_usage(sys.stderr)
         parser.exit(1, f"{parser.prog}: error: {error}\n")

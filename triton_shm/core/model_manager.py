@@ -176,7 +176,7 @@ class ModelManager:
         for name, path in found.items():
             self.repository.entry(name, path)
         if self.mode == "explicit":
-            names = list(found) if "*" in load_models else load_models
+            names = list(found) if "*" in load_models else list(dict.fromkeys(load_models))  # each once
         else:
             names = list(found)
         # Ensembles check their composing models, so those load first.
