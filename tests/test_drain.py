@@ -264,3 +264,83 @@ def test_bad_drain_secs_is_refused(tmp_path, value):
                            "--drain-secs", value], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "argument --drain-secs" in proc.stderr
+
+
+# --------------------------------------------------------------------------- the end of the drain
+
+def _http_request(path: str, body: bytes = b"") -> bytes:
+    method = "POST" if body else "GET"
+    return (f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n"
+            "Content-Type: application/json\r\n\r\n").encode() + body
+
+
+INFER_REQUEST = _http_request("/v2/models/pause/infer", b'{"inputs":[{"name":"INPUT0","shape":[1],'
+                                                         b'"datatype":"INT32","data":[7]}]}')
+LIVE_REQUEST = _http_request("/v2/health/live")
+
+
+def one_connection(port: int, request: bytes) -> str:
+    """A fresh connection, one request: "answered <status>", "refused" (the connect failed),
+    or how it broke (a reset, a broken pipe, closed without a whole response)."""
+    try:
+        sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    except ConnectionRefusedError:
+        return "refused"
+    try:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return f"closed without response ({len(data)} bytes)"
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+        while len(body) < length:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return f"closed mid-response ({len(body)} of {length} bytes)"
+            body += chunk
+        return f"answered {head.split()[1].decode()}"
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_end_of_drain_refuses_or_answers_every_new_connection(tmp_path, attempt):
+    """Clients opening a connection per request, four in parallel, across the moment the
+    drain ends and the listeners close: each gets an answer or a refused connection, never a
+    reset, a broken pipe or a connection closed without a response."""
+    srv = start(tmp_path, "--drain-secs", "1.5", "--exit-timeout-secs", "30")
+    outcomes: list[tuple[float, str]] = []
+    stop = threading.Event()
+
+    def loop(index: int) -> None:
+        request = INFER_REQUEST if index % 2 == 0 else LIVE_REQUEST
+        refusals = 0
+        while not stop.is_set() and refusals < 20:
+            outcome = one_connection(srv.http_port, request)
+            outcomes.append((time.monotonic(), outcome))
+            refusals = refusals + 1 if outcome == "refused" else 0
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        signalled = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        assert srv.proc.wait(60) == 0, srv.log()[-3000:]
+        for t in threads:
+            t.join(60)
+    finally:
+        stop.set()
+        srv.stop()
+    broken = [o for o in outcomes if o[1] != "refused" and not o[1].startswith("answered ")]
+    assert not broken, f"{len(broken)} of {len(outcomes)} requests broke: {broken[:10]}"
+    answered = [t for t, o in outcomes if o.startswith("answered ")]
+    assert answered and any(o == "refused" for _, o in outcomes), outcomes[-10:]
+    # answered up to the end of the drain (1.5 s after the signal), when the listeners close
+    assert max(answered) > signalled + 1.4, (max(answered) - signalled, outcomes[-10:])

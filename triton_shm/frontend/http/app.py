@@ -14,11 +14,15 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from ...core.codec import NO_EXTENSIONS
 from ...errors import TritonShmError
+from ..listeners import stop_listening
 from ..restricted import Restrictions
 from .api_groups import restriction_middleware
 from .handlers import HttpHandlers, build_routes
 
 KEEPALIVE_TIMEOUT = 75.0  # seconds: an idle connection, a stalled body, a client that stopped reading
+# Seconds a connection without a request in progress may still send one once the server
+# stops (a client that has just connected is about to): it is answered, then closed.
+STOP_GRACE = 1.0
 
 if TYPE_CHECKING:
     import ssl
@@ -146,14 +150,52 @@ async def start_http(
                                  restrictions=restrictions, ssl=ssl)
 
 
+class AiohttpServer:
+    """An aiohttp app served on one port by its own site; :meth:`cleanup` stops it."""
+
+    def __init__(self, runner: web.AppRunner, site: web.TCPSite, ssl: "ssl.SSLContext | None"):
+        self.runner, self.site, self.ssl = runner, site, ssl
+
+    async def cleanup(self) -> None:
+        """Stop accepting without resetting a connection the kernel has accepted (the accept
+        queue is taken and served), give a connection that has had no request yet STOP_GRACE
+        to send one, then aiohttp's own shutdown: requests in flight finish, the rest close."""
+        loop = asyncio.get_running_loop()
+        server, handler = getattr(self.site, "_server", None), self.runner.server  # TCPSite's listener
+        if server is not None and handler is not None:
+            taken: list[asyncio.Task] = []
+            await stop_listening(server, lambda sock: taken.append(loop.create_task(
+                loop.connect_accepted_socket(handler, sock, ssl=self.ssl))))
+            grace_until = loop.time() + STOP_GRACE
+            if taken:
+                await asyncio.wait(taken, timeout=STOP_GRACE)
+                _retrieve(taken)
+            while loop.time() < grace_until and any(_awaiting_first_request(c) for c in handler.connections):
+                await asyncio.sleep(0.01)
+        await self.runner.cleanup()
+
+
+def _awaiting_first_request(handler: Any) -> bool:
+    """An aiohttp connection that has not had a request yet (its client has just connected)."""
+    return getattr(handler, "_request_count", 1) == 0 and getattr(handler, "transport", None) is not None
+
+
+def _retrieve(tasks: Iterable[asyncio.Task]) -> None:
+    """Consume the errors of connections that failed to start (a TLS handshake) once done."""
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.debug("a connection taken at shutdown failed: %s", task.exception())
+
+
 async def serve_app(app: web.Application, host: str, port: int, *, ssl: "ssl.SSLContext | None" = None,
-                    **runner_options: Any) -> web.AppRunner:
-    """Run an aiohttp app on ``host:port`` (HTTPS with ``ssl``); stop it with ``await runner.cleanup()``."""
+                    **runner_options: Any) -> AiohttpServer:
+    """Run an aiohttp app on ``host:port`` (HTTPS with ``ssl``); stop it with ``await server.cleanup()``."""
     runner = web.AppRunner(app, access_log=None, **runner_options)
     await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl)
     try:
-        await web.TCPSite(runner, host, port, ssl_context=ssl).start()
+        await site.start()
     except BaseException:
         await runner.cleanup()
         raise
-    return runner
+    return AiohttpServer(runner, site, ssl)

@@ -26,7 +26,7 @@ from .api_groups import api_group, refusal_body
 from .infer import JSON_TYPE, InferReply, reply_of, serve_infer
 from .lean_request import (CONNECTION_LINES, HttpLimit, Message, connection_line, error_body, held_bytes,
                            infer_route, response_head, timeout_message, url_path)
-from .request_parser import BODY, HEADERS, RequestParser, RequestUpgrade
+from .request_parser import BODY, HEADERS, IDLE, RequestParser, RequestUpgrade
 
 if TYPE_CHECKING:
     from ...core.types import InferRequest, InferResponse
@@ -63,12 +63,15 @@ class LeanConnection(asyncio.Protocol):
         self._discard = False               # closing: ignore further input
         self._lingering = False             # half-closed, waiting for the client to close
         self._eof = False                   # the client half-closed
+        self._stopping = False              # the server stops: the next response is the last (shutdown)
         self.since = self.loop.time()       # start of the current state (for the timeouts)
 
     # -- asyncio.Protocol ----------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)
         self.ctx.connections.add(self)
+        if self.ctx.stopping_since is not None:  # taken from the accept queue as the server stops
+            self.shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.ctx.connections.discard(self)
@@ -143,6 +146,8 @@ class LeanConnection(asyncio.Protocol):
     def message_complete(self, msg: Message) -> None:
         if self._discard:
             return  # refused already, or input after the last request
+        if self._stopping:
+            msg.keep_alive = False  # answered with Connection: close, the connection's last
         self._queue.append(msg)  # _queue_message, inline: once per request
         if msg.error is None and msg.refusal is None:
             self._queued_bytes += msg.size
@@ -300,7 +305,7 @@ class LeanConnection(asyncio.Protocol):
         self._busy = False
         self._infer_run = self._infer_msg = self._infer_request = None
         self.since = self.loop.time()
-        if not keep_alive:
+        if not keep_alive or (self._stopping and not self._queue and self._parser.state == IDLE):
             self._close()
         elif self._queue or self._read_paused or self._discard or self._parser.msg is not None:
             self._serve()  # else it would find nothing to do
@@ -405,9 +410,32 @@ class LeanConnection(asyncio.Protocol):
         elif elapsed > ctx.keepalive_timeout:  # idle, or a body that stopped arriving
             self._close()
 
-    def close_idle(self) -> None:
-        """Shutdown: close now, or once the request being served (and those queued) are answered."""
-        if self._busy:
-            self._last_request()
-        else:
+    def shutdown(self) -> None:
+        """The server stops. The request being served, or the next one to arrive, is this
+        connection's last: its response says ``Connection: close`` where it is not under way
+        yet, and the connection closes after it. One with no request begun waits for one
+        until the server's grace ends (:meth:`check_shutdown`): a client that has just
+        connected is about to send it, and closing under it would lose it."""
+        self._stopping = True
+        if self._parser.state != IDLE:
+            return  # the request being read: message_complete marks it the last
+        if self._queue:
+            self._queue[-1].keep_alive = False
+        elif self._infer_msg is not None:
+            self._infer_msg.keep_alive = False  # its response is not written yet
+
+    def check_shutdown(self, now: float, grace_until: float) -> None:
+        """While the server stops: close a connection that has had no request to serve by
+        ``grace_until``."""
+        if (now >= grace_until and not self._busy and not self._queue and self._parser.state == IDLE
+                and not self._lingering):
             self._close()
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more to do before the server may drop it: closed, or lingering with every
+        byte of its answers handed to the kernel."""
+        transport = self.transport
+        if transport is None:
+            return True
+        return (self._lingering or transport.is_closing()) and transport.get_write_buffer_size() == 0

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from email.utils import formatdate
 from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 
+from ..listeners import stop_listening
 from ..restricted import Restrictions
-from .app import KEEPALIVE_TIMEOUT
+from .app import KEEPALIVE_TIMEOUT, STOP_GRACE, _retrieve
 from .lean import LeanConnection
 
 if TYPE_CHECKING:
@@ -41,6 +43,7 @@ class LeanContext:
         self.keepalive_timeout = keepalive_timeout
         self.loop = asyncio.get_running_loop()
         self.connections: set[LeanConnection] = set()
+        self.stopping_since: float | None = None  # when cleanup began: connections made since stop at once
         self.date = formatdate(usegmt=True)
         self.date_bytes = self.date.encode("latin-1")  # the same, as the route codecs write it
 
@@ -52,9 +55,11 @@ class LeanHttpServer:
         self.shutdown_timeout = shutdown_timeout
         self._server: asyncio.AbstractServer | None = None
         self._sweeper: asyncio.Task | None = None
+        self._ssl: "ssl.SSLContext | None" = None
 
     async def start(self, host: str, port: int, ssl: "ssl.SSLContext | None" = None) -> None:
         loop = self.ctx.loop
+        self._ssl = ssl
         self._server = await loop.create_server(lambda: LeanConnection(self.ctx), host, port, reuse_address=True,
                                                 ssl=ssl)
         self._sweeper = loop.create_task(self._sweep())
@@ -70,15 +75,32 @@ class LeanHttpServer:
                 conn.check_timeouts(now)
 
     async def cleanup(self) -> None:
-        """Stop accepting, let requests in flight finish (up to the shutdown timeout), close."""
-        loop = self.ctx.loop
+        """Stop accepting without resetting a connection the kernel has accepted (the ones in
+        the accept queue are taken and served), let every connection's request in flight, or
+        about to arrive (for STOP_GRACE), finish with ``Connection: close`` (up to the shutdown
+        timeout), then close."""
+        ctx, loop = self.ctx, self.ctx.loop
+        now = ctx.stopping_since = loop.time()
+        deadline = now + self.shutdown_timeout
+        grace_until = now + min(STOP_GRACE, self.shutdown_timeout)
+        taken: list[asyncio.Task] = []
         if self._server is not None:
-            self._server.close()
-        deadline = loop.time() + self.shutdown_timeout
-        for conn in list(self.ctx.connections):
-            conn.close_idle()
-        while any(c.busy for c in self.ctx.connections) and loop.time() < deadline:
-            await asyncio.sleep(0.05)
+            def serve(sock: socket.socket) -> None:
+                taken.append(loop.create_task(loop.connect_accepted_socket(
+                    lambda: LeanConnection(ctx), sock, ssl=self._ssl)))
+            await stop_listening(self._server, serve)
+        for conn in list(ctx.connections):
+            conn.shutdown()
+        if taken:
+            await asyncio.wait(taken, timeout=max(deadline - loop.time(), 0.0))
+            _retrieve(taken)
+        while loop.time() < deadline:
+            now = loop.time()
+            for conn in list(ctx.connections):
+                conn.check_shutdown(now, grace_until)
+            if all(c.settled for c in ctx.connections):
+                break
+            await asyncio.sleep(0.01)
         await self.runner.cleanup()  # aiohttp's side: its handlers in flight, then on_cleanup
         for conn in list(self.ctx.connections):
             conn.abort()

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, AsyncIterator
 from aiohttp import web
 
 from ..http.api_groups import restriction_middleware
-from ..http.app import serve_app
+from ..http.app import AiohttpServer, serve_app
 from .collect import MetricsCollector
 from .config import MetricsConfig
 from .exposition import CONTENT_TYPE
@@ -65,9 +65,9 @@ async def start_metrics(repository: "ModelRepository", host: str, port: int, *, 
                         gpu: bool = True, interval_ms: float = 2000, gpus: list[int] | None = None,
                         config: MetricsConfig = MetricsConfig(), ssl: "SSLContext | None" = None,
                         restrictions: "Restrictions | None" = None,
-                        cache: "ResponseCache | None" = None) -> web.AppRunner:
+                        cache: "ResponseCache | None" = None) -> AiohttpServer:
     """Serve ``GET /metrics`` on ``host:port`` (HTTPS with ``ssl``); stop it with
-    ``await runner.cleanup()`` (which also stops the sampler)."""
+    ``await server.cleanup()`` (which also stops the sampler)."""
     collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus, config=config, cache=cache)
     return await serve_app(create_metrics_app(collector, interval_ms, restrictions), host, port, ssl=ssl,
                            shutdown_timeout=1.0)

@@ -1,0 +1,102 @@
+"""Closing a listening socket without resetting a connection the kernel has accepted for it.
+
+A TCP handshake completes in the kernel before the server accepts the connection: the
+client may already have sent its request when the listening socket closes, and closing it
+resets every connection still in its accept queue (the client sees ECONNRESET, EPIPE, or a
+connection closed without a response). :func:`stop_listening` closes in an order that leaves
+a client only a refused connection or one the server takes and answers:
+
+1. a socket filter that drops every SYN makes the listener deaf to new handshakes (a SYN
+   dropped is retried by the client, and the retry finds the port closed: refused), while
+   the handshakes under way complete;
+2. the connections already in the accept queue are accepted and handed to the caller;
+3. the listening socket closes, its queue empty.
+
+The filter is Linux's (``SO_ATTACH_FILTER``, classic BPF: no privilege needed); elsewhere
+step 1 is skipped, and only a handshake completing between steps 2 and 3 can be reset.
+"""
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import logging
+import os
+import socket
+import struct
+import sys
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+_SO_ATTACH_FILTER = getattr(socket, "SO_ATTACH_FILTER", 26)  # Linux's value; Python does not export it
+# Classic BPF over the TCP header (where a TCP socket's filter starts): drop a segment whose
+# flags have SYN without ACK (a new handshake), keep the rest (the last ACK of a handshake
+# under way completes it, into the queue that is taken next).
+_DROP_SYN = b"".join(struct.pack("HBBI", code, jt, jf, k) for code, jt, jf, k in (
+    (0x30, 0, 0, 13),          # ldb [13]: the flags byte
+    (0x54, 0, 0, 0x12),        # and #(SYN | ACK)
+    (0x15, 0, 1, 0x02),        # jeq #SYN: next, else skip one
+    (0x06, 0, 0, 0),           # ret #0: drop
+    (0x06, 0, 0, 0xFFFFFFFF),  # ret #-1: keep all of it
+))
+
+
+def refuse_new_connections(sock: socket.socket) -> bool:
+    """Drop every SYN that reaches the listening ``sock``: no new handshake begins (the
+    client's retry finds the port closed), those under way complete; False where that
+    cannot be done."""
+    if not sys.platform.startswith("linux"):
+        return False
+    program = ctypes.create_string_buffer(_DROP_SYN, len(_DROP_SYN))
+    fprog = struct.pack("HP", len(_DROP_SYN) // 8, ctypes.addressof(program))  # struct sock_fprog (copied)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
+    except OSError as e:
+        log.debug("cannot filter the listening socket: %s", e)
+        return False
+    return True
+
+
+def take_accept_queue(sock: socket.socket) -> list[socket.socket]:
+    """Accept every connection waiting in the listening ``sock``'s queue (made non-blocking)."""
+    taken = []
+    sock.setblocking(False)
+    while True:
+        try:
+            conn, _ = sock.accept()
+        except (BlockingIOError, InterruptedError):
+            break
+        except ConnectionAbortedError:
+            continue  # that one is gone already; the others may still wait
+        except OSError as e:
+            log.debug("accept at shutdown: %s", e)
+            break
+        taken.append(conn)
+    return taken
+
+
+async def stop_listening(server: asyncio.AbstractServer, accept: Callable[[socket.socket], None]) -> int:
+    """Close ``server``'s listening sockets as the module says, handing each connection
+    taken from their queues to ``accept``; returns how many were taken. The event loop turns
+    first, so the connections it has accepted already get their protocols while the server is
+    still open (asyncio makes no transport for a closed server: it would drop them)."""
+    loop = asyncio.get_running_loop()
+    listeners = list(getattr(server, "sockets", None) or ())  # asyncio.Server's and uvloop's have them
+    sockets = [socket.socket(fileno=os.dup(s.fileno())) for s in listeners]
+    try:
+        for listener, sock in zip(listeners, sockets):
+            refuse_new_connections(sock)
+            try:  # asyncio's own loop accepts no more (uvloop's accepts on: its transports need no open server)
+                loop.remove_reader(listener.fileno())
+            except (NotImplementedError, ValueError, OSError):
+                pass
+        for _ in range(2):  # what the loop accepted gets its transport now
+            await asyncio.sleep(0)
+        taken = [conn for sock in sockets for conn in take_accept_queue(sock)]
+        server.close()
+    finally:
+        for sock in sockets:
+            sock.close()
+    for conn in taken:
+        accept(conn)
+    return len(taken)
