@@ -453,7 +453,7 @@ def test_finalize_called_on_shutdown(tmp_path):
 
 # --------------------------------------------------------------------------- broken entries
 
-BROKEN = {"bad_pbtxt": "parse", "bad_onnx": "onnx", "bad_init": "init exploded"}
+BROKEN = {"bad_onnx": "onnx", "bad_init": "init exploded"}
 
 
 def test_broken_models_do_not_stop_the_server(models_server):
@@ -469,6 +469,10 @@ def test_broken_models_do_not_stop_the_server(models_server):
             assert all(m["state"] == "UNAVAILABLE" for m in rows), rows
             assert any(needle.lower() in m.get("reason", "").lower() for m in rows), rows
             assert not client.is_model_ready(model)
+        # As Triton: a config.pbtxt that cannot be parsed fails the repository poll, so the
+        # model is never loaded, and listed by name only.
+        assert [m for (name, _), m in index.items() if name == "bad_pbtxt"] == [{"name": "bad_pbtxt"}]
+        assert not client.is_model_ready("bad_pbtxt")
         # Everything else loaded.
         for model in ("onnx_noconfig", "py_errors", "py_args", "odd_versions", "vers_all"):
             assert client.is_model_ready(model), model
@@ -491,6 +495,20 @@ def test_infer_on_broken_model_gives_clear_error(models_server, model):
         assert body == {"error": f"Request for unknown model: '{model}' has no available versions"}
     assert_serving(models_server, "py_errors", datatype="INT32", input_name="MODE",
                    values=np.array([9], dtype=np.int32))
+
+
+def test_model_that_failed_the_poll_is_not_found(models_server):
+    """As Triton 2.51: a model never loaded (its config.pbtxt cannot be parsed) is unknown,
+    and it is not in the start-up table."""
+    for path in ("/v2/models/bad_pbtxt/config", "/v2/models/bad_pbtxt"):
+        assert _get(models_server, path) == (404, {"error": "Request for unknown model: 'bad_pbtxt' is not found"})
+    with connect(models_server, "grpc") as client:
+        with pytest.raises(InferenceServerException) as e:
+            client.infer("bad_pbtxt", [_int_input(grpcclient, "INPUT0", [1])])
+        assert (e.value.status(), e.value.message()) == (
+            "StatusCode.NOT_FOUND", "Request for unknown model: 'bad_pbtxt' is not found")
+    assert not any(ln.startswith("| bad_pbtxt ") for ln in models_server.log().splitlines())
+    assert "Poll failed for model directory 'bad_pbtxt': failed to parse config.pbtxt" in models_server.log()
 
 
 def test_non_numeric_version_folder_is_ignored(models_server):

@@ -224,7 +224,7 @@ class ModelRepository:
     # -- lookup --------------------------------------------------------------------------
     def get(self, name: str, version: str = "", *, require_ready: bool = False) -> ModelVersion:
         entry = self.models.get(name)
-        if entry is None:
+        if entry is None or (entry.state == NOT_REQUESTED and not entry.versions):  # never loaded: as Triton
             raise NotFound(f"Request for unknown model: '{name}' is not found")
         if version:
             if not version.isdigit():
