@@ -209,6 +209,13 @@ def models_server(tmp_path_factory):
     onnx_add_sub(repo / "onnx_noconfig" / "1" / "model.onnx")
     onnx_add_sub(repo / "onnx_minimal" / "1" / "model.onnx")
     (repo / "onnx_minimal" / "config.pbtxt").write_text('name: "onnx_minimal"\nplatform: "onnxruntime_onnx"\n')
+    # ONNX configs that list some of the model's tensors: as Triton's, left as they are.
+    fp32 = lambda *names: [(n, "TYPE_FP32", "[ 16 ]") for n in names]  # noqa: E731
+    for name, inputs, outputs in (("onnx_some_inputs", fp32("INPUT0"), fp32("OUTPUT0", "OUTPUT1")),
+                                  ("onnx_some_outputs", fp32("INPUT0", "INPUT1"), fp32("OUTPUT1"))):
+        onnx_add_sub(repo / name / "1" / "model.onnx")
+        config = _io_config(name, inputs, outputs, max_batch_size=8)
+        (repo / name / "config.pbtxt").write_text(config.replace('backend: "python"', 'platform: "onnxruntime_onnx"'))
     # Python models.
     write_model(repo, "py_autocomplete", model_py=AUTOCOMPLETE_PY)
     write_model(repo, "py_args", model_py=ARGS_PY, config=_io_config(
@@ -309,6 +316,27 @@ def test_onnx_config_completed(models_server, model):
             _run_add_sub(client, httpclient, model, batch=5)
     finally:
         client.close()
+
+
+def test_onnx_listed_outputs_are_not_completed(models_server):
+    """As Triton's ONNX Runtime backend: a config that lists inputs and outputs is not
+    auto-completed, even where it names only some of the model's outputs (those are what
+    the model serves); one naming only some inputs fails to load (BROKEN)."""
+    status, cfg = _get(models_server, "/v2/models/onnx_some_outputs/config")
+    assert status == 200, cfg
+    assert [t["name"] for t in cfg["output"]] == ["OUTPUT1"]
+    assert [t["name"] for t in cfg["input"]] == ["INPUT0", "INPUT1"]
+    assert "dynamic_batching" not in cfg  # not completed: nothing added
+    a, b = np.arange(16, dtype=np.float32).reshape(1, 16), np.ones((1, 16), dtype=np.float32)
+    with connect(models_server, "http") as client:
+        inputs = [httpclient.InferInput("INPUT0", [1, 16], "FP32"), httpclient.InferInput("INPUT1", [1, 16], "FP32")]
+        inputs[0].set_data_from_numpy(a)
+        inputs[1].set_data_from_numpy(b)
+        result = client.infer("onnx_some_outputs", inputs)
+        assert [o["name"] for o in result.get_response()["outputs"]] == ["OUTPUT1"]
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), a - b)
+        with pytest.raises(InferenceServerException, match="OUTPUT0"):
+            client.infer("onnx_some_outputs", inputs, outputs=[httpclient.InferRequestedOutput("OUTPUT0")])
 
 
 def test_python_auto_complete_config(models_server):
@@ -453,7 +481,8 @@ def test_finalize_called_on_shutdown(tmp_path):
 
 # --------------------------------------------------------------------------- broken entries
 
-BROKEN = {"bad_onnx": "onnx", "bad_init": "init exploded"}
+BROKEN = {"bad_onnx": "onnx", "bad_init": "init exploded", "onnx_some_inputs":
+          "unable to load model 'onnx_some_inputs', configuration expects 1 inputs, model provides 2"}
 
 
 def test_broken_models_do_not_stop_the_server(models_server):

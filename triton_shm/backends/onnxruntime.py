@@ -113,14 +113,15 @@ class OnnxRuntimeBackend(Backend):
         config = copy.deepcopy(context.config)
         session = _session(context, ["CPUExecutionProvider"])
         inputs, outputs = _io(session.get_inputs()), _io(session.get_outputs())
-        if not (config.get("input") or config.get("batch_input")) or not config.get("output"):
+        # As Triton's: a list the config gives (even one naming only some of the model's
+        # tensors) is left as it is; only an empty one is completed, whole.
+        listed = {"input": bool(config.get("input") or config.get("batch_input")), "output": bool(config.get("output"))}
+        if not (listed["input"] and listed["output"]):
             _complete_max_batch(context.name, config, inputs + outputs)
         max_batch = int(config.get("max_batch_size", 0) or 0)
         for key, tensors in (("input", inputs), ("output", outputs)):
-            present = {t.get("name") for t in config.get(key) or []}
-            for name, dtype, dims in tensors:
-                if name not in present:
-                    config.setdefault(key, []).append(_completed_tensor(name, dtype, dims, max_batch))
+            if not listed[key]:
+                config[key] = [_completed_tensor(name, dtype, dims, max_batch) for name, dtype, dims in tensors]
             config.setdefault(key, [])  # a graph of constants has no inputs
         known = {n for n, _, _ in inputs}
         for t in config.get("input") or []:
@@ -131,8 +132,21 @@ class OnnxRuntimeBackend(Backend):
 
     def create_instance(self, spec: InstanceSpec) -> ModelInstance:
         providers = execution_providers(spec, self.context.name, _import_ort().get_available_providers())
-        return OnnxRuntimeInstance(self.context, _session(self.context, providers),
-                                   gpu=spec.kind == "KIND_GPU")
+        session = _session(self.context, providers)
+        check_input_count(self.context.name, self.context.config, len(session.get_inputs()))
+        return OnnxRuntimeInstance(self.context, session, gpu=spec.kind == "KIND_GPU")
+
+
+def check_input_count(model: str, config: dict[str, Any], provided: int) -> None:
+    """As Triton's ONNX Runtime backend: the model's inputs are exactly those the config
+    feeds it (its required inputs, batch inputs, sequence controls and states); a config
+    naming only some of them is refused at load, not at the first request."""
+    sequence = config.get("sequence_batching") or {}
+    expected = (sum(not t.get("optional") for t in config.get("input") or []) + len(config.get("batch_input") or [])
+                + len(sequence.get("control_input") or []) + len(sequence.get("state") or []))
+    if expected != provided:
+        raise InvalidArgument(f"unable to load model '{model}', configuration expects {expected} inputs, "
+                              f"model provides {provided}")
 
 
 def execution_providers(spec: InstanceSpec, model: str, available: list[str]) -> list:
