@@ -1216,3 +1216,60 @@ def test_hung_model_is_bounded_by_the_request_timeout(server, protocol):
     ok = client.infer("add_sub", [make_input(protocol, "INPUT0", y, "FP32"), make_input(protocol, "INPUT1", y, "FP32")])
     np.testing.assert_allclose(ok.as_numpy("OUTPUT0"), y * 2)
     client.close()
+
+
+# -- an ensemble's own reshape ------------------------------------------------------------------
+SHAPE_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            rank = np.full((x.shape[0], 1) if x.ndim == 3 else (1,), x.ndim, dtype=np.int64)  # per batch row
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x * 2),
+                                                         pb_utils.Tensor("RANK", rank)]))
+        return responses
+"""
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["no_batching", "batching"])
+def test_ensemble_reshape(tmp_path, batching):
+    """As Triton 2.51: an ensemble input with a reshape reaches its steps as reshape.shape,
+    and an output with one reaches the client as its dims (the client sends and gets [4]
+    where the step takes and makes [2, 2])."""
+    max_batch_size = 8 if batching else 0
+    repo = tmp_path / "models"
+    write_model(repo, "square", model_py=SHAPE_PY, config=f"""
+        backend: "python"
+        max_batch_size: {max_batch_size}
+        input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 2, 2 ] }} ]
+        output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 2, 2 ] }},
+                 {{ name: "RANK" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+        """)
+    reshaped = "reshape { shape: [ 2, 2 ] }"
+    (repo / "flat" / "1").mkdir(parents=True)
+    (repo / "flat" / "config.pbtxt").write_text(ensemble_config(
+        "flat", _tensor("FLAT_IN", "FP32", "[ 4 ]").replace(" }", f" {reshaped} }}"),
+        f'{_tensor("FLAT_OUT", "FP32", "[ 4 ]").replace(" }", f" {reshaped} }}")}, '
+        f'{_tensor("STEP_RANK", "INT64", "[ 1 ]")}',
+        [_step("square", {"IN": "FLAT_IN"}, {"OUT": "FLAT_OUT", "RANK": "STEP_RANK"})],
+        max_batch_size=max_batch_size))
+    srv = ServerProcess(repo, tmp_path / "server.log").start()
+    try:
+        shape = [3, 4] if batching else [4]
+        x = np.arange(int(np.prod(shape)), dtype=np.float32).reshape(shape)
+        for proto in PROTOS:
+            c = connect(srv, proto)
+            try:
+                result = c.infer("flat", [make_input(proto, "FLAT_IN", x, "FP32")])
+            finally:
+                c.close()
+            np.testing.assert_array_equal(result.as_numpy("FLAT_OUT"), x * 2)  # shape [4] (or [3, 4]) again
+            # the step saw [2, 2] (or [3, 2, 2]), not [4]
+            assert set(result.as_numpy("STEP_RANK").reshape(-1).tolist()) == {3 if batching else 2}
+    finally:
+        srv.stop_cleanly()

@@ -4,7 +4,9 @@ Each step runs as soon as the tensors it maps in exist, so independent branches 
 parallel. A step is an ordinary request to its model's own scheduler (dynamic batching
 applies); a step's outputs stay in the worker's shared-memory output arena and are handed
 to the next step as views, so they are copied once into the next worker's input arena
-and never cross a socket. Errors name the step that failed.
+and never cross a socket. Errors name the step that failed. An ensemble input or output
+with a ``reshape`` is, as in Triton, ``dims`` to the client and ``reshape.shape`` to the
+steps (after the batch dimension when the ensemble batches).
 """
 from __future__ import annotations
 
@@ -34,6 +36,22 @@ def composing_models(config) -> list[str]:
 
 def _wire_types(tensors) -> dict[str, str]:
     return {t.name: config_to_wire(data_type_name(t.data_type)) for t in tensors}
+
+
+def _reshapes(tensors) -> dict[str, tuple[list[int], list[int]]]:
+    """name -> (dims, reshape.shape) of the tensors that have a reshape."""
+    return {t.name: (list(t.dims), list(t.reshape.shape)) for t in tensors if t.HasField("reshape")}
+
+
+def reshaped(shape: list[int], batched: bool, source: list[int], target: list[int]) -> list[int] | None:
+    """``shape`` (of the form ``source``, after a batch dimension when ``batched``) in the form
+    ``target``: each variable (-1) dimension of ``target`` takes, in order, the size of one of
+    ``source``'s; None when ``shape`` does not have the form ``source``."""
+    lead, body = (shape[:1], shape[1:]) if batched and shape else ([], shape)
+    if len(body) != len(source) or any(d != -1 and d != g for g, d in zip(body, source)):
+        return None
+    variable = iter([g for g, d in zip(body, source) if d == -1])
+    return lead + [next(variable, 1) if d == -1 else d for d in target]
 
 
 def validate_ensemble(config, repository: "ModelRepository") -> None:
@@ -110,6 +128,9 @@ class EnsembleScheduler:
     def __init__(self, model: "ModelVersion", repository: "ModelRepository", stats: ModelStats):
         self.model, self.repository, self.stats = model, repository, stats
         self.steps = list(model.config.ensemble_scheduling.step)
+        self._batched = model.config.max_batch_size > 0
+        self._input_reshapes = _reshapes(model.config.input)
+        self._output_reshapes = _reshapes(model.config.output)
         self._inflight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -145,6 +166,12 @@ class EnsembleScheduler:
 
     async def _run(self, request: InferRequest, plan: "RequestPlan") -> InferResponse:
         tensors: dict[str, Tensor] = {t.name: t for t in request.inputs}
+        for name, (dims, shape) in self._input_reshapes.items():
+            t = tensors.get(name)
+            if t is not None:  # its dims were checked: the steps see it as reshape.shape
+                steps_shape = reshaped(list(t.shape), self._batched, dims, shape)
+                tensors[name] = InputTensor(name, t.datatype, steps_shape if steps_shape is not None else
+                                            list(t.shape), t.data)
         responses: list[InferResponse] = []
         todo = set(range(len(self.steps)))
         running: dict[asyncio.Task, int] = {}
@@ -179,7 +206,15 @@ class EnsembleScheduler:
                 t = tensors[name]
                 if t.data is None:  # an ensemble input passed straight through, from a client region
                     raise Unsupported(f"ensemble '{self.model.name}': output '{name}' is an input in shared memory")
-                outputs.append(OutputTensor(name, t.datatype, list(t.shape), t.data))
+                shape = list(t.shape)
+                if name in self._output_reshapes:  # the steps make reshape.shape, the client gets dims
+                    dims, steps_shape = self._output_reshapes[name]
+                    client_shape = reshaped(shape, self._batched, steps_shape, dims)
+                    if client_shape is None:
+                        raise InvalidArgument(f"ensemble '{self.model.name}': output '{name}' has shape {shape}, "
+                                              f"which does not match its reshape {steps_shape}")
+                    shape = client_shape
+                outputs.append(OutputTensor(name, t.datatype, shape, t.data))
         except BaseException:
             for r in responses:
                 r.release()
