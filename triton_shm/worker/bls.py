@@ -13,15 +13,14 @@ import itertools
 import json
 import queue
 import threading
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
 from ..backends.python import triton_python_backend_utils as pb_utils
+from .host import Host
+from .memory import WorkerMemory
 from .tensors import decode_input, encode_output
-
-if TYPE_CHECKING:
-    from .process import Worker
 
 _PB_CODES = {
     "UNKNOWN": pb_utils.TritonError.UNKNOWN, "INTERNAL": pb_utils.TritonError.INTERNAL,
@@ -32,8 +31,12 @@ _PB_CODES = {
 
 
 class BlsClient:
-    def __init__(self, worker: "Worker"):
-        self.worker = worker
+    """Writes a call's inputs into ``memory``'s output arena, sends the call through
+    ``host`` and waits for ``deliver``; ``host.need_reader`` makes sure someone reads the
+    ring meanwhile (the caller may be running on the ring's reader: ``Worker._run_inline``)."""
+
+    def __init__(self, memory: WorkerMemory, host: Host):
+        self.memory, self._send, self._need_reader = memory, host.send, host.need_reader
         self._ids = itertools.count(1)
         self._waiters: dict[int, queue.SimpleQueue] = {}
         self._lock = threading.Lock()
@@ -58,7 +61,7 @@ class BlsClient:
             inputs = []
             for t in request.inputs():
                 datatype = pb_utils._ENUM_TO_WIRE[t.triton_dtype()]
-                shape, block = encode_output(self.worker.arena, t.name(), datatype,
+                shape, block = encode_output(self.memory.arena, t.name(), datatype,
                                              t.as_numpy() if t.is_cpu() else t.device_array())
                 blocks.append(block)
                 inputs.append([t.name(), datatype, shape, block.descriptor()])
@@ -70,11 +73,11 @@ class BlsClient:
                                   sequence_start=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
                                   sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END))
             self._waiters[bid] = waiter
-            self.worker.send({"op": "bls", "bid": bid, "model": request.model_name(),
-                              "version": str(version) if version and version > 0 else "",
-                              "request_id": request.request_id(), "inputs": inputs,
-                              "outputs": list(request._requested_output_names), "parameters": parameters})
-            self.worker.need_reader()  # the caller may be running on the ring's reader
+            self._send({"op": "bls", "bid": bid, "model": request.model_name(),
+                        "version": str(version) if version and version > 0 else "",
+                        "request_id": request.request_id(), "inputs": inputs,
+                        "outputs": list(request._requested_output_names), "parameters": parameters}, None)
+            self._need_reader()  # the caller may be running on the ring's reader
             while True:
                 try:
                     msg = waiter.get(timeout=timeout)
@@ -90,7 +93,7 @@ class BlsClient:
         finally:
             self._waiters.pop(bid, None)
             for b in blocks:
-                self.worker.arena.free(b.segment.id, b.offset, b.size)
+                self.memory.arena.free(b.segment.id, b.offset, b.size)
 
     def _response(self, msg: dict[str, Any]) -> "pb_utils.InferenceResponse | None":
         if "error" in msg:
@@ -104,10 +107,10 @@ class BlsClient:
         try:
             for name, datatype, shape, desc in outputs:
                 staged.append(desc)
-                array = decode_input(datatype, shape, self.worker.inputs.view(desc))  # staged in our input arena
+                array = decode_input(datatype, shape, self.memory.inputs.view(desc))  # staged in our input arena
                 array = array.copy() if array.dtype != np.object_ else array  # the block goes back below
                 code = pb_utils._WIRE_TO_ENUM[datatype]
                 tensors.append(pb_utils.Tensor(name, array, code if datatype in ("BF16", "BYTES") else None))
         finally:
-            self.worker.send({"op": "release_inputs", "blocks": staged})
+            self._send({"op": "release_inputs", "blocks": staged}, None)
         return pb_utils.InferenceResponse(tensors)

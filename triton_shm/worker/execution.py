@@ -16,23 +16,23 @@ import threading
 import time
 import traceback
 from sys import getrefcount
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ..backends.base import ModelInstance, WorkerRequest, WorkerResponse
+from ..backends.base import Backend, ModelContext, ModelInstance, WorkerRequest, WorkerResponse
 from ..core import codec
-from ..core.datatypes import element_size, from_numpy, numpy_dtype
+from ..core.datatypes import config_to_wire, element_size, from_numpy, numpy_dtype
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc.arena import Block
 from . import assembler
 from .assembler_py import RegionSpan
 from .cuda import DeviceSpan, as_cupy, gather_device, is_device_array
+from .host import Host
+from .memory import WorkerMemory
 from .tensors import (
-    decode_device_input, decode_input, encode_output, encode_output_into, wire_bytes, write_device_output)
-
-if TYPE_CHECKING:
-    from .process import LoadedModel, Worker
+    Reshapes, decode_device_input, decode_input, encode_output, encode_output_into, wire_bytes,
+    write_device_output)
 
 log = logging.getLogger("triton_shm.worker")
 _clock = time.perf_counter_ns  # the compute timings of each batch
@@ -45,13 +45,46 @@ def _error(e: BaseException, model: str) -> dict[str, Any]:
     return {"error": Internal(f"model '{model}' failed: {type(e).__name__}: {e}").to_wire()}
 
 
+class LoadedModel:
+    """A model as its runners see it: what it outputs, how it batches, how it reads inputs."""
+
+    def __init__(self, context: ModelContext, backend: Backend):
+        self.context, self.backend = context, backend
+        self.runners: list[InstanceRunner] = []
+        self.output_types = {o["name"]: config_to_wire(o["data_type"]) for o in context.config.get("output", [])}
+        # sequence batching's implicit state: outputs the front-end asks for beside the
+        # client's, which a model may leave out (its state then stays as it was)
+        states = (context.config.get("sequence_batching") or {}).get("state") or []
+        self.state_outputs = {s["output_name"]: config_to_wire(s.get("data_type", "TYPE_INVALID")) for s in states
+                              if s.get("output_name")}
+        self.output_types.update(self.state_outputs)
+        self.reshapes = Reshapes.from_config(context.config)
+        # one model execution over the concatenated rows of a whole batch
+        self.concat_batching = backend.concat_batching and int(context.config.get("max_batch_size", 0)) > 0
+        self.decoupled = bool((context.config.get("model_transaction_policy") or {}).get("decoupled", False))
+        if self.decoupled:
+            self.concat_batching = False
+        # inputs in a client's system shared memory are lent in place, not copied (a
+        # decoupled model may read them after execute returns: it gets copies)
+        self.inputs_in_place = backend.reads_inputs_in_place and not self.decoupled
+
+
 class InstanceRunner:
     """A model instance and the thread that feeds it batches (unless the control thread
-    runs the batch itself: ``Worker._run_inline``)."""
+    runs the batch itself: ``Worker._run_inline``). It reads and writes tensors through
+    ``memory`` and answers through ``host``; it never sees the worker."""
 
-    def __init__(self, worker: "Worker", model: "LoadedModel", instance: ModelInstance, name: str,
+    def __init__(self, model: LoadedModel, instance: ModelInstance, name: str, memory: WorkerMemory, host: Host,
                  device_inputs: bool = False):
-        self.worker, self.model, self.instance, self.name = worker, model, instance, name
+        self.model, self.instance, self.name = model, instance, name
+        self.worker_name = host.name
+        # bound methods and maps, looked up once: the per-batch path calls them directly
+        self._reply, self._stream_body, self._reply_failed = host.reply, host.stream, host.reply_failed
+        self._cancelled = host.cancelled
+        self._arena, self._regions = memory.arena, memory.regions
+        self._free = memory.arena.free_blocks  # one call per batch (a C loop when built)
+        self._keep_held, self._view = memory.keep_held, memory.view
+        self._arena_view, self._input_bytes = memory.inputs.view, memory.input_bytes
         # CUDA shared-memory inputs reach the instance on its GPU (``Backend.takes_device_inputs``)
         self.device_inputs = device_inputs
         self.queue: queue.SimpleQueue[dict | None] = queue.SimpleQueue()
@@ -92,7 +125,7 @@ class InstanceRunner:
                 model = self.model
                 if self.stopped:  # unloaded since the batch was read
                     return {"error": NotFound(f"model '{model.context.name}' is not loaded in worker "
-                                              f"'{self.worker.name}'").to_wire()}
+                                              f"'{self.worker_name}'").to_wire()}
                 requests = msg["requests"]
                 if model.concat_batching and len(requests) > 1 and _uniform(requests):
                     try:
@@ -108,7 +141,7 @@ class InstanceRunner:
                 finally:  # after _run_each's frame is gone: only a model can still hold an input
                     for entry in held:
                         if getrefcount(entry[0]) > 2:  # more than the tuple and the argument
-                            self.worker.keep_held(held, scratch)
+                            self._keep_held(held, scratch)
                             break
                     if scratch:
                         self._free(scratch)
@@ -117,14 +150,14 @@ class InstanceRunner:
 
     def execute(self, msg: dict[str, Any]) -> None:
         """Run one batch and send its reply."""
-        self.worker.reply(msg["id"], self.run(msg))
+        self._reply(msg["id"], self.run(msg))
 
     def _run(self) -> None:
         while (msg := self.queue.get()) is not None:
             try:
                 self.execute(msg)
             except OSError as e:  # the reply could not be sent
-                self.worker.reply_failed(e)
+                self._reply_failed(e)
                 return
 
     # -- one batch -------------------------------------------------------------------------
@@ -132,7 +165,7 @@ class InstanceRunner:
                   held: list[tuple[np.ndarray, list | Block]]) -> dict[str, Any]:
         """The requests of a batch as a list (Python models; any batch the assembler cannot join).
         ``held`` gets each input array over memory that is reused once the batch is
-        answered, with that memory (``Worker.keep_held``)."""
+        answered, with that memory (``WorkerMemory.keep_held``)."""
         model = self.model
         t0 = _clock()
         decoded: list[WorkerRequest] = []
@@ -145,7 +178,7 @@ class InstanceRunner:
                 wr = self._decode(r, scratch, held, lent[i] if lent is not None else None)
                 if model.decoupled:
                     wr.sender = functools.partial(self._stream, msg_id, i, r)
-                    wr.is_cancelled = functools.partial(self.worker.cancelled.__contains__, (msg_id, i))
+                    wr.is_cancelled = functools.partial(self._cancelled.__contains__, (msg_id, i))
                 decoded.append(wr)
                 live.append(i)
             except Exception as e:  # noqa: BLE001 - a request that cannot be decoded fails alone
@@ -179,7 +212,7 @@ class InstanceRunner:
                 lent: list | None = None) -> WorkerRequest:
         inputs, datatypes = {}, {}
         reshapes = self.model.reshapes if self.model.reshapes.inputs else None
-        arena_view, input_bytes = self.worker.inputs.view, self.worker.input_bytes
+        arena_view, input_bytes = self._arena_view, self._input_bytes
         for name, datatype, shape, desc in r["inputs"]:
             if reshapes is not None:
                 shape = reshapes.input_shape(name, shape)
@@ -211,7 +244,7 @@ class InstanceRunner:
         """One response of a decoupled model's request, sent as it is produced."""
         body: dict[str, Any] = {"op": "stream", "id": msg_id, "index": index, "final": final}
         if final:
-            self.worker.cancelled.discard((msg_id, index))
+            self._cancelled.discard((msg_id, index))
         if response is not None:
             try:
                 if response.error is not None:
@@ -219,7 +252,7 @@ class InstanceRunner:
                 body["outputs"] = self._encode(r, response.outputs, partial=True)
             except Exception as e:  # noqa: BLE001 - a stream response that cannot be encoded ends as an error
                 body.update(_error(e, self.model.context.name))
-        self.worker.stream(body)
+        self._stream_body(body)
 
     def _encode(self, r: dict[str, Any], outputs: dict[str, Any], partial: bool = False,
                 lent: list | None = None) -> list[list[Any]]:
@@ -239,14 +272,14 @@ class InstanceRunner:
                 raise Internal(f"model '{model.context.name}' did not produce output(s) "
                                f"{[n for n in names if n not in outputs]}")
         in_shm = r.get("shm_outputs")
-        arena = self.worker.arena
+        arena = self._arena
         encoded: list[list[Any]] = []
         blocks: list[Block] = []
         try:
             for name in names:
                 if in_shm and name in in_shm:  # straight into the client's region
                     rid, offset, size = in_shm[name]
-                    target = self.worker.regions.view(rid, offset, size)
+                    target = self._regions.view(rid, offset, size)
                     if isinstance(target, DeviceSpan):
                         shape, written = write_device_output(target, name, specs[name], outputs[name])
                     else:
@@ -267,9 +300,6 @@ class InstanceRunner:
             raise
         return encoded
 
-    def _free(self, blocks: list[Block]) -> None:
-        self.worker.arena.free_blocks(blocks)  # one call (a C loop when built)
-
     # -- concatenated batches --------------------------------------------------------------
     def _run_concatenated(self, requests: list[dict[str, Any]]) -> dict[str, Any]:
         t0 = _clock()
@@ -285,7 +315,7 @@ class InstanceRunner:
                 if joined is not None:
                     inputs[name] = joined.view(numpy_dtype(datatype)).reshape(model_shape)
                     continue
-            views = [self.worker.view(desc) for desc in descs]
+            views = [self._view(desc) for desc in descs]
             buf = np.empty(sum(v.nbytes for v in views), dtype=np.uint8)
             assembler.gather(buf, views)  # BYTES too: encoded tensors concatenate
             inputs[name] = decode_input(datatype, model_shape, buf.data)
@@ -313,7 +343,7 @@ class InstanceRunner:
         """Where an input lies in a client's CUDA shared-memory region, its span there."""
         if not desc or desc[0] != "r":
             return None
-        return self.worker.regions.device_view(int(desc[1]), int(desc[2]), int(desc[3]))
+        return self._regions.device_view(int(desc[1]), int(desc[2]), int(desc[3]))
 
     def _gather_on_device(self, descs: list[list]) -> Any:
         """The rows of one input, joined on the GPU when any of them lies in CUDA shared
@@ -326,7 +356,7 @@ class InstanceRunner:
             if span is not None:
                 pieces.append(span)
                 continue
-            view = self.worker.view(desc)
+            view = self._view(desc)
             if not isinstance(view, memoryview):  # a system region under the twin: read it out once
                 host = np.empty(view.nbytes, dtype=np.uint8)
                 assembler.gather(host, [view])
@@ -339,7 +369,7 @@ class InstanceRunner:
         if array is None:
             raise Internal(f"model '{self.model.context.name}' did not produce output '{name}'")
         refs = [(r.get("shm_outputs") or {}).get(name) for r in requests]
-        regions = self.worker.regions
+        regions = self._regions
         if datatype not in ("BYTES", "BF16") and is_device_array(array) and any(
                 ref is not None and regions.device_view(*ref) is not None for ref in refs):
             return self._scatter_on_device(name, datatype, as_cupy(array), refs, rows, results, blocks)
@@ -364,7 +394,7 @@ class InstanceRunner:
                 targets.append(target)
                 result["outputs"].append([name, datatype, [n, *row_shape], ["r", rid, offset, size]])
             else:
-                block = self.worker.arena.alloc(size)
+                block = self._arena.alloc(size)
                 blocks.append(block)
                 targets.append(block.view)
                 result["outputs"].append([name, datatype, [n, *row_shape], block.descriptor()])
@@ -394,7 +424,7 @@ class InstanceRunner:
                     written = encode_output_into(target, name, datatype, part)[1]
                 result["outputs"].append([name, datatype, [n, *row_shape], ["r", ref[0], ref[1], written]])
             else:
-                _, block = encode_output(self.worker.arena, name, datatype, part)
+                _, block = encode_output(self._arena, name, datatype, part)
                 blocks.append(block)
                 result["outputs"].append([name, datatype, [n, *row_shape], block.descriptor()])
 
@@ -404,7 +434,7 @@ class InstanceRunner:
         if size > limit:
             raise InvalidArgument(f"shared memory size specified with the request for output '{name}' "
                                   f"({limit} bytes) should be at least {size} bytes to hold the results")
-        return self.worker.regions.view(rid, offset, size)
+        return self._regions.view(rid, offset, size)
 
 
 def _uniform(requests: list[dict[str, Any]]) -> bool:

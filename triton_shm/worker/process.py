@@ -5,6 +5,10 @@ NAME``; the inherited fds are its end of the socket, its two rings and the event
 wakes the front-end (``ipc.link``). The main thread reads frames (``ipc.protocol``) from the ring; each model
 instance has its own thread and queue, so a slow model never blocks another, and loads
 run on a loader thread so inference continues meanwhile.
+
+This module is the top of the package: it owns the link, the control loop and dispatch,
+and imports the rest (``memory``, ``execution``, ``bls``, ``relief``, ``host``), none of
+which imports it.
 """
 from __future__ import annotations
 
@@ -16,56 +20,25 @@ import sys
 import threading
 import time
 import traceback
-import weakref
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from ..backends import get_backend
-from ..backends.base import Backend, InstanceSpec, ModelContext
+from ..backends.base import InstanceSpec, ModelContext
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc import channel, protocol
 from ..ipc.protocol import Op
-from ..ipc.arena import Arena, Block, Segment, SegmentMap
 from ..ipc.link import Link
 from ..ipc.ring import RingCorrupt
-from ..core.datatypes import config_to_wire
 from ..backends.python import triton_python_backend_utils as pb_utils
-from . import assembler
 from .bls import BlsClient
-from .execution import InstanceRunner
+from .execution import InstanceRunner, LoadedModel
+from .host import Host
+from .memory import WorkerMemory
 from .relief import Relief
-from .assembler_py import RegionSpan
-from .cuda import DeviceSpan
-from .regions import RegionMap
-from .tensors import Reshapes
 
 log = logging.getLogger("triton_shm.worker")
-
-OUTPUT_CHUNK = 64 << 20
-
-
-class LoadedModel:
-    def __init__(self, context: ModelContext, backend: Backend):
-        self.context, self.backend = context, backend
-        self.runners: list[InstanceRunner] = []
-        self.output_types = {o["name"]: config_to_wire(o["data_type"]) for o in context.config.get("output", [])}
-        # sequence batching's implicit state: outputs the front-end asks for beside the
-        # client's, which a model may leave out (its state then stays as it was)
-        states = (context.config.get("sequence_batching") or {}).get("state") or []
-        self.state_outputs = {s["output_name"]: config_to_wire(s.get("data_type", "TYPE_INVALID")) for s in states
-                              if s.get("output_name")}
-        self.output_types.update(self.state_outputs)
-        self.reshapes = Reshapes.from_config(context.config)
-        # one model execution over the concatenated rows of a whole batch
-        self.concat_batching = backend.concat_batching and int(context.config.get("max_batch_size", 0)) > 0
-        self.decoupled = bool((context.config.get("model_transaction_policy") or {}).get("decoupled", False))
-        if self.decoupled:
-            self.concat_batching = False
-        # inputs in a client's system shared memory are lent in place, not copied (a
-        # decoupled model may read them after execute returns: it gets copies)
-        self.inputs_in_place = backend.reads_inputs_in_place and not self.decoupled
 
 
 def _context(msg: dict[str, Any]) -> ModelContext:
@@ -82,22 +55,28 @@ RING_FULL_WAIT = 30.0  # s a sender waits for room in its ring before giving the
 
 
 class Worker:
+    """The link to the front-end, the control loop that reads it and dispatches its frames,
+    and the models. Memory is ``self.memory``'s; runners and the BLS client get that and
+    ``self.host`` (what they may use of the worker), never the worker itself."""
+
     def __init__(self, link: Link, name: str):
         self.link, self.name = link, name
         self._send_lock = threading.Lock()
-        self.inputs = SegmentMap()
-        self.regions = RegionMap()
-        self.arena = Arena(OUTPUT_CHUNK, on_new_segment=self._share_segment, on_drop_segment=self._drop_segment)
-        self.models: dict[str, LoadedModel] = {}
-        self.bls = BlsClient(self)
         self.cancelled: set[tuple[int, int]] = set()  # (batch message id, request index) of gone clients
-        self._released: deque[list | Block] = deque()  # memory of kept inputs collected since (keep_held)
+        self.memory = WorkerMemory(self.send)
+        # looked up once: every reply checks for kept inputs to give back, and frames carry frees
+        self._released, self._flush_released = self.memory.released, self.memory.flush_released
+        self._free_records = self.memory.arena.free_records
+        self.host = Host(name=name, send=self.send, reply=self.reply, stream=self.stream,
+                         reply_failed=self.reply_failed, need_reader=self.need_reader, cancelled=self.cancelled)
+        self.models: dict[str, LoadedModel] = {}
+        self.bls = BlsClient(self.memory, self.host)
         pb_utils._set_bls_client(self.bls)
         self.loader = ThreadPoolExecutor(max_workers=4, thread_name_prefix="loader")
         # reading the ring: see ``_run_inline``
         self._reader = threading.Lock()
         self._ending = threading.Lock()
-        self._relief = Relief(self)
+        self._relief = Relief(self.relieve)
         self._watch = self._relief.watch  # .current: the inline execution running now (its number), or 0
         self.relief_reading = False
 
@@ -120,40 +99,9 @@ class Worker:
         """A control op of our own (segment, drop, bls, ...)."""
         self.send_frame(protocol.encode_control(0, message), fds)
 
-    # -- inputs a model keeps ------------------------------------------------------------
-    def keep_held(self, held: list[tuple[Any, list | Block]], scratch: list[Block] | None) -> None:
-        """After a batch: the input arrays a model still holds (stored, or handed to a
-        thread of a decoupled model) keep their memory until they die. A block of the
-        front-end's arena stays out of its reuse (``keep_inputs``, sent before the reply,
-        which would free it); a block of our own is taken out of ``scratch``. Each comes
-        back once its array is collected (``_flush_released``)."""
-        keep: list[list] = []
-        for entry in held:
-            if sys.getrefcount(entry[0]) <= 2:  # the tuple and the argument: nobody else holds it
-                continue
-            array, memory = entry
-            if isinstance(memory, list):
-                keep.append(memory)
-            elif scratch is not None:
-                scratch.remove(memory)
-            weakref.finalize(array, self._released.append, memory)  # deque.append: safe from any thread
-        if keep:
-            self.send({"op": "keep_inputs", "blocks": keep})
-
-    def _flush_released(self) -> None:
-        """Give back the memory of kept inputs that have been collected since."""
-        released = []
-        while self._released:
-            released.append(self._released.popleft())
-        ours = [m for m in released if not isinstance(m, list)]
-        if ours:
-            self.arena.free_blocks(ours)
-        if len(ours) < len(released):
-            self.send({"op": "release_inputs", "blocks": [m for m in released if isinstance(m, list)]})
-
     def reply(self, msg_id: int, body: dict[str, Any]) -> None:
         """Answer message ``msg_id``: a batch's results, an error, or a control op's reply."""
-        if self._released:
+        if self._released:  # kept inputs collected since: their memory goes back first
             self._flush_released()
         if "responses" in body:
             frame = protocol.encode_reply(msg_id, body["responses"], body["timing"])
@@ -167,51 +115,6 @@ class Worker:
         """One response of a decoupled request (``execution``'s ``stream`` body)."""
         response = body if ("outputs" in body or "error" in body) else None
         self.send_frame(protocol.encode_stream(body["id"], body["index"], body["final"], response))
-
-    def view(self, desc: list) -> "memoryview | RegionSpan":
-        """An input's bytes: ``[segment, offset, size]`` in the front-end's arena, or
-        ``["r", region, offset, size]`` in a client region."""
-        if desc and desc[0] == "r":
-            _, rid, offset, size = desc
-            view = self.regions.view(int(rid), int(offset), int(size))
-            return view.to_host() if isinstance(view, DeviceSpan) else view  # CUDA: one device-to-host copy
-        return self.inputs.view(desc)
-
-    def input_bytes(self, desc: list, scratch: list[Block] | None, lent: list | None = None) -> memoryview:
-        """What a model may read: arena bytes in place; a client region's bytes copied
-        once, with a guarded copy, since the client may shrink its region at any time and
-        a later read would fault. The copy goes into an output-arena block appended to
-        ``scratch`` (pages already mapped; the caller frees it once the batch is answered),
-        or, without ``scratch``, into memory of its own that lives as long as the model
-        holds it (decoupled models answer after execute returns).
-
-        With ``lent`` (a model that only reads its inputs), a system region's bytes are
-        lent in place instead, read-only, and their mapping appended to ``lent``: the
-        caller fails the request if a truncation poisoned it (``regions``)."""
-        if not desc or desc[0] != "r":
-            return self.inputs.view(desc)
-        if lent is not None:
-            loan = self.regions.lend(int(desc[1]), int(desc[2]), int(desc[3]))
-            if loan is not None:
-                lent.append(loan[1])
-                return loan[0]
-        view = self.regions.view(int(desc[1]), int(desc[2]), int(desc[3]))
-        if isinstance(view, DeviceSpan):
-            return view.to_host()  # already private memory
-        if scratch is None:
-            private = memoryview(bytearray(view.nbytes))
-        else:
-            block = self.arena.alloc(view.nbytes)
-            scratch.append(block)
-            private = block.view
-        assembler.copy(private, view)
-        return private
-
-    def _share_segment(self, seg: Segment) -> None:
-        self.send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])
-
-    def _drop_segment(self, seg_id: int) -> None:
-        self.send({"op": "drop", "seg": seg_id})
 
     # -- control loop --------------------------------------------------------------------
     def run(self) -> int:
@@ -263,7 +166,7 @@ class Worker:
 
     def _dispatch(self, msg: "protocol.Message", fds: list[int], inline: bool = False) -> None:
         if msg.frees:  # freed output blocks ride along
-            self.arena.free_records(msg.frees)
+            self._free_records(msg.frees)
         op = msg.op
         if op == Op.INFER:
             body = msg.body
@@ -362,20 +265,20 @@ class Worker:
         if op == "segment":
             if len(fds) != 1:
                 raise Internal("segment message without exactly one fd")
-            self.inputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
+            self.memory.inputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
         elif op == "drop":
-            self.inputs.drop(int(msg["seg"]))
+            self.memory.inputs.drop(int(msg["seg"]))
         elif op == "region":
             if len(fds) != 1:
                 raise Internal("region message without exactly one fd")
-            self.regions.add(int(msg["rid"]), int(msg["offset"]), int(msg["size"]), fds[0])
+            self.memory.regions.add(int(msg["rid"]), int(msg["offset"]), int(msg["size"]), fds[0])
         elif op == "cuda_region":
-            self.regions.add_cuda(int(msg["rid"]), bytes.fromhex(msg["handle"]), int(msg["device"]),
+            self.memory.regions.add_cuda(int(msg["rid"]), bytes.fromhex(msg["handle"]), int(msg["device"]),
                                   int(msg["size"]))
             if msg["id"]:  # registration waits for the handle to open
                 self.reply(msg["id"], {})
         elif op == "region_drop":
-            self.regions.drop(int(msg["rid"]))
+            self.memory.regions.drop(int(msg["rid"]))
         elif op == "cancel":
             self.cancelled.add((int(msg["batch"]), int(msg["index"])))
         elif op == "bls_reply":
@@ -413,7 +316,7 @@ class Worker:
             for spec in msg["instances"]:
                 inst = backend.create_instance(InstanceSpec(spec["name"], spec["kind"], int(spec["device_id"])))
                 on_gpu = spec["kind"] == "KIND_GPU"
-                model.runners.append(InstanceRunner(self, model, inst, spec["name"],
+                model.runners.append(InstanceRunner(model, inst, spec["name"], self.memory, self.host,
                                                     device_inputs=on_gpu and backend.takes_device_inputs))
             # the control thread may run it (see ``_run_inline``): a CUDA device is current per
             # thread, and a decoupled model's cancellations arrive while it runs
@@ -445,9 +348,7 @@ class Worker:
                 runner.stop()
         self.models.clear()
         self.loader.shutdown(wait=False, cancel_futures=True)
-        self.inputs.close()
-        self.regions.close()
-        self.arena.close()
+        self.memory.close()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import Callable
 
 from ..core.codec import NO_EXTENSIONS
 from .watch_py import Watch
@@ -28,9 +28,6 @@ if not NO_EXTENSIONS:
     except ImportError:  # not built: the twin serves
         pass
 
-if TYPE_CHECKING:
-    from .process import Worker
-
 log = logging.getLogger("triton_shm.worker")
 
 TICK_MS = int(os.environ.get("TRITON_SHM_WORKER_RELIEF_MS", "5"))
@@ -38,8 +35,8 @@ PARK_AFTER = 100  # quiet ticks (0.5 s by default) before the clock sleeps until
 
 
 class Relief:
-    def __init__(self, worker: "Worker"):
-        self.worker = worker
+    def __init__(self, relieve: Callable[[int], None]):
+        self._relieve = relieve  # reads frames while inline execution ``seq`` runs (``Worker.relieve``)
         self.watch = Watch(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
         self.urgent = 0  # the inline execution that waits for a frame
         self._thread = threading.Thread(target=self._run, name="relief", daemon=True)
@@ -61,6 +58,6 @@ class Relief:
                 if not seq or seq != watch.current:
                     continue
             try:
-                self.worker.relieve(seq)
+                self._relieve(seq)
             except Exception:  # noqa: BLE001 - the relief must outlive any one frame
                 log.exception("the relief reader failed")
