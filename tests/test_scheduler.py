@@ -454,7 +454,7 @@ async def test_a_dead_instance_gets_no_batch_and_its_failed_batches_give_no_slot
     for rid in "ab":
         await h.submit(rid)
     assert [s.instance for s in h.pool.sent] == [("cpu", 0), ("cpu", 1)]  # an idle instance first
-    h.scheduler.instance_down(("cpu", 1))
+    h.scheduler.instance_down(("cpu", 1), "model instance 'm_0_1' is restarting")
     await h.answer(1, [Unavailable("model instance 'm_0_1' was killed by signal 9")])  # its batch fails
     assert isinstance(h.result("b"), Unavailable)
     for rid in "cde":
@@ -475,12 +475,13 @@ async def test_with_every_instance_down_the_queued_requests_fail_and_new_ones_wa
     h = Harness(DYNAMIC, instances=2)
     for rid in "ab":
         await h.submit(rid)
-    h.scheduler.instance_down(("cpu", 0))
-    h.scheduler.instance_down(("cpu", 1))
+    h.scheduler.instance_down(("cpu", 0), "model instance 'm_0_0' is restarting")
+    h.scheduler.instance_down(("cpu", 1), "model instance 'm_0_1' is restarting")
     await settle()
     for rid in "ab":
         error = h.result(rid)
-        assert isinstance(error, Unavailable) and "no instance of it is running" in error.message, error
+        assert isinstance(error, Unavailable), error
+        assert error.message == "model 'm' is not available: model instance 'm_0_1' is restarting", error
     assert h.stats.failures == {"REJECTED": 2}
     await h.submit("c")
     await h.advance(1000 * US)
@@ -494,7 +495,7 @@ async def test_with_every_instance_down_the_queued_requests_fail_and_new_ones_wa
 async def test_drain_waits_for_running_batches_not_for_a_dead_instance_slots():
     h = Harness("max_batch_size: 8", instances=2)
     await h.submit("a")
-    h.scheduler.instance_down(("cpu", 1))
+    h.scheduler.instance_down(("cpu", 1), "model instance 'm_0_1' is restarting")
     drain = asyncio.ensure_future(h.scheduler.drain())
     await asyncio.sleep(0.01)
     assert not drain.done()  # a still runs on instance 0

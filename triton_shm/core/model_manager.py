@@ -153,13 +153,14 @@ class ModelManager:
         """Its instances leave their schedulers. A model that still has an instance running
         elsewhere (another instance process) stays READY, as Triton's does while a stub
         restarts; one left with none cannot serve until it is back and loaded again."""
+        reason = f"{self.pool.workers[worker].what} is restarting"
         for mv in self.pool.placed_on(worker):
             scheduler = mv.scheduler
             if scheduler is not None and not isinstance(scheduler, EnsembleScheduler):
                 for instance in self.pool.instances_on(worker, mv):
-                    scheduler.instance_down(instance)
+                    scheduler.instance_down(instance, reason)
             if mv.state == READY and not (self.pool.is_instance_process(worker) and self.pool.any_host_alive(mv)):
-                mv.state, mv.reason = LOADING, f"worker '{worker}' is restarting"
+                mv.state, mv.reason = LOADING, reason
                 mv.recovering = True
 
     async def _worker_back(self, worker: str) -> None:

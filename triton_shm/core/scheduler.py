@@ -329,15 +329,16 @@ class Scheduler:
             self._limiter().release(claim, restage=not down and any(self.queues.values()))
 
     # -- instances that die and come back ------------------------------------------------
-    def instance_down(self, instance: tuple[str, int]) -> None:
-        """``instance``'s worker died: the other instances serve on. When none is left,
-        the queued requests fail now rather than wait for a restart of unknown length."""
+    def instance_down(self, instance: tuple[str, int], reason: str) -> None:
+        """``instance``'s worker died (``reason``: what a client is told): the other
+        instances serve on. When none is left, the queued requests fail now rather than
+        wait for a restart of unknown length."""
         if instance not in self._running or instance in self._down:
             return
         self._down.add(instance)
         self.idle = collections.deque(i for i in self.idle if i != instance)
         if len(self._down) == len(self._running):
-            error = Unavailable(f"model '{self.model.name}' is not available: no instance of it is running")
+            error = Unavailable(f"model '{self.model.name}' is not available: {reason}")
             for queue in self.queues.values():
                 while queue:
                     self._finish(queue.popleft(), error)
