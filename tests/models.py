@@ -54,6 +54,15 @@ def write_model(repo: Path, name: str, *, config: str | None = None, model_py: s
     return model_dir
 
 
+def in_shared_worker(model_dir: Path) -> Path:
+    """A Python model's instances as threads of the shared CPU worker (PROCESS_PER_INSTANCE
+    "no"), for tests of that worker itself: its crashes, its inline executions."""
+    config = model_dir / "config.pbtxt"
+    param = 'parameters { key: "PROCESS_PER_INSTANCE" value { string_value: "no" } }'
+    config.write_text(f"{config.read_text()}\n{param}\n")
+    return model_dir
+
+
 IDENTITY_PY = """
 import triton_python_backend_utils as pb_utils
 

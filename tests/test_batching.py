@@ -34,8 +34,8 @@ pytestmark = pytest.mark.timeout(120)
 
 RECORDER_PY = """
 import json
-import threading
 import time
+import zlib
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -49,6 +49,8 @@ class TritonPythonModel:
         value = value.get("string_value") if isinstance(value, dict) else value
         self.sleep = float(value or 0)
         self.max_rows = int(cfg.get("max_batch_size", 0) or 0)
+        # which instance ran a batch (its own process, or a thread of the shared worker)
+        self.instance = zlib.crc32(args["model_instance_name"].encode())
 
     def execute(self, requests):
         start = time.time()
@@ -68,7 +70,6 @@ class TritonPythonModel:
         if self.sleep + extra:
             time.sleep(self.sleep + extra)
         end = time.time()
-        tid = threading.get_ident()
         responses = []
         for a, n, p in zip(arrays, rows, params):
             if p.get("fail"):
@@ -82,7 +83,7 @@ class TritonPythonModel:
                 pb_utils.Tensor("ROWS", col(total, np.int32)),
                 pb_utils.Tensor("START", col(start, np.float64)),
                 pb_utils.Tensor("END", col(end, np.float64)),
-                pb_utils.Tensor("TID", col(tid, np.int64)),
+                pb_utils.Tensor("INSTANCE", col(self.instance, np.int64)),
             ]))
         return responses
 """
@@ -104,7 +105,7 @@ def recorder(repo: Path, name: str, *, max_batch_size: int = 8, batching: str | 
           {{ name: "ROWS" data_type: TYPE_INT32 dims: [ 1 ] }},
           {{ name: "START" data_type: TYPE_FP64 dims: [ 1 ] }},
           {{ name: "END" data_type: TYPE_FP64 dims: [ 1 ] }},
-          {{ name: "TID" data_type: TYPE_INT64 dims: [ 1 ] }}
+          {{ name: "INSTANCE" data_type: TYPE_INT64 dims: [ 1 ] }}
         ]
         instance_group [ {{ count: {count} kind: KIND_CPU }} ]
         parameters {{ key: "SLEEP_S" value: {{ string_value: "{sleep_s}" }} }}
@@ -134,6 +135,10 @@ INVALID = {
         "max_batch_size: 8",
         "priority_levels: 2 default_priority_level: 1 "
         "priority_queue_policy { key: 5 value: { max_queue_size: 1 } }", "priority_queue_policy"),
+}
+# Configs that cannot even be parsed (a negative uint64): the model fails the repository poll,
+# as in Triton, and stays listed by name only, with no state; the reason is in the log.
+UNPARSABLE = {
     "bad_negative_delay": ("max_batch_size: 8", "max_queue_delay_microseconds: -1", ""),
 }
 
@@ -168,7 +173,7 @@ def build_repository(repo: Path) -> Path:
                [("INPUT0", "TYPE_STRING", "[ -1 ]")], [("OUTPUT0", "TYPE_STRING", "[ -1 ]")])
     onnx_model(repo, "onnx_fp32", lambda p: onnx_identity(p, "FP32"),
                [("INPUT0", "TYPE_FP32", "[ -1 ]")], [("OUTPUT0", "TYPE_FP32", "[ -1 ]")])
-    for name, (mbs, body, _) in INVALID.items():
+    for name, (mbs, body, _) in {**INVALID, **UNPARSABLE}.items():
         write_model(repo, name, config=f"""
             name: "{name}"
             backend: "python"
@@ -220,7 +225,8 @@ def server(tmp_path_factory) -> Server:
     deadline = time.monotonic() + 90
     while True:
         index = srv.index()
-        if set(index) >= expected and all(r.get("state") in ("READY", "UNAVAILABLE") for r in index.values()):
+        if set(index) >= expected and all(
+                r.get("state") in ("READY", "UNAVAILABLE") for n, r in index.items() if n not in UNPARSABLE):
             break
         assert time.monotonic() < deadline, f"models did not settle: {index}\n{proc.log()[-3000:]}"
         time.sleep(0.1)
@@ -230,7 +236,7 @@ def server(tmp_path_factory) -> Server:
 
 # -- client helpers -----------------------------------------------------------------------
 
-OUTS = ("OUTPUT0", "NREQ", "ROWS", "START", "END", "TID")
+OUTS = ("OUTPUT0", "NREQ", "ROWS", "START", "END", "INSTANCE")
 
 
 def rows_of(tag: int, n: int) -> np.ndarray:
@@ -272,7 +278,7 @@ def run(coro_fn, server: Server, kind: str = "grpc"):
 def check_own_rows(results, datas) -> None:
     for res, data in zip(results, datas):
         np.testing.assert_array_equal(res["OUTPUT0"], data)
-        for name in ("NREQ", "ROWS", "START", "END", "TID"):
+        for name in ("NREQ", "ROWS", "START", "END", "INSTANCE"):
             assert res[name].shape == (data.shape[0], 1)
 
 
@@ -456,7 +462,7 @@ def test_preserve_ordering_with_two_instances(server):
     # ... and they complete in arrival order (responses released in one go travel on separate
     # streams, so allow a few ms of client-side jitter between them)
     assert all(done[j] >= done[i] - 0.01 for i in range(len(done)) for j in range(i + 1, len(done))), done
-    assert len({int(r["TID"][0, 0]) for r in results}) == 2
+    assert len({int(r["INSTANCE"][0, 0]) for r in results}) == 2
 
 
 def test_instance_group_count_runs_in_parallel(server):
@@ -468,7 +474,7 @@ def test_instance_group_count_runs_in_parallel(server):
     r1, r2 = run(go, server)
     spans = sorted((float(r["START"][0, 0]), float(r["END"][0, 0])) for r in r2)
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), f"no overlap: {spans}"
-    assert len({int(r["TID"][0, 0]) for r in r2}) == 2
+    assert len({int(r["INSTANCE"][0, 0]) for r in r2}) == 2
     # one instance runs one batch at a time (on its thread or the worker's control thread)
     spans1 = sorted((float(r["START"][0, 0]), float(r["END"][0, 0])) for r in r1)
     assert all(b[0] >= a[1] for a, b in zip(spans1, spans1[1:])), f"overlap: {spans1}"
@@ -731,6 +737,11 @@ def test_invalid_batching_configs_fail_to_load(server):
         if words:
             assert words in row["reason"], row
             assert words in log
+        assert name in log
+        status, _ = server.get(f"/v2/models/{name}/ready")
+        assert status != 200
+    for name in UNPARSABLE:
+        assert index[name] == {"name": name}, index[name]
         assert name in log
         status, _ = server.get(f"/v2/models/{name}/ready")
         assert status != 200

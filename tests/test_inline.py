@@ -1,7 +1,9 @@
 """The worker's control thread running a single-instance model itself (``Worker._run_inline``):
 what that path must keep working. A BLS caller waits for a reply only the ring's reader can
 deliver; a slow model must not stop another model's load, inference or unload; batches queued
-behind an inline one run in order on the same instance.
+behind an inline one run in order on the same instance. The models share the CPU worker
+(``in_shared_worker``), where these questions arise; an instance process runs its one
+instance inline the same way (test_pipelines' BLS models, test_instance_processes).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 import tritonclient.http as httpclient
 
 from .harness import ServerProcess, children
-from .models import write_model
+from .models import in_shared_worker, write_model
 
 # Every model reports the thread that ran it: inline batches run on the worker's main thread.
 CALLEE_CONFIG = """
@@ -149,10 +151,10 @@ X = np.array([1, 2, 3, 4], np.float32)
 def server(tmp_path_factory) -> ServerProcess:
     root = tmp_path_factory.mktemp("inline")
     repo = root / "models"
-    write_model(repo, "callee", config=CALLEE_CONFIG, model_py=CALLEE_PY)
-    write_model(repo, "caller_sync", config=CALLER_CONFIG.format(name="caller_sync"), model_py=CALLER_SYNC_PY)
-    write_model(repo, "caller_async", config=CALLER_CONFIG.format(name="caller_async"), model_py=CALLER_ASYNC_PY)
-    write_model(repo, "slow", config=SLOW_CONFIG, model_py=SLOW_PY)
+    in_shared_worker(write_model(repo, "callee", config=CALLEE_CONFIG, model_py=CALLEE_PY))
+    for name, code in (("caller_sync", CALLER_SYNC_PY), ("caller_async", CALLER_ASYNC_PY)):
+        in_shared_worker(write_model(repo, name, config=CALLER_CONFIG.format(name=name), model_py=code))
+    in_shared_worker(write_model(repo, "slow", config=SLOW_CONFIG, model_py=SLOW_PY))
     srv = ServerProcess(repo, root / "server.log",
                         extra_args=["--model-control-mode", "explicit", "--load-model", "callee",
                                     "--load-model", "caller_sync", "--load-model", "caller_async",
@@ -181,7 +183,7 @@ def test_bls_into_the_same_worker_from_an_inline_model(server):
         result = infer(server, "caller_sync")
         np.testing.assert_array_equal(result.as_numpy("Y"), X * 4)
         threads.add(thread_of(result))
-        assert thread_of(result, "CALLEE_THREAD") == "instance-callee_0"
+        assert thread_of(result, "CALLEE_THREAD") == "instance-callee_0_0"
     # The relief reader hands the ring back before the reply leaves, so the client's next
     # request is read by the control thread and runs inline again (what the relief reads
     # never runs inline).
@@ -194,7 +196,7 @@ def test_async_bls_from_an_inline_model(server):
         result = infer(server, "caller_async")
         np.testing.assert_array_equal(result.as_numpy("Y"), X * 2 + X * 4)
         threads.add(thread_of(result))
-        assert thread_of(result, "CALLEE_THREAD") == "instance-callee_0"
+        assert thread_of(result, "CALLEE_THREAD") == "instance-callee_0_0"
     assert threads == {"MainThread"}  # as above: each runs inline
 
 
@@ -256,7 +258,7 @@ def test_worker_leaves_when_the_front_end_dies_during_a_long_inline_execution(tm
     """The control thread is inside a model that will not return for minutes; the relief
     reader sees the link end and the worker shuts down as it would from its control loop."""
     repo = tmp_path / "models"
-    write_model(repo, "slow", config=SLOW_CONFIG, model_py=SLOW_PY)
+    in_shared_worker(write_model(repo, "slow", config=SLOW_CONFIG, model_py=SLOW_PY))
     srv = ServerProcess(repo, tmp_path / "server.log").start()
     (worker,) = children(srv.proc.pid)
     started, flag = repo / "slow" / "started", repo / "slow" / "go"

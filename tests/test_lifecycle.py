@@ -1,5 +1,9 @@
 """Process lifecycle: the command line, start-up output, worker crashes and restarts,
-graceful SIGTERM, and model names that try to leave the repository."""
+graceful SIGTERM, and model names that try to leave the repository.
+
+The crash tests here kill the shared CPU worker, where ONNX Runtime instances run and
+Python models that opt out of a process per instance: the models they use do so
+(``in_shared_worker``). A dead instance process is test_instance_processes.py's."""
 from __future__ import annotations
 
 import http.client
@@ -22,7 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from .harness import ServerProcess, children, free_port
-from .models import python_identity, write_model
+from .models import in_shared_worker, python_identity, write_model
 
 SLOW_PY = """
 import os
@@ -52,8 +56,9 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
 
 
 def build_repo(repo: Path) -> Path:
-    write_model(repo, "slow", config=SLOW_CONFIG, model_py=SLOW_PY)
+    in_shared_worker(write_model(repo, "slow", config=SLOW_CONFIG, model_py=SLOW_PY))
     python_identity(repo, "identity_fp32", "FP32")
+    in_shared_worker(repo / "identity_fp32")
     return repo
 
 
@@ -352,12 +357,12 @@ class TritonPythonModel:
 def slow_init_server(tmp_path):
     """A server with a model that takes 2 s to initialize, so a reload is observable."""
     repo = build_repo(tmp_path / "models")
-    write_model(repo, "slow_init", model_py=SLOW_INIT_PY, config="""
+    in_shared_worker(write_model(repo, "slow_init", model_py=SLOW_INIT_PY, config="""
         name: "slow_init"
         backend: "python"
         input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
         output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 1 ] } ]
-        """)
+        """))
     srv = ServerProcess(repo, tmp_path / "server.log").start()
     yield srv
     if srv.proc.poll() is None:

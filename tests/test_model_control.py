@@ -735,6 +735,11 @@ def test_concurrent_load_unload_infer(explicit):
     for t in threads:
         t.start()
     time.sleep(4.0)
+    # a Python model's load starts its instance's process: on a busy machine 4 s may not
+    # see five of each, so the churn goes on until it has (or a deadline says it hangs)
+    deadline = time.monotonic() + 60
+    while (len(calls["load"]) < 5 or len(calls["unload"]) < 5) and time.monotonic() < deadline:
+        time.sleep(0.1)
     stop.set()
     deadline = time.monotonic() + 60
     for t in threads:

@@ -363,7 +363,7 @@ def test_initialize_args(models_server):
     assert args["model_instance_device_id"] == "0"
     assert args["model_version"] == "1"
     assert args["model_name"] == "py_args"
-    assert args["model_instance_name"] == "py_args_0"
+    assert args["model_instance_name"] == "py_args_0_0"  # group py_args_0 (Triton's default name), instance 0
     # Triton passes the model's own directory as "model_repository".
     assert os.path.samefile(args["model_repository"], models_server.repo / "py_args")
     cfg = json.loads(args["model_config"])

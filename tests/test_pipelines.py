@@ -1027,7 +1027,7 @@ def test_worker_crash_recovers(server, flag, how):
     with pytest.raises(InferenceServerException) as e:
         g.infer("crasher", [make_input("grpc", "X", np.array([flag], np.int32), "INT32")])
     msg = str(e.value)
-    assert "worker" in msg and how in msg, msg
+    assert "model instance 'crasher_0_0'" in msg and how in msg, msg
     assert httpclient.InferenceServerClient(server.http_url).is_server_live()
     wait_ready(server, ["crasher", "add_sub", "preprocess", "repeat", "bls_sync"])
     assert int(g.infer("crasher", [make_input("grpc", "X", np.array([5], np.int32), "INT32")])

@@ -444,3 +444,60 @@ async def test_unloading_refuses_new_requests():
     h.scheduler._closing = True
     with pytest.raises(Unavailable, match=r"model 'm' version 1 is unloading"):
         await h.scheduler.submit(InferRequest("m"), RequestPlan([], 1), {})
+
+
+# -- instances whose worker dies and comes back ----------------------------------------------
+
+@scenario
+async def test_a_dead_instance_gets_no_batch_and_its_failed_batches_give_no_slot_back():
+    h = Harness("max_batch_size: 8", instances=2)
+    for rid in "ab":
+        await h.submit(rid)
+    assert [s.instance for s in h.pool.sent] == [("cpu", 0), ("cpu", 1)]  # an idle instance first
+    h.scheduler.instance_down(("cpu", 1), "model instance 'm_0_1' is restarting")
+    await h.answer(1, [Unavailable("model instance 'm_0_1' was killed by signal 9")])  # its batch fails
+    assert isinstance(h.result("b"), Unavailable)
+    for rid in "cde":
+        await h.submit(rid)
+    # only instance 0 takes work: c beside a (it holds one more), d and e wait
+    assert [(s.instance, s.ids) for s in h.pool.sent[2:]] == [(("cpu", 0), ["c"])]
+    await h.answer(0)
+    assert [(s.instance, s.ids) for s in h.pool.sent[3:]] == [(("cpu", 0), ["d"])]
+    h.scheduler.instance_up(("cpu", 1))  # back: takes the waiting request at once
+    await settle()
+    assert [(s.instance, s.ids) for s in h.pool.sent[4:]] == [(("cpu", 1), ["e"])]
+    await h.answer(4)
+    assert h.result("e") == "out:e"
+
+
+@scenario
+async def test_with_every_instance_down_the_queued_requests_fail_and_new_ones_wait_for_one():
+    h = Harness(DYNAMIC, instances=2)
+    for rid in "ab":
+        await h.submit(rid)
+    h.scheduler.instance_down(("cpu", 0), "model instance 'm_0_0' is restarting")
+    h.scheduler.instance_down(("cpu", 1), "model instance 'm_0_1' is restarting")
+    await settle()
+    for rid in "ab":
+        error = h.result(rid)
+        assert isinstance(error, Unavailable), error
+        assert error.message == "model 'm' is not available: model instance 'm_0_1' is restarting", error
+    assert h.stats.failures == {"REJECTED": 2}
+    await h.submit("c")
+    await h.advance(1000 * US)
+    assert h.pool.batches == [] and not h.tasks["c"].done()
+    h.scheduler.instance_up(("cpu", 0))
+    await settle()
+    assert h.pool.batches == [["c"]]
+
+
+@scenario
+async def test_drain_waits_for_running_batches_not_for_a_dead_instance_slots():
+    h = Harness("max_batch_size: 8", instances=2)
+    await h.submit("a")
+    h.scheduler.instance_down(("cpu", 1), "model instance 'm_0_1' is restarting")
+    drain = asyncio.ensure_future(h.scheduler.drain())
+    await asyncio.sleep(0.01)
+    assert not drain.done()  # a still runs on instance 0
+    await h.answer(0)
+    await asyncio.wait_for(drain, 1)

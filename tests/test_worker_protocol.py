@@ -471,14 +471,17 @@ class TritonPythonModel:
 
 
 def _hostile_repo(root, count: int = 1):
-    from .models import write_model
-    write_model(root, "hostile", model_py=HOSTILE_PY, config=f"""
+    """The hostile model's instances are threads of the shared CPU worker: one instance runs
+    on its control thread, two on threads of their own (an instance process, which hosts
+    one, is the first case; its handle checks it the same way)."""
+    from .models import in_shared_worker, write_model
+    in_shared_worker(write_model(root, "hostile", model_py=HOSTILE_PY, config=f"""
         name: "hostile"
         backend: "python"
         input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
         output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
         instance_group [ {{ count: {count} kind: KIND_CPU }} ]
-        """)
+        """))
     return root
 
 

@@ -186,7 +186,7 @@ def fill_defaults(config: ModelConfig, name: str, backend: str, gpus: list[int])
         config.instance_group.add()
     for i, group in enumerate(config.instance_group):
         if not group.name:
-            group.name = name if len(config.instance_group) == 1 else f"{name}_{i}"
+            group.name = f"{name}_{i}"  # as Triton names it, one group or several
         if group.count < 1:
             group.count = 1
         if group.kind == mc.ModelInstanceGroup.KIND_AUTO:

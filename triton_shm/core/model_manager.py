@@ -150,24 +150,36 @@ class ModelManager:
 
     # -- workers that die and come back ----------------------------------------------------
     def _worker_down(self, worker: str) -> None:
-        """Its models cannot serve until it is back and they are loaded again."""
+        """Its instances leave their schedulers. A model that still has an instance running
+        elsewhere (another instance process) stays READY, as Triton's does while a stub
+        restarts; one left with none cannot serve until it is back and loaded again."""
+        reason = f"{self.pool.workers[worker].what} is restarting"
         for mv in self.pool.placed_on(worker):
-            if mv.state == READY:
-                mv.state, mv.reason = LOADING, f"worker '{worker}' is restarting"
+            scheduler = mv.scheduler
+            if scheduler is not None and not isinstance(scheduler, EnsembleScheduler):
+                for instance in self.pool.instances_on(worker, mv):
+                    scheduler.instance_down(instance, reason)
+            if mv.state == READY and not (self.pool.is_instance_process(worker) and self.pool.any_host_alive(mv)):
+                mv.state, mv.reason = LOADING, reason
                 mv.recovering = True
 
     async def _worker_back(self, worker: str) -> None:
-        """A restarted worker loads again what it hosted."""
+        """A restarted worker loads again what it hosted; its instances serve again."""
         for mv in self.pool.placed_on(worker):
             try:
                 await self.pool.load_on(worker, mv)
-                if mv.state == LOADING and self.pool.hosts_alive(mv):
-                    mv.state, mv.reason, mv.recovering = READY, "", False
             except TritonShmError as e:
-                if not self.pool.workers[worker].alive:  # died again: its next restart loads it
-                    return
+                if worker not in self.pool.workers or not self.pool.workers[worker].alive:
+                    return  # died again (its next restart loads it) or its model was unloaded
                 mv.state, mv.reason = UNAVAILABLE, f"reload after worker restart failed: {e.message}"
                 mv.recovering = False
+                continue
+            scheduler = mv.scheduler
+            if scheduler is not None and not isinstance(scheduler, EnsembleScheduler):
+                for instance in self.pool.instances_on(worker, mv):
+                    scheduler.instance_up(instance)
+            if mv.state == LOADING and self.pool.hosts_alive(mv):
+                mv.state, mv.reason, mv.recovering = READY, "", False
 
     # -- start-up and shutdown -----------------------------------------------------------
     async def start(self, load_models: list[str]) -> None:

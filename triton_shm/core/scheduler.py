@@ -112,6 +112,9 @@ class Scheduler:
         self._closing = False
         self._loop = asyncio.get_running_loop()  # each request's future: made on it, not looked up
         self._one_instance = len(model.instances) == 1  # then every free slot is that instance's
+        # instances whose worker died, until it is back: they get no batch (their slots
+        # are out of ``idle``), and a batch of theirs that fails gives no slot back
+        self._down: set[tuple[str, int]] = set()
 
     # -- admission -----------------------------------------------------------------------
     def _priority(self, request: InferRequest) -> int:
@@ -318,10 +321,36 @@ class Scheduler:
 
     def _free_slot(self, instance: tuple[str, int]) -> None:
         self._running[instance] -= 1
-        self.idle.append(instance)
+        down = instance in self._down
+        if not down:
+            self.idle.append(instance)
         claim = self.claims.get(instance)
         if claim is not None:  # in line again at once if there is more to do, as Triton re-stages
-            self._limiter().release(claim, restage=any(self.queues.values()))
+            self._limiter().release(claim, restage=not down and any(self.queues.values()))
+
+    # -- instances that die and come back ------------------------------------------------
+    def instance_down(self, instance: tuple[str, int], reason: str) -> None:
+        """``instance``'s worker died (``reason``: what a client is told): the other
+        instances serve on. When none is left, the queued requests fail now rather than
+        wait for a restart of unknown length."""
+        if instance not in self._running or instance in self._down:
+            return
+        self._down.add(instance)
+        self.idle = collections.deque(i for i in self.idle if i != instance)
+        if len(self._down) == len(self._running):
+            error = Unavailable(f"model '{self.model.name}' is not available: {reason}")
+            for queue in self.queues.values():
+                while queue:
+                    self._finish(queue.popleft(), error)
+            self._wakeup.arm(None)
+
+    def instance_up(self, instance: tuple[str, int]) -> None:
+        """``instance``'s worker runs again, with the model loaded: it takes batches."""
+        if instance not in self._down:
+            return
+        self._down.discard(instance)
+        self.idle.extend([instance] * max(self.depth - self._running[instance], 0))
+        self._pump()
 
     # -- the rate limiter ----------------------------------------------------------------
     def _limiter(self) -> RateLimiter:
@@ -369,9 +398,9 @@ class Scheduler:
                    results: list[Any], timing: tuple[int, int, int] | None) -> None:
         """The worker answered (or died): the instance takes its next batch first, then
         each request gets its result. ``timing`` is None when the model did not run."""
-        if self.claims:
+        if self.claims or self._down:
             self._free_slot(instance)
-        else:  # _free_slot without a rate limiter
+        else:  # _free_slot without a rate limiter or an instance down
             self._running[instance] -= 1
             self.idle.append(instance)
         queue = self._direct
@@ -425,7 +454,7 @@ class Scheduler:
     async def drain(self) -> None:
         """Refuse new requests, serve every queued and running one, then stop."""
         self._closing = True
-        while len(self.idle) < len(self.model.instances) * self.depth or any(self.queues.values()):
+        while any(self._running.values()) or any(self.queues.values()):
             self._pump()
             await asyncio.sleep(0.001)
         self._wakeup.arm(None)

@@ -614,6 +614,15 @@ class SequenceScheduler:
                 seq.state[input_name] = (list(out.shape), bytes(out.data))
         response.outputs = kept
 
+    def instance_down(self, instance: Instance, reason: str) -> None:
+        """A sequence keeps its instance (its slot there): while that instance's worker
+        restarts, the sequence's requests fail with UNAVAILABLE (``pool.start_batch``),
+        and the other instances' sequences go on. The state lives here, so a sequence
+        resumes where it was once its instance is back."""
+
+    def instance_up(self, instance: Instance) -> None:
+        self._pump()
+
     async def drain(self) -> None:
         """Refuse new requests, serve every queued and running one, then stop."""
         self._closing = True

@@ -47,8 +47,9 @@ _REPLY = Op.REPLY  # the decoder's ops are these members: compared by identity
 
 
 class WorkerHandle:
-    def __init__(self, name: str, gpu: int | None, log_verbose: int = 0):
+    def __init__(self, name: str, gpu: int | None, log_verbose: int = 0, what: str | None = None):
         self.name, self.gpu, self.log_verbose = name, gpu, log_verbose
+        self.what = what or f"worker '{name}'"  # how errors name it: a worker, or the model instance it runs
         self.proc: subprocess.Popen | None = None
         self.link: Link | None = None
         self._orphan_since: float | None = None  # since when a socket message waits for its ring record
@@ -195,7 +196,11 @@ class WorkerHandle:
         if self._broke_protocol:
             how = "broke the worker protocol and was stopped"
         log.error("worker '%s' %s; restarting it", self.name, how)
-        error = Unavailable(f"worker '{self.name}' {how} while running the request; it is being restarted")
+        error = Unavailable(f"{self.what} {how} while running the request; it is being restarted")
+        # the pool hears of it first: the instances here leave their schedulers before the
+        # failed batches give them back, so no queued request is sent to a dead worker
+        if self.on_death is not None:
+            self.on_death(self)
         pending, self._pending = self._pending, {}
         for on_reply in pending.values():
             _deliver(on_reply, error)
@@ -207,8 +212,6 @@ class WorkerHandle:
         self._staged.clear()
         self.keeping.clear()
         self._cleanup_memory()
-        if self.on_death is not None:
-            self.on_death(self)
 
     # -- messaging -----------------------------------------------------------------------
     def _send_frame(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:

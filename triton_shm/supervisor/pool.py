@@ -1,10 +1,15 @@
 """The front-end's pool of workers: placing model instances, running batches on them,
 and supervision.
 
-One :class:`~.handle.WorkerHandle` per worker process (one CPU worker, one per GPU). A
-worker that dies is seen at once (end-of-file on its socket): its in-flight requests
-fail with UNAVAILABLE, the pool reports it down, restarts it with backoff and reports it
-back; the model manager owns what that means for model states and reloads.
+One :class:`~.handle.WorkerHandle` per worker process. The shared workers run for the
+server's life: one for the CPU and one per GPU, hosting every instance of the models
+whose backends release the GIL (ONNX Runtime, TensorRT, PyTorch) as threads. Each
+instance of a Python model gets a process of its own instead (its own GIL: ``count: N``
+uses N cores, as Triton's stubs do), started at load and stopped at unload; a model may
+opt back into the shared worker with ``PROCESS_PER_INSTANCE: "no"``. A worker that dies
+is seen at once (end-of-file on its socket): its in-flight requests fail with
+UNAVAILABLE, the pool reports it down, restarts it with backoff and reports it back; the
+model manager owns what that means for model states and reloads.
 """
 from __future__ import annotations
 
@@ -31,16 +36,34 @@ log = logging.getLogger("triton_shm.workers")
 
 RESTART_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0)
 
+# A Python model's parameter: "no" runs its instances as threads of the shared worker
+# (one process's memory for all of them, one GIL between them).
+PROCESS_PER_INSTANCE = "PROCESS_PER_INSTANCE"
+
 
 def _instance_kind(group) -> str:
     return mc.ModelInstanceGroup.Kind.Name(group.kind)
+
+
+def process_per_instance(config: "mc.ModelConfig") -> bool:
+    """Whether each instance of the model runs in a process of its own: a Python model's
+    do (the GIL), unless its config says otherwise; the other backends run their
+    instances as threads of the shared workers, as they release the GIL in the model."""
+    if config.backend != "python":
+        return False
+    param = config.parameters.get(PROCESS_PER_INSTANCE)
+    return param is None or param.string_value.strip().lower() not in ("no", "false", "0", "off")
 
 
 class WorkerPool:
     def __init__(self, gpus: list[int], log_verbose: int = 0):
         self.cpu = WorkerHandle("cpu", None, log_verbose)
         self.gpu_workers = {g: WorkerHandle(f"gpu{g}", g, log_verbose) for g in gpus}
-        self.workers: dict[str, WorkerHandle] = {w.name: w for w in [self.cpu, *self.gpu_workers.values()]}
+        self.log_verbose = log_verbose
+        # the shared workers, for the server's life
+        self.shared: dict[str, WorkerHandle] = {w.name: w for w in [self.cpu, *self.gpu_workers.values()]}
+        # every running worker: the shared ones and the instance processes of loaded models
+        self.workers: dict[str, WorkerHandle] = dict(self.shared)
         self._placements: dict[str, list["ModelVersion"]] = {name: [] for name in self.workers}
         self._restarts: dict[str, int] = {name: 0 for name in self.workers}
         self._closing = False
@@ -57,10 +80,13 @@ class WorkerPool:
         return len(self.gpu_workers)
 
     async def start(self) -> None:
-        for w in self.workers.values():
-            w.on_death = self._on_death
-            w.on_bls = self._on_bls
+        for w in self.shared.values():
+            self._supervise(w)
             w.start()
+
+    def _supervise(self, w: WorkerHandle) -> None:
+        w.on_death = self._on_death
+        w.on_bls = self._on_bls
 
     def _on_bls(self, worker: WorkerHandle, msg: dict[str, Any]) -> None:
         if self.bls_handler is not None:
@@ -69,7 +95,8 @@ class WorkerPool:
             task.add_done_callback(self._bls_tasks.discard)
 
     def all_alive(self) -> bool:
-        return all(w.alive for w in self.workers.values())
+        """The shared workers run (an instance process counts for its model's readiness)."""
+        return all(w.alive for w in self.shared.values())
 
     def begin_shutdown(self) -> None:
         """From now on a worker that exits is not restarted."""
@@ -78,7 +105,7 @@ class WorkerPool:
     async def stop(self, timeout: float = 10.0) -> None:
         """Close every link; a worker still running after ``timeout`` s is killed."""
         self._closing = True
-        await asyncio.gather(*(w.stop(timeout) for w in self.workers.values()))
+        await asyncio.gather(*(w.stop(timeout) for w in list(self.workers.values())))
 
     # -- supervision ---------------------------------------------------------------------
     def _on_death(self, worker: WorkerHandle) -> None:
@@ -96,7 +123,7 @@ class WorkerPool:
         delay = RESTART_BACKOFF[min(n, len(RESTART_BACKOFF) - 1)]
         log.info("restarting worker '%s' in %.1f s (restart %d in a row)", worker.name, delay, n + 1)
         await asyncio.sleep(delay)
-        if self._closing:
+        if self._closing or self.workers.get(worker.name) is not worker:  # its model was unloaded meanwhile
             return
         worker.start()
         if self.on_worker_back is not None:
@@ -106,11 +133,22 @@ class WorkerPool:
 
     def placed_on(self, worker: str) -> list["ModelVersion"]:
         """The model versions with instances in ``worker``."""
-        return list(self._placements[worker])
+        return list(self._placements.get(worker, ()))
+
+    def instances_on(self, worker: str, mv: "ModelVersion") -> list[tuple[str, int]]:
+        """The instances of ``mv`` that ``worker`` hosts."""
+        return [i for i in mv.instances if i[0] == worker]
+
+    def is_instance_process(self, worker: str) -> bool:
+        return worker in self.workers and worker not in self.shared
 
     def hosts_alive(self, mv: "ModelVersion") -> bool:
         """Every worker that hosts an instance of ``mv`` is running."""
-        return all(self.workers[w].alive for w, _ in mv.instances)
+        return all(w in self.workers and self.workers[w].alive for w, _ in mv.instances)
+
+    def any_host_alive(self, mv: "ModelVersion") -> bool:
+        """Some worker that hosts an instance of ``mv`` is running."""
+        return any(w in self.workers and self.workers[w].alive for w, _ in mv.instances)
 
     # -- model lifecycle -----------------------------------------------------------------
     @staticmethod
@@ -135,18 +173,24 @@ class WorkerPool:
                 for index, (_, group, device) in enumerate(specs)]
 
     def _instances_by_worker(self, mv: "ModelVersion", with_groups: bool = False) -> dict[str, list[Any]]:
+        """Each worker's instances of ``mv``: an instance process hosts one, named after
+        it and the load (``<instance>@<model>/<version>#<generation>``: a reload's new
+        processes start beside the old ones); a shared worker hosts them all."""
         by_worker: dict[str, list[Any]] = {}
+        own = process_per_instance(mv.config)
         for group in mv.config.instance_group:
             kind = _instance_kind(group)
             devices = list(group.gpus) if kind == "KIND_GPU" else [None]
             for device in devices:
-                worker = self.cpu if device is None else self.gpu_workers[device]
                 for i in range(group.count):
-                    specs = by_worker.setdefault(worker.name, [])
                     suffix = f"_{device}" if device is not None else ""
                     spec = {"name": f"{group.name}_{i}{suffix}", "kind": kind,
                             "device_id": device if device is not None else 0}
-                    specs.append((spec, group, device) if with_groups else spec)
+                    if own:
+                        worker = f"{spec['name']}@{mv.key}"
+                    else:
+                        worker = self.cpu.name if device is None else self.gpu_workers[device].name
+                    by_worker.setdefault(worker, []).append((spec, group, device) if with_groups else spec)
         return by_worker
 
     async def load_on(self, worker: str, mv: "ModelVersion") -> None:
@@ -157,18 +201,57 @@ class WorkerPool:
         await self.workers[worker].call(msg)
 
     async def load(self, mv: "ModelVersion") -> None:
-        by_worker = self._instances_by_worker(mv)
-        await asyncio.gather(*(self.load_on(w, mv) for w in by_worker))
+        by_worker = self._instances_by_worker(mv, with_groups=True)
+        started = [self._start_instance_process(name, specs[0][0], specs[0][2])
+                   for name, specs in by_worker.items() if name not in self.shared]
+        results = await asyncio.gather(*(self.load_on(w, mv) for w in by_worker), return_exceptions=True)
+        failed = next((r for r in results if isinstance(r, BaseException)), None)
+        if failed is not None:  # every instance loads, or none stays
+            await asyncio.gather(*(self._stop_instance_process(w) for w in started))
+            for w, r in zip(by_worker, results):
+                if w in self.shared and not isinstance(r, BaseException) and self.workers[w].alive:
+                    await self.workers[w].call({"op": "unload", "key": mv.key})
+            raise failed
         mv.instances = [(w, i) for w, specs in by_worker.items() for i in range(len(specs))]
         for w in by_worker:
-            self._placements[w].append(mv)
+            self._placements.setdefault(w, []).append(mv)
+
+    def _start_instance_process(self, name: str, spec: dict[str, Any], device: int | None) -> WorkerHandle:
+        """A process of its own for one model instance (on GPU ``device``, seeing only it).
+        Started with fork and exec (``subprocess``), never a bare fork: the front-end has
+        threads."""
+        worker = WorkerHandle(name, device, self.log_verbose, what=f"model instance '{spec['name']}'")
+        self._supervise(worker)
+        self.workers[name] = worker
+        self._restarts[name] = 0
+        worker.start()
+        return worker
+
+    async def _stop_instance_process(self, worker: WorkerHandle) -> None:
+        if self.workers.get(worker.name) is worker:
+            del self.workers[worker.name]
+            self._restarts.pop(worker.name, None)
+            self._placements.pop(worker.name, None)
+        await worker.stop()
 
     async def unload(self, mv: "ModelVersion") -> None:
-        for w in {w for w, _ in mv.instances}:
-            if mv in self._placements[w]:
-                self._placements[w].remove(mv)
-            if self.workers[w].alive:
-                await self.workers[w].call({"op": "unload", "key": mv.key})
+        """``mv``'s instances are finalized in every worker at once; its instance
+        processes then stop."""
+        await asyncio.gather(*(self._unload_from(w, mv) for w in {w for w, _ in mv.instances}))
+
+    async def _unload_from(self, w: str, mv: "ModelVersion") -> None:
+        placed = self._placements.get(w)
+        if placed and mv in placed:
+            placed.remove(mv)
+        worker = self.workers.get(w)
+        if worker is None:
+            return
+        try:
+            if worker.alive:
+                await worker.call({"op": "unload", "key": mv.key})
+        finally:
+            if w not in self.shared:
+                await self._stop_instance_process(worker)
 
     async def open_cuda_region(self, region: "Region") -> None:
         """A CUDA region being registered: the worker of its GPU opens the IPC handle."""
@@ -199,7 +282,7 @@ class WorkerPool:
         worker = self.workers[worker_name]
         arena = worker.arena
         if not worker.alive or arena is None:
-            raise Unavailable(f"model '{mv.name}' is not available: worker '{worker_name}' is restarting")
+            raise Unavailable(f"model '{mv.name}' is not available: {worker.what} is restarting")
         msg_id = worker.next_id() if mv.decoupled else None
         on_stream = self._stream_handler(worker, mv, batch, msg_id) if msg_id is not None else None
         blocks: list[Block] = []
@@ -285,7 +368,7 @@ class WorkerPool:
             if msg is None:  # the worker died
                 for i in sorted(open_requests):
                     queues[i].put_nowait(
-                        (Unavailable(f"worker '{worker.name}' exited while model '{mv.name}' was responding"), True))
+                        (Unavailable(f"{worker.what} exited while model '{mv.name}' was responding"), True))
                 open_requests.clear()
                 return
             index = msg.get("index")
