@@ -36,6 +36,10 @@ Scenarios:
             concurrency 16, dynamic batching off and on, over gRPC and HTTP
   gap       one instance of a 1 ms model, batching off, concurrency 16 over gRPC: at most
             1000/s, less by the time an instance idles between executions
+  instances a model doing ~3 ms of pure-Python (GIL-holding) work per request, batching off,
+            with instance_group count 1 and count 2, each over gRPC at concurrency 4: does
+            count 2 scale? (Triton runs each instance in its own stub process; at most ~2x
+            on two cores, less what the server and the load generator take of them)
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ import argparse
 import csv
 import io
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -137,6 +142,42 @@ SLEEP_1MS = ("""
     """)
 
 
+# ~3 ms of pure-Python CPU work per request, holding the GIL all along (no numpy, no sleep):
+# CPU_WORK_LOOPS additions take ~2.9 ms on the 2-vCPU bench machine with the venv's Python 3.11.7
+# (what our workers run) and ~2.5 ms with Debian's 3.11.2 (the libpython Triton's stub links),
+# measured alone, median. Two copies: one instance and two instances (instance_group count).
+CPU_WORK_LOOPS = 113_000
+CPU_WORK_PY = f"""
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    LOOPS = {CPU_WORK_LOOPS}
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            out = []
+            for r in requests:
+                x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+                s = 0
+                for i in range(LOOPS):
+                    s += i
+                out.append(pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("OUTPUT0", x + np.float32(s % 2))]))  # s % 2 == 0: x back
+            return out
+    """
+
+
+def cpu_work_config(name: str, count: int) -> str:
+    return f"""
+    name: "{name}"
+    backend: "python"
+    max_batch_size: 0
+    input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+    output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+    instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+    """
+
+
 def matmul_config(name: str, batching: bool) -> str:
     return f"""
     name: "{name}"
@@ -183,6 +224,9 @@ SCENARIOS: dict[str, list[Case]] = {
                  for state, model in (("off", "matmul_nobatch"), ("on", "matmul_batch"))],
     # one instance of a 1 ms model, no batching: the time between two executions shows
     "gap": [Case("sleep 1 ms, one instance, gRPC, concurrency 16", "sleep_1ms", ["--concurrency-range", "16"])],
+    # ~3 ms of GIL-holding Python per request, one instance vs two: does count 2 scale?
+    "instances": [Case(f"cpu_work 3 ms, instance count {n}, gRPC, concurrency 4", f"cpu_work_{n}",
+                       ["--concurrency-range", "4"]) for n in (1, 2)],
 }
 
 
@@ -197,15 +241,29 @@ def build_repository(repo: Path) -> None:
     write("sleep_1ms", *SLEEP_1MS)
     write("matmul_nobatch", matmul_config("matmul_nobatch", False), MATMUL_PY)
     write("matmul_batch", matmul_config("matmul_batch", True), MATMUL_PY)
+    for n in (1, 2):
+        write(f"cpu_work_{n}", cpu_work_config(f"cpu_work_{n}", n), CPU_WORK_PY)
 
 
-def free_port() -> int:
+def free_port(span: int = 3) -> int:
+    """A port P with P .. P+span-1 all free on every address (a server takes HTTP P, gRPC P+1, metrics P+2;
+    Triton binds them on 0.0.0.0), drawn below the kernel's ephemeral range: the kernel's own pick was
+    in it, so P+1 could be the local port of some client's connection and Triton failed to start with
+    'Socket already in use' when the machine was busy."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
     while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port < 60000:
+        port = rng.randrange(10000, max(low, 10000 + 2 * span) - span)
+        try:
+            for p in range(port, port + span):
+                with socket.socket() as s:
+                    s.bind(("0.0.0.0", p))
             return port
+        except OSError:
+            continue
 
 
 def process_tree(pid: int) -> list[int]:
@@ -252,7 +310,17 @@ VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
 
 class Server:
     def __init__(self, kind: str, repo: Path, ref, log, extra_args: list[str] = ()):
-        self.kind, self.port = kind, free_port()
+        self.kind = kind
+        for attempt in range(3):  # another process may take a port between free_port and the server's bind
+            try:
+                return self._start(repo, ref, log, extra_args)
+            except RuntimeError as e:
+                if attempt == 2 or "exited" not in str(e):
+                    raise
+                print(f"  {kind}: {e}; starting it again on other ports", file=sys.stderr, flush=True)
+
+    def _start(self, repo: Path, ref, log, extra_args) -> None:
+        kind, self.port = self.kind, free_port()
         if kind == "triton":
             cmd, env = ref.triton_cmd(repo, self.port)
             cmd += extra_args
@@ -387,6 +455,24 @@ def batching_gains(cases: list[Case], med: dict, generators: list[str], ours: li
     return "#### dynamic batching gain\n\n" + "\n".join(lines)
 
 
+def instance_scaling(cases: list[Case], med: dict, generators: list[str], ours: list[str]) -> str:
+    """Throughput with instance_group count 2 / count 1, per generator, for each server."""
+    pairs = [(one, two) for one in cases for two in cases
+             if "instance count 1" in one.label and two.label == one.label.replace("count 1", "count 2")]
+    if not pairs:
+        return ""
+    lines = [f"| load generator | case | {' | '.join(f'{k} scaling (count 2 / count 1)' for k in ours)} "
+             "| Triton scaling (count 2 / count 1) |",
+             "|---|---|" + "---|" * (len(ours) + 1)]
+    for g in generators:
+        for one, two in pairs:
+            gain = {k: med[(k, g, two.label)]["throughput"] / med[(k, g, one.label)]["throughput"]
+                    for k in (*ours, "triton")}
+            lines.append(f"| {GENERATORS[g]} | {one.label.replace(', instance count 1', '')} | "
+                         + " | ".join(f"{gain[k]:.2f}x" for k in (*ours, "triton")) + " |")
+    return "#### instance scaling\n\n" + "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scenarios", default="small,large,batching")
@@ -434,6 +520,9 @@ def main() -> None:
     gains = batching_gains(cases, med, generators, ours)
     if gains:
         print(f"\n{gains}")
+    scaling = instance_scaling(cases, med, generators, ours)
+    if scaling:
+        print(f"\n{scaling}")
 
 
 if __name__ == "__main__":
