@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import os
 import urllib.request
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from triton_shm.worker.devices import visible_gpu_count
+from triton_shm.worker.devices import visible_device, visible_gpu_count
 
 from .harness import ServerProcess, children, free_port
 from .helpers import connect, expect_error
@@ -207,7 +209,17 @@ def test_one_worker_per_gpu_and_placement(server):
         assert (group["kind"], group["gpus"]) == ("KIND_GPU", [0])
     finally:
         cl.close()
-    assert len(children(server.proc.pid)) == 2  # the CPU worker and the worker of GPU 0
+    # the shared workers (the CPU's, GPU 0's), and a process per Python instance: cupy_double's
+    # sees only GPU 0, as GPU 0's worker does
+    names = {}
+    for pid in children(server.proc.pid):
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        names[args[args.index(b"--name") + 1].decode()] = pid
+    assert {"cpu", "gpu0"} <= set(names), names
+    (gpu_instance,) = [n for n in names if n.startswith("cupy_double_0_0")]
+    environ = Path(f"/proc/{names[gpu_instance]}/environ").read_bytes().split(b"\0")
+    expected = visible_device(0, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    assert f"CUDA_VISIBLE_DEVICES={expected}".encode() in environ, gpu_instance
 
 
 def test_nvml_metrics_carry_the_gpu_uuid(tmp_path):

@@ -43,7 +43,7 @@ def test_kind_gpu_naming_a_gpu_not_served():
     config = _config({"kind": mc.ModelInstanceGroup.KIND_GPU, "gpus": [0]})
     with pytest.raises(InvalidArgument) as info:
         fill_defaults(config, "m", "python", [1, 3])
-    assert info.value.message == ("instance group m of model m specifies invalid or unsupported gpu id 0. "
+    assert info.value.message == ("instance group m_0 of model m specifies invalid or unsupported gpu id 0. "
                                   "GPUs served (--gpus) are: 1, 3")
 
 
@@ -51,7 +51,7 @@ def test_kind_gpu_without_gpu():
     config = _config({"kind": mc.ModelInstanceGroup.KIND_GPU})
     with pytest.raises(InvalidArgument) as info:
         fill_defaults(config, "m", "python", [])
-    assert info.value.message == "instance group m of model m has kind KIND_GPU but no GPUs are available"
+    assert info.value.message == "instance group m_0 of model m has kind KIND_GPU but no GPUs are available"
 
 
 def test_cpu_server_fails_a_kind_gpu_model_and_serves_the_rest(tmp_path):
@@ -71,7 +71,7 @@ def test_cpu_server_fails_a_kind_gpu_model_and_serves_the_rest(tmp_path):
         cl = httpclient.InferenceServerClient(srv.http_url)
         index = {m["name"]: m for m in cl.get_model_repository_index()}
         assert index["on_gpu"]["state"] == "UNAVAILABLE"
-        assert index["on_gpu"]["reason"] == ("instance group on_gpu of model on_gpu has kind KIND_GPU but no "
+        assert index["on_gpu"]["reason"] == ("instance group on_gpu_0 of model on_gpu has kind KIND_GPU but no "
                                              "GPUs are available")
         assert index["identity_fp32"]["state"] == "READY"
         assert not cl.is_server_ready()

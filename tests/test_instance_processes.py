@@ -254,3 +254,17 @@ def test_unload_stops_the_instance_processes_and_a_load_starts_new_ones(tmp_path
     finally:
         client.close()
         assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def test_statistics_count_every_instance_process_once(server):
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        def counts() -> tuple[int, int, int]:
+            (stats,) = client.get_inference_statistics("who")["model_stats"]
+            return stats["inference_count"], stats["execution_count"], stats["inference_stats"]["success"]["count"]
+        before = counts()
+        seen = who_concurrently(server, "who", 8, 0.1)
+        assert len({pid for pid, _, _, _ in seen}) == 2, seen  # both instances ran some
+        assert tuple(a - b for a, b in zip(counts(), before)) == (8, 8, 8)
+    finally:
+        client.close()

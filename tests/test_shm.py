@@ -255,7 +255,7 @@ def test_client_shm_disabled_by_default(proto, server_noshm, tmp_path):
 def test_extensions_with_flag(proto, client):
     ext = extensions(proto, client)
     assert "system_shared_memory" in ext
-    assert "cuda_shared_memory" not in ext  # no GPU in this server
+    assert "cuda_shared_memory" in ext  # listed with no GPU too, as Triton lists it (registering fails)
 
 
 # =========================================================================== happy paths

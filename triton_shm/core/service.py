@@ -17,7 +17,6 @@ from .model_config import config_to_json, validate_model_name
 from .model_manager import ModelManager, decode_load_parameters
 from .response_cache import ResponseCache
 from .shm_registry import SharedMemoryRegistry
-from ..worker.devices import cuda_available
 from .tracing import Tracer
 from .types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
 from .validation import RequestPlan, checked_plan, plain_plan, validate_request
@@ -72,9 +71,9 @@ class InferenceService:
     def server_metadata(self) -> dict[str, Any]:
         extensions = list(EXTENSIONS)
         if self.shm.enabled:
-            extensions.append("system_shared_memory")
-            if self.shm.gpus and cuda_available():
-                extensions.append("cuda_shared_memory")
+            # cuda_shared_memory too where no GPU serves, as Triton lists it: clients read the
+            # list, and a registration there fails with the reason
+            extensions += ["system_shared_memory", "cuda_shared_memory"]
         return {"name": self.server_id, "version": TRITON_PROTOCOL_VERSION, "extensions": extensions}
 
     # -- shared memory -------------------------------------------------------------------
