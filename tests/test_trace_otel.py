@@ -332,3 +332,26 @@ def test_bad_settings_are_refused(repo, tmp_path, flag):
     with pytest.raises(RuntimeError, match="exited with 1"):
         srv.start()
     assert "--trace-config" in srv.log()
+
+
+def test_traceparent_parsing():
+    from triton_shm.core.otel import parse_traceparent
+    assert parse_traceparent(TRACEPARENT) == (TRACE_ID, PARENT)
+    assert parse_traceparent(TRACEPARENT.upper().encode()) == (TRACE_ID, PARENT)
+    for bad in (None, "", "00-abc-def-01", f"ff-{TRACE_ID}-{PARENT}-01", f"00-{'0' * 32}-{PARENT}-01",
+                f"00-{TRACE_ID}-{'0' * 16}-01", f"00-{'g' * 32}-{PARENT}-01"):
+        assert parse_traceparent(bad) is None
+
+
+def test_trace_config_parsing():
+    from triton_shm.core.tracing import parse_trace_config
+    startup, file, mode, otel = parse_trace_config([
+        "mode=opentelemetry", "opentelemetry,url=http://collector:4318/v1/traces", "rate=5",
+        "opentelemetry,resource=service.name=a", "opentelemetry,bsp_max_queue_size=10",
+        "opentelemetry,bsp_max_export_batch_size=4", "triton,file=/tmp/ignored.json", "level=TIMESTAMPS"])
+    assert (startup["trace_rate"], startup["trace_level"], file, mode) == (5, ("TIMESTAMPS",), "", "opentelemetry")
+    assert otel is not None and otel.url == "http://collector:4318/v1/traces" and otel.resources == ["service.name=a"]
+    assert otel.bsp == {"bsp_max_queue_size": 10, "bsp_schedule_delay": 5000, "bsp_max_export_batch_size": 4}
+    assert parse_trace_config(["opentelemetry,url=x:1/v1/traces", "level=TIMESTAMPS"])[2:] == ("triton", None)
+    with pytest.raises(ValueError, match="bsp_max_export_batch_size must not exceed"):
+        parse_trace_config(["mode=opentelemetry", "opentelemetry,bsp_max_queue_size=2"])
