@@ -236,7 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--log-file", default="", metavar="PATH", help="write the log to this file instead of stderr")
     add("--trace-config", dest="trace_config", action="append", default=[], metavar="[MODE,]SETTING=VALUE",
         help="trace setting as in tritonserver: level=OFF|TIMESTAMPS|TENSORS (repeatable), rate=N, count=N "
-             "(-1 = no limit), log_frequency=N, file=PATH (or triton,file=PATH), mode=triton")
+             "(-1 = no limit), log_frequency=N, file=PATH (or triton,file=PATH), mode=triton|opentelemetry; "
+             "opentelemetry,url=HOST:PORT/v1/traces, opentelemetry,resource=KEY=VALUE (repeatable), "
+             "opentelemetry,bsp_max_queue_size=N, opentelemetry,bsp_schedule_delay=MS, "
+             "opentelemetry,bsp_max_export_batch_size=N")
     add("--model-control-mode", default="none", choices=["none", "poll", "explicit"],
         help="none: load every model at start; poll: also follow changes in the repositories; "
              "explicit: load only --load-model models and what the load/unload API asks (default none)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
 from .datatypes import config_to_wire
@@ -137,20 +137,22 @@ class EnsembleScheduler:
         self._closing = False
 
     async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
-                     trace: object = None, stream: object = None) -> InferResponse:
-        """Same interface as Scheduler.submit; steps are traced by their own models, and an
-        ensemble is never decoupled (``stream`` is unused)."""
+                     trace: Any = None, stream: object = None) -> InferResponse:
+        """Same interface as Scheduler.submit; the steps of a traced request are traced as its
+        children, and an ensemble is never decoupled (``stream`` is unused)."""
         if self._closing:
             raise Unavailable(f"ensemble '{self.model.name}' is unloading")
         if plan.shm_inputs or plan.shm_outputs:
             raise Unsupported(f"ensemble '{self.model.name}': client shared-memory tensors are not supported "
                               "for ensembles yet")
         start = time.monotonic_ns()
+        if trace is not None:
+            trace.stamp("QUEUE_START", start)
         self._inflight += 1
         self._idle.clear()
         self.stats.pending += 1
         try:
-            response = await self._run(request, plan)
+            response = await self._run(request, plan, trace)
         except TritonShmError as e:
             self.stats.record_failure(time.monotonic_ns() - start, "BACKEND")
             raise e
@@ -164,7 +166,7 @@ class EnsembleScheduler:
         self.stats.record_success(plan.batch_size or 1, total, 0, 0, total, 0)
         return response
 
-    async def _run(self, request: InferRequest, plan: "RequestPlan") -> InferResponse:
+    async def _run(self, request: InferRequest, plan: "RequestPlan", trace: Any) -> InferResponse:
         tensors: dict[str, Tensor] = {t.name: t for t in request.inputs}
         for name, (dims, shape) in self._input_reshapes.items():
             t = tensors.get(name)
@@ -182,7 +184,7 @@ class EnsembleScheduler:
                     for i in sorted(todo):
                         if all(t in tensors for t in self.steps[i].input_map.values()):
                             todo.discard(i)
-                            running[asyncio.ensure_future(self._run_step(i, tensors, request))] = i
+                            running[asyncio.ensure_future(self._run_step(i, tensors, request, trace))] = i
                 if not running:
                     break
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -222,7 +224,8 @@ class EnsembleScheduler:
         return InferResponse(model_name=self.model.name, model_version=str(self.model.version), id=request.id,
                              outputs=outputs, _release=functools.partial(_release_all, responses))
 
-    async def _run_step(self, i: int, tensors: dict[str, Tensor], request: InferRequest) -> InferResponse:
+    async def _run_step(self, i: int, tensors: dict[str, Tensor], request: InferRequest,
+                        trace: Any) -> InferResponse:
         step = self.steps[i]
         model = self.repository.get(step.model_name, str(step.model_version) if step.model_version > 0 else "",
                                     require_ready=True)
@@ -231,10 +234,21 @@ class EnsembleScheduler:
         sub = InferRequest(model_name=model.name, model_version=str(model.version), id=request.id,
                            parameters=dict(request.parameters), inputs=inputs,
                            outputs=[RequestedOutput(n) for n in step.output_map])
-        response = await model.queue().submit(sub, validate_request(model, sub), {})
+        if trace is None:
+            response = await model.queue().submit(sub, validate_request(model, sub), {})
+        else:
+            response = await self._run_traced_step(model, sub, trace)
         if response is None:  # a decoupled step: refused when the ensemble loads
             raise Internal(f"ensemble step model '{model.name}' answered on a stream")
         return response
+
+    async def _run_traced_step(self, model: "ModelVersion", sub: InferRequest, parent: Any) -> InferResponse | None:
+        tracer = parent.tracer
+        trace = tracer.child(parent, model.name, model.version, sub.id)
+        try:
+            return await model.queue().submit(sub, validate_request(model, sub), {}, trace)
+        finally:
+            tracer.finish(trace)
 
     async def drain(self) -> None:
         self._closing = True

@@ -17,6 +17,7 @@ from .model_config import config_to_json, validate_model_name
 from .model_manager import ModelManager, decode_load_parameters
 from .response_cache import ResponseCache
 from .shm_registry import SharedMemoryRegistry
+from .otel import RequestSpan
 from .tracing import Tracer
 from .types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
 from .validation import RequestPlan, checked_plan, plain_plan, validate_request
@@ -166,14 +167,15 @@ class InferenceService:
         return self.log_settings.update(changes)
 
     # -- inference -----------------------------------------------------------------------
-    async def infer(self, request: InferRequest) -> InferResponse:
+    async def infer(self, request: InferRequest, span: RequestSpan | None = None) -> InferResponse:
         """Run one request. The caller must call ``response.release()`` when done with it.
-        A coroutine: the lean HTTP path drives it with ``send`` itself."""
+        A coroutine: the lean HTTP path drives it with ``send`` itself. ``span``: the
+        front-end's InferRequest span while ``tracer.spans`` (OpenTelemetry mode)."""
         model = self._model_for(request)
         if model.decoupled:
             raise Unsupported(f"model '{model.name}' is decoupled (it may send any number of responses): use "
                               "the gRPC stream (ModelStreamInfer) or the generate_stream endpoint")
-        response = await self._infer(model, request)
+        response = await self._infer(model, request, None, span)
         if response is None:  # only a decoupled model answers on a stream
             raise Internal(f"model '{model.name}' answered on a stream without being decoupled")
         return response
@@ -183,21 +185,22 @@ class InferenceService:
         send any number of responses); raises why it can not be served."""
         return self._model_for(request)
 
-    async def infer_stream(self, request: InferRequest, model: "ModelVersion | None" = None
-                           ) -> AsyncIterator[tuple[InferResponse | None, bool]]:
+    async def infer_stream(self, request: InferRequest, model: "ModelVersion | None" = None,
+                           span: RequestSpan | None = None) -> AsyncIterator[tuple[InferResponse | None, bool]]:
         """Every response of one request as ``(item, final)``: ``item`` is a response, a
         TritonShmError (a decoupled model may send errors and go on), or None; the last
         has ``final`` True (a decoupled model may end with no response). Errors before
         the model runs are raised. Works for every model; the caller releases each
-        response. ``model``: what ``model_for`` returned for it, if the caller asked."""
+        response. ``model``: what ``model_for`` returned for it, if the caller asked;
+        ``span``: as for ``infer``."""
         if model is None:
             model = self._model_for(request)
         if not model.decoupled:
-            yield await self._infer(model, request), True
+            yield await self._infer(model, request, None, span), True
             return
         stream = ResponseStream(asyncio.Queue())
         queue = stream.queue
-        run = asyncio.ensure_future(self._infer(model, request, stream))
+        run = asyncio.ensure_future(self._infer(model, request, stream, span))
         final = False
         try:
             while True:
@@ -268,15 +271,15 @@ class InferenceService:
             return self.cache
         return None
 
-    def _infer(self, model: "ModelVersion", request: InferRequest,
-               stream: ResponseStream | None = None) -> Awaitable[InferResponse | None]:
+    def _infer(self, model: "ModelVersion", request: InferRequest, stream: ResponseStream | None = None,
+               span: RequestSpan | None = None) -> Awaitable[InferResponse | None]:
         """What runs the request: the response, or None for a decoupled model (its
         responses went to ``stream``). Not a coroutine itself: a request that is not
         traced and uses no client shared memory and no cache (the common one) goes
         straight to its scheduler, a coroutine fewer per request; it is validated here,
         so its validation error raises at the call, not at the await."""
         if self.tracer.active or model.caches_responses:  # both time the request from its arrival
-            return self._infer_with_features(model, request, stream)
+            return self._infer_with_features(model, request, stream, None, span)
         plan = plain_plan(model, request) or checked_plan(model, request)  # validate_request's two steps
         if plan.shm_inputs or plan.shm_outputs:
             return self._infer_with_features(model, request, stream, plan)
@@ -286,12 +289,13 @@ class InferenceService:
         return scheduler.submit(request, plan, _NO_REGIONS, None, stream)
 
     async def _infer_with_features(self, model: "ModelVersion", request: InferRequest,
-                                   stream: ResponseStream | None, plan: RequestPlan | None = None
-                                   ) -> InferResponse | None:
+                                   stream: ResponseStream | None, plan: RequestPlan | None = None,
+                                   span: RequestSpan | None = None) -> InferResponse | None:
         """``_infer`` for a request that is traced, or uses client shared memory or the
         cache (``plan``: its validation, done already when neither traced nor cached)."""
         arrived = time.monotonic_ns()
-        trace = self.tracer.sample(model.name, model.version, request.id, arrived) if self.tracer.active else None
+        trace = self.tracer.sample(model.name, model.version, request.id, arrived, span) \
+            if self.tracer.active else None
         try:
             if plan is None:
                 plan = validate_request(model, request)

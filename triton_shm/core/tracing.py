@@ -1,11 +1,12 @@
 """Triton's trace extension: trace settings (global and per model), sampling, recording
-and the trace file.
+and the trace file, or OpenTelemetry spans (``mode=opentelemetry``, see ``otel.py``).
 
 Settings are Triton's: ``trace_level`` (``OFF`` | ``TIMESTAMPS`` and/or ``TENSORS``),
 ``trace_rate`` (trace every Nth request), ``trace_count`` (traces left to take, -1 =
 unlimited; it counts down), ``log_frequency`` (write every N traces to ``<file>.<index>``;
 0 = all to ``<file>``, finished at shutdown), ``trace_file`` and ``trace_mode`` (start-up
-only). A model's settings override some keys and take the others from the global ones;
+only; with ``mode=opentelemetry`` also ``url``, ``resource`` and ``bsp_*`` instead of
+the file's keys). A model's settings override some keys and take the others from the global ones;
 clearing a key (null) of a model falls back to the global value, of the global settings to
 the start-up value.
 
@@ -18,6 +19,7 @@ The file is Triton's JSON array; each trace is one object
 (Triton spreads one trace over several objects with the same ``id``; tools that merge by
 ``id``, such as Triton's ``trace_summary.py``, read both). Timestamps are
 ``time.monotonic_ns()`` (Triton's steady clock). Writes happen in one background thread.
+The steps of a traced ensemble are traced too, each a child (``parent_id``) of its trace.
 """
 from __future__ import annotations
 
@@ -31,11 +33,12 @@ from typing import Any, BinaryIO, Iterable
 import orjson
 
 from ..errors import InvalidArgument, Unsupported
+from .otel import OtelConfig, RequestSpan, SpanExporter, attribute, new_span_id, span
 
 log = logging.getLogger(__name__)
 
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
-MODES = ("triton",)
+MODES = ("triton", "opentelemetry")
 DEFAULTS: dict[str, Any] = {"trace_level": ("OFF",), "trace_rate": 1000, "trace_count": -1, "log_frequency": 0}
 _KEYS = tuple(DEFAULTS)
 _STREAM_CHUNK = 256  # log_frequency 0: traces buffered before an append to the file
@@ -130,15 +133,17 @@ class TraceSetting:
 
 
 class Trace:
-    """Timestamps of one sampled request."""
+    """Timestamps of one sampled request (``parent_id``: its ensemble's trace, else 0)."""
 
-    __slots__ = ("id", "model_name", "model_version", "request_id", "stamps", "log_frequency")
+    __slots__ = ("id", "model_name", "model_version", "request_id", "stamps", "log_frequency", "parent_id",
+                 "tracer")
 
     def __init__(self, trace_id: int, model_name: str, model_version: int, request_id: str,
-                 log_frequency: int, start_ns: int):
+                 log_frequency: int, start_ns: int, parent_id: int = 0):
         self.id, self.model_name, self.model_version = trace_id, model_name, model_version
-        self.request_id, self.log_frequency = request_id, log_frequency
+        self.request_id, self.log_frequency, self.parent_id = request_id, log_frequency, parent_id
         self.stamps: list[tuple[str, int]] = [("REQUEST_START", start_ns)]
+        self.tracer: Tracer | None = None  # set by the Tracer that made it (an ensemble's steps are its children)
 
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append((name, time.monotonic_ns() if ns is None else ns))
@@ -154,10 +159,48 @@ class Trace:
 
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"id": self.id, "model_name": self.model_name, "model_version": self.model_version}
+        if self.parent_id:
+            doc["parent_id"] = self.parent_id
         if self.request_id:
             doc["request_id"] = self.request_id
         doc["timestamps"] = [{"name": name, "ns": ns} for name, ns in self.stamps]
         return doc
+
+
+class SpanTrace(Trace):
+    """A Trace in OpenTelemetry mode: the model's span (``span_id``) in W3C trace ``trace_id``
+    under span ``parent_span`` (the request's InferRequest span, or the ensemble's model
+    span for a step). ``own``: an InferRequest span no front-end made, ended with this."""
+
+    __slots__ = ("trace_id", "span_id", "parent_span", "own")
+
+    def __init__(self, trace_id: int, model_name: str, model_version: int, request_id: str, start_ns: int,
+                 parent_id: int, otel_trace: str, parent_span: str, own: RequestSpan | None = None):
+        super().__init__(trace_id, model_name, model_version, request_id, 0, start_ns, parent_id)
+        self.trace_id, self.parent_span, self.own = otel_trace, parent_span, own
+        self.span_id = new_span_id()
+
+    def spans(self) -> list[dict[str, Any]]:
+        """The model's span and, if the model ran, its ``compute`` span (the stamps end with
+        REQUEST_END)."""
+        stamps = self.stamps
+        model_events = [s for s in stamps if not s[0].startswith("COMPUTE_")]
+        compute = [s for s in stamps if s[0].startswith("COMPUTE_")]
+        attributes = [attribute("triton.model_name", self.model_name),
+                      attribute("triton.model_version", self.model_version),
+                      attribute("triton.trace_id", self.id), attribute("triton.trace_parent_id", self.parent_id)]
+        if self.request_id:
+            attributes.append(attribute("triton.request_id", self.request_id))
+        out = []
+        if compute:
+            out.append(span("compute", self.trace_id, new_span_id(), self.span_id, compute[0][1], compute[-1][1],
+                            compute))
+        end = stamps[-1][1]
+        out.append(span(self.model_name, self.trace_id, self.span_id, self.parent_span, stamps[0][1], end,
+                        model_events, attributes))
+        if self.own is not None:
+            out.append(self.own.to_span(end))
+        return out
 
 
 # -- the trace file ---------------------------------------------------------------------------
@@ -197,14 +240,18 @@ class TraceFile:
 class Tracer:
     """Trace settings of the server and the recorder of sampled requests."""
 
-    def __init__(self, startup: dict[str, Any] | None = None, file: str = "", mode: str = "triton"):
+    def __init__(self, startup: dict[str, Any] | None = None, file: str = "", mode: str = "triton",
+                 otel: OtelConfig | None = None):
         self.startup = {**DEFAULTS, **(startup or {})}
         self.file, self.mode = file, mode
+        self.otel = (otel or OtelConfig()) if mode == "opentelemetry" else None
+        self._exporter = SpanExporter(self.otel) if self.otel is not None else None
         self._global_values = dict(self.startup)
         self._overrides: dict[str, dict[str, Any]] = {}
         self._global = TraceSetting(self._global_values)
         self._models: dict[str, TraceSetting] = {}
         self.active = False        # the hot-path check: some scope traces TIMESTAMPS
+        self.spans = False         # the front-ends' check: active, in OpenTelemetry mode
         self._next_id = 1
         self._indexed: list[bytes] = []   # log_frequency > 0: traces for the next <file>.<index>
         self._streamed: list[bytes] = []  # log_frequency 0: traces for <file>
@@ -215,15 +262,16 @@ class Tracer:
 
     @classmethod
     def from_config(cls, items: Iterable[str]) -> "Tracer":
-        startup, file, mode = parse_trace_config(items)
-        return cls(startup, file, mode)
+        startup, file, mode, otel = parse_trace_config(items)
+        return cls(startup, file, mode, otel)
 
     # -- settings ----------------------------------------------------------------------------
     def _refresh(self) -> None:
         self._models = {name: TraceSetting({**self._global_values, **over})
                         for name, over in self._overrides.items()}
         self.active = self._global.timestamps or any(s.timestamps for s in self._models.values())
-        if self.active and self._writer is None and not self._warned_no_file:
+        self.spans = self.active and self._exporter is not None
+        if self.active and self._writer is None and self._exporter is None and not self._warned_no_file:
             self._warned_no_file = True
             log.warning("tracing is on but no trace file was given at start-up (--trace-config file=PATH): "
                         "traces are sampled but not written")
@@ -234,8 +282,10 @@ class Tracer:
     def settings(self, model: str = "") -> dict[str, Any]:
         """Triton's HTTP form: ``{"trace_level": [..], "trace_rate": "1000", ...}``."""
         s = self._setting(model) if model else self._global
-        return {"trace_level": list(s.level), "trace_rate": str(s.rate), "trace_count": str(s.count),
-                "log_frequency": str(s.log_frequency), "trace_file": self.file, "trace_mode": self.mode}
+        common = {"trace_level": list(s.level), "trace_rate": str(s.rate), "trace_count": str(s.count)}
+        if self.otel is not None:  # no file, so no trace_file or log_frequency
+            return {**common, "trace_mode": self.mode, **self.otel.settings()}
+        return {**common, "log_frequency": str(s.log_frequency), "trace_file": self.file, "trace_mode": self.mode}
 
     def update(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply wire values (strings / lists of strings / null) to a model's or the
@@ -263,16 +313,53 @@ class Tracer:
         return self.settings(model)
 
     # -- recording ------------------------------------------------------------------------
-    def sample(self, model_name: str, model_version: int, request_id: str, start_ns: int) -> Trace | None:
-        """A Trace if this request is to be traced (call only while ``active``)."""
+    def sample(self, model_name: str, model_version: int, request_id: str, start_ns: int,
+               request_span: RequestSpan | None = None) -> Trace | None:
+        """A Trace if this request is to be traced (call only while ``active``).
+        ``request_span``: the front-end's InferRequest span (OpenTelemetry mode)."""
         setting = self._models.get(model_name) or self._global
         if not setting.sample():
             return None
         trace_id, self._next_id = self._next_id, self._next_id + 1
-        return Trace(trace_id, model_name, model_version, request_id, setting.log_frequency, start_ns)
+        trace: Trace
+        if self._exporter is None:
+            trace = Trace(trace_id, model_name, model_version, request_id, setting.log_frequency, start_ns)
+            trace.tracer = self
+            return trace
+        own = None
+        if request_span is None:  # no front-end span (a BLS call, a stream...): the trace has its own
+            request_span = own = RequestSpan(frontend=False)
+        request_span.open(start_ns)
+        assert request_span.trace_id is not None and request_span.span_id is not None
+        trace = SpanTrace(trace_id, model_name, model_version, request_id, start_ns, 0, request_span.trace_id,
+                          request_span.span_id, own)
+        trace.tracer = self
+        return trace
+
+    def child(self, parent: Trace, model_name: str, model_version: int, request_id: str) -> Trace:
+        """The trace of an ensemble step of traced ``parent`` (always traced)."""
+        trace_id, self._next_id = self._next_id, self._next_id + 1
+        now = time.monotonic_ns()
+        trace: Trace
+        if isinstance(parent, SpanTrace):
+            trace = SpanTrace(trace_id, model_name, model_version, request_id, now, parent.id, parent.trace_id,
+                              parent.span_id)
+        else:
+            trace = Trace(trace_id, model_name, model_version, request_id, parent.log_frequency, now, parent.id)
+        trace.tracer = self
+        return trace
+
+    def end_request(self, request_span: RequestSpan) -> None:
+        """The front-end has sent the response: export its InferRequest span if sampled."""
+        if request_span.span_id is not None and self._exporter is not None:
+            self._exporter.add([request_span.to_span(time.monotonic_ns())])
 
     def finish(self, trace: Trace) -> None:
         trace.stamp("REQUEST_END")
+        if isinstance(trace, SpanTrace):
+            if self._exporter is not None:
+                self._exporter.add(trace.spans())
+            return
         if self._writer is None:
             return
         doc = orjson.dumps(trace.to_json())
@@ -311,7 +398,9 @@ class Tracer:
             self._executor = None
 
     async def close(self) -> None:
-        """At shutdown: write every buffered trace."""
+        """At shutdown: write every buffered trace (export every queued span)."""
+        if self._exporter is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self._exporter.close)
         if self._writer is None:
             return
         await asyncio.get_running_loop().run_in_executor(None, self._flush_all)
@@ -329,12 +418,13 @@ _CLI_KEYS = {"level": "trace_level", "rate": "trace_rate", "count": "trace_count
              "log-frequency": "log_frequency"}
 
 
-def parse_trace_config(items: Iterable[str]) -> tuple[dict[str, Any], str, str]:
+def parse_trace_config(items: Iterable[str]) -> tuple[dict[str, Any], str, str, OtelConfig | None]:
     """Triton's ``--trace-config [<mode>,]<key>=<value>`` flags → (start-up settings,
-    file, mode). Raises ValueError."""
+    file, mode, the opentelemetry settings when that is the mode). Raises ValueError."""
     startup: dict[str, Any] = {}
     levels: list[str] = []
     mode, files = "triton", {}
+    otel = OtelConfig()
     for item in items:
         scope, _, setting = item.rpartition(",")
         key, sep, value = setting.partition("=")
@@ -345,10 +435,11 @@ def parse_trace_config(items: Iterable[str]) -> tuple[dict[str, Any], str, str]:
             if key == "file":
                 files[scope] = value
                 continue
-            if scope not in ("triton", "opentelemetry"):
+            if scope not in MODES:
                 raise ValueError(f"--trace-config: unknown trace mode '{scope}' in '{item}'")
-            if scope != "triton":
-                continue  # settings of a mode this server does not run
+            if scope == "opentelemetry":
+                otel.set(key, value)
+                continue
         if key == "mode":
             mode = value.lower()
         elif key == "file":
@@ -363,10 +454,13 @@ def parse_trace_config(items: Iterable[str]) -> tuple[dict[str, Any], str, str]:
         else:
             raise ValueError(f"--trace-config: unknown setting '{key}' in '{item}'")
     if mode not in MODES:
-        raise ValueError(f"--trace-config mode={mode}: only 'triton' trace mode is supported by this server")
+        raise ValueError(f"--trace-config mode={mode}: invalid trace mode, expected 'triton' or 'opentelemetry'")
     if levels:
         try:
             startup["trace_level"] = _parse_level(levels) or DEFAULTS["trace_level"]
         except InvalidArgument as e:
             raise ValueError(f"--trace-config: {e.message}") from None
-    return startup, files.get(mode, ""), mode
+    if mode == "opentelemetry":
+        otel.check()
+        return startup, "", mode, otel
+    return startup, files.get(mode, ""), mode, None

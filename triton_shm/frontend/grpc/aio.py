@@ -7,6 +7,7 @@ from typing import Any, AsyncIterator, Callable
 
 import grpc
 
+from ...core.otel import RequestSpan
 from ..restricted import Restrictions
 from .rpc import Method, rpc_status
 
@@ -85,6 +86,8 @@ def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate
         if not gate.enter():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         try:
+            if method.spans is not None and method.spans.tracer.spans:
+                return await _traced(method, request, context)
             # decoded here, not by grpcio, so a malformed message is answered like any bad input
             return method.serialize(await method.handler(method.deserialize(request)), False)
         except grpc.aio.AbortError:
@@ -95,6 +98,23 @@ def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate
             gate.leave()
         await context.abort(_CODES[code], message)
     return handler
+
+
+async def _traced(method: Method, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    """ModelInfer with its InferRequest span; grpcio sends what it returns (GRPC_SEND_END
+    is when it has it)."""
+    traceparent = next((v for k, v in context.invocation_metadata() or () if k == "traceparent"), None)
+    span = RequestSpan(traceparent)
+    span.stamp("GRPC_WAITREAD_START")
+    span.stamp("GRPC_WAITREAD_END")
+    try:
+        response = await method.handler(method.deserialize(request), span)
+        span.stamp("INFER_RESPONSE_COMPLETE")
+        span.stamp("GRPC_SEND_START")
+        return method.serialize(response, False)
+    finally:
+        span.stamp("GRPC_SEND_END")
+        method.spans.tracer.end_request(span)
 
 
 def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate

@@ -83,6 +83,9 @@ class Method:
     serialize: Callable[[Any, bool], bytes] = pb_serializer
     streaming: bool = False  # bidirectional stream (the only streaming kind served)
     group: str | None = None  # its restricted-API group (frontend/restricted.py)
+    # ModelInfer: the service, whose ``tracer.spans`` says when to make the call's
+    # InferRequest span (OpenTelemetry tracing); the handler then takes it as 2nd argument.
+    spans: Any = None
 
 
 def rpc_status(exc: BaseException, path: str) -> tuple[int, str]:

@@ -299,6 +299,8 @@ def methods(service: "InferenceService") -> list[Method]:
         if m.name in _SERIALIZERS:
             kwargs["serialize"] = _SERIALIZERS[m.name]
         handler = service.infer if m.name == "ModelInfer" else getattr(rpcs, m.name)
+        if m.name == "ModelInfer":
+            kwargs["spans"] = service
         out.append(Method(f"/{SERVICE}/{m.name}", handler,
                           streaming=m.client_streaming or m.server_streaming, group=GROUPS[m.name], **kwargs))
     out.append(Method("/grpc.health.v1.Health/Check", functools.partial(_health_check, service),

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
+from ...core.otel import RequestSpan
 from ...core.types import InferRequest
 from ...errors import InvalidArgument, TritonShmError
 from .encoding import decode_body
@@ -63,7 +64,9 @@ class HttpHandlers:
         return _json(request, self.service.repository_index(ready_only))
 
     # -- inference -----------------------------------------------------------------------
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: web.Request) -> web.StreamResponse:
+        if self.service.tracer.spans:
+            return await self._infer_traced(request)
         model, version = _model(request)
         headers = request.headers
         # read() enforces client_max_size (413) on what arrives on the wire.
@@ -72,6 +75,30 @@ class HttpHandlers:
             content_encoding=headers.get("Content-Encoding"), accept_encoding=headers.get("Accept-Encoding"),
             max_input_size=self.max_input_size)
         return web.Response(body=reply.body, content_type=reply.content_type, headers=reply.headers)
+
+    async def _infer_traced(self, request: web.Request) -> web.StreamResponse:
+        """``infer`` with its InferRequest span (OpenTelemetry tracing): the response is
+        sent here, between HTTP_SEND_START and HTTP_SEND_END."""
+        model, version = _model(request)
+        headers = request.headers
+        span = RequestSpan(headers.get("traceparent"))
+        span.stamp("HTTP_RECV_START")
+        try:
+            body = await request.read()
+            span.stamp("HTTP_RECV_END")
+            reply = await serve_infer(
+                self.service, model, version, body, header_length=headers.get(HEADER_LENGTH),
+                content_encoding=headers.get("Content-Encoding"), accept_encoding=headers.get("Accept-Encoding"),
+                max_input_size=self.max_input_size, span=span)
+            span.stamp("INFER_RESPONSE_COMPLETE")
+            span.stamp("HTTP_SEND_START")
+            response = web.Response(body=reply.body, content_type=reply.content_type, headers=reply.headers)
+            await response.prepare(request)
+            await response.write_eof()
+            return response
+        finally:
+            span.stamp("HTTP_SEND_END")
+            self.service.tracer.end_request(span)
 
     async def model_stats(self, request: web.Request) -> web.Response:
         info = request.match_info

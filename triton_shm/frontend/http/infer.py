@@ -15,6 +15,7 @@ from .codec import decode_infer_request, encode_infer_response
 from .encoding import accepted_coding, compress, decode_body
 
 if TYPE_CHECKING:
+    from ...core.otel import RequestSpan
     from ...core.service import InferenceService
     from ...core.types import InferRequest, InferResponse
 
@@ -34,9 +35,10 @@ class InferReply:
 async def serve_infer(
     service: "InferenceService", model: str, version: str, body: bytes, *,
     header_length: str | None, content_encoding: str | None, accept_encoding: str | None,
-    max_input_size: int,
+    max_input_size: int, span: "RequestSpan | None" = None,
 ) -> InferReply:
-    """Decode, infer, encode. Raises :class:`TritonShmError` for every refusal."""
+    """Decode, infer, encode. Raises :class:`TritonShmError` for every refusal. ``span``:
+    the request's InferRequest span (OpenTelemetry tracing)."""
     if content_encoding is not None:
         body = decode_body(body, content_encoding, max_input_size)
     length: int | None = None
@@ -47,7 +49,7 @@ async def serve_infer(
             raise InvalidArgument(
                 f"inference header size should be in range (0, {len(body)}), got: {header_length}") from None
     request = decode_infer_request(model, version, body, length)
-    response = await service.infer(request)
+    response = await service.infer(request, span)
     try:
         reply = reply_of(response, request)
     finally:

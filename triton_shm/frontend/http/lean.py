@@ -20,6 +20,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any, Coroutine, cast
 
+from ...core.otel import RequestSpan
 from ...errors import TritonShmError
 from ..restricted import first_header
 from .api_groups import api_group, refusal_body
@@ -57,6 +58,7 @@ class LeanConnection(asyncio.Protocol):
         self._infer_run: Coroutine[Any, Any, Any] | None = None  # the lean response being made
         self._infer_msg: Message | None = None          # ... its request
         self._infer_request: InferRequest | None = None  # ... decoded by the route's codec, if it was
+        self._infer_span: RequestSpan | None = None  # ... its InferRequest span (OpenTelemetry tracing)
         self._bridge: AiohttpBridge | None = None
         self._read_paused = False
         self._write_paused = False
@@ -209,6 +211,11 @@ class LeanConnection(asyncio.Protocol):
         route = msg.route
         assert route is not None
         request = None
+        span = None
+        if self.ctx.service.tracer.spans:  # only its body is seen here: received now
+            span = self._infer_span = RequestSpan(first_header(msg.headers, "traceparent"))
+            span.stamp("HTTP_RECV_START")
+            span.stamp("HTTP_RECV_END")
         if msg.content_encoding is None and msg.accept_encoding is None:
             try:
                 request = route.decode(msg.body, msg.header_length)
@@ -217,11 +224,12 @@ class LeanConnection(asyncio.Protocol):
                 self._failed(msg, e)
                 return
         if request is not None:
-            run: Coroutine[Any, Any, Any] = self.ctx.service.infer(request)
+            run: Coroutine[Any, Any, Any] = self.ctx.service.infer(request, span)
         else:
             run = serve_infer(self.ctx.service, route.model, route.version, msg.body,
                               header_length=msg.header_length, content_encoding=msg.content_encoding,
-                              accept_encoding=msg.accept_encoding, max_input_size=self.ctx.max_input_size)
+                              accept_encoding=msg.accept_encoding, max_input_size=self.ctx.max_input_size,
+                              span=span)
         self._infer_run, self._infer_msg, self._infer_request = run, msg, request
         self._advance()
 
@@ -239,6 +247,9 @@ class LeanConnection(asyncio.Protocol):
             try:
                 waited = run.send(None)
             except StopIteration as done:
+                if self._infer_span is not None:
+                    self._infer_span.stamp("INFER_RESPONSE_COMPLETE")
+                    self._infer_span.stamp("HTTP_SEND_START")
                 if request is not None:
                     self._answer(msg, request, done.value)
                 else:
@@ -304,6 +315,10 @@ class LeanConnection(asyncio.Protocol):
         """The response to the request being served is written (lean or aiohttp)."""
         self._busy = False
         self._infer_run = self._infer_msg = self._infer_request = None
+        if self._infer_span is not None:  # written (answered or refused): the span ends
+            span, self._infer_span = self._infer_span, None
+            span.stamp("HTTP_SEND_END")
+            self.ctx.service.tracer.end_request(span)
         self.since = self.loop.time()
         if not keep_alive or (self._stopping and not self._queue and self._parser.state == IDLE):
             self._close()

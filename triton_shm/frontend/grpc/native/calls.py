@@ -8,6 +8,7 @@ from typing import Any, AsyncIterator, Sequence
 
 import ngh2
 
+from ....core.otel import RequestSpan
 from ..rpc import Mailbox, Method, identity, rpc_status
 from .framing import ACCEPT_ENCODING, DEADLINE_EXCEEDED, OK, MessageReader, compress, encode_message_text, prefix
 
@@ -25,7 +26,7 @@ class Call:
 
     __slots__ = ("stream_id", "method", "encoding", "reader", "task", "timer", "send_encoding",
                  "headers_sent", "finished", "remote_closed", "messages", "queue", "deferred_ack",
-                 "writable")
+                 "writable", "span")
 
     def __init__(self, stream_id: int, method: Method, encoding: bytes, send_encoding: bytes | None):
         self.stream_id = stream_id
@@ -44,6 +45,7 @@ class Call:
         self.queue: Mailbox | None = None  # streams: messages for the handler
         self.deferred_ack = 0  # stream bytes received but not yet released to the peer
         self.writable: asyncio.Future | None = None  # set while the handler waits on backpressure
+        self.span: RequestSpan | None = None  # ModelInfer's InferRequest span (OpenTelemetry tracing)
 
 
 class CallRunner:
@@ -95,6 +97,29 @@ class CallRunner:
             self._finish(call, *rpc_status(e, method.path))
             return
         self._answer(call, message)
+
+    async def _run_traced(self, call: Call, span: RequestSpan) -> None:
+        """``_run_unary`` with the call's InferRequest span (the handler is service.infer)."""
+        method = call.method
+        span.stamp("GRPC_WAITREAD_END")
+        try:
+            response = await method.handler(method.deserialize(call.messages.pop()), span)
+            span.stamp("INFER_RESPONSE_COMPLETE")
+            if call.finished:
+                response.release()
+                return
+            span.stamp("GRPC_SEND_START")
+            encoding = call.send_encoding
+            message = method.serialize(response, True) if encoding is None else \
+                self._frame(method, response, encoding)
+            self._answer(call, message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the client must get an answer
+            self._finish(call, *rpc_status(e, method.path))
+        finally:
+            span.stamp("GRPC_SEND_END")
+            method.spans.tracer.end_request(span)
 
     def _answer(self, call: Call, message: bytes) -> None:
         """A unary call's whole answer: what ``_send_message`` then ``_finish(call, OK, "")``

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 import ngh2
 
+from ....core.otel import RequestSpan
 from ...restricted import first_header
 from ..rpc import Mailbox, Method
 from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner
@@ -386,6 +387,9 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         rpc_method = target or Method(path.decode("utf-8", "replace"), _unimplemented)
         call = Call(sid, rpc_method, encoding or b"identity", send_encoding)
         self.calls[sid] = call
+        if rpc_method.spans is not None and rpc_method.spans.tracer.spans:
+            call.span = RequestSpan(get(b"traceparent"))
+            call.span.stamp("GRPC_WAITREAD_START")
         if event.end_stream:
             call.remote_closed = True
         if target is None:
@@ -479,7 +483,8 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         elif len(call.messages) != 1:
             self._finish(call, INTERNAL, "unary call ended without a request message")
         else:
-            call.task = asyncio.Task(self._run_unary(call), loop=self.loop, name=CALL_TASK)
+            call.task = asyncio.Task(self._run_unary(call) if call.span is None else self._run_traced(call, call.span),
+                                     loop=self.loop, name=CALL_TASK)
 
     def _ack(self, sid: int, size: int) -> None:
         if size:
