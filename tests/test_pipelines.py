@@ -515,9 +515,27 @@ def build_repository(repo: Path) -> Path:
                              ("bls_missing", BLS_MISSING_CONFIG, BLS_MISSING_PY),
                              ("bls_decoupled", BLS_DECOUPLED_CONFIG, BLS_DECOUPLED_PY),
                              ("batched", BATCHED_CONFIG, BATCHED_PY), ("bls_batch", BLS_BATCH_CONFIG, BLS_BATCH_PY),
-                             ("crasher", CRASHER_CONFIG, CRASHER_PY)]:
+                             ("crasher", CRASHER_CONFIG, CRASHER_PY), ("half", HALF_CONFIG, HALF_PY)]:
         write_model(repo, name, config=config, model_py=py)
     return repo
+
+
+# FP16 out: JSON has no half-precision numbers
+HALF_CONFIG = """
+    name: "half"
+    backend: "python"
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ 2 ] } ]
+    output [ { name: "Y" data_type: TYPE_FP16 dims: [ 2 ] } ]
+    """
+HALF_PY = """
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            return [pb_utils.InferenceResponse([pb_utils.Tensor(
+                "Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy().astype(np.float16))]) for r in requests]
+    """
 
 
 @pytest.fixture(scope="module")
@@ -932,6 +950,14 @@ def test_generate_non_decoupled(server):
     assert status == 200
     events = sse_events(body)
     assert len(events) == 1 and events[0]["OUTPUT0"] == [2 * v for v in x]
+
+
+@pytest.mark.parametrize("path", ["generate", "generate_stream"])
+def test_generate_refuses_an_fp16_output_as_triton_does(server, path):
+    status, body = http_post(server, f"/v2/models/half/{path}", {"X": [1.5, 2.5]})
+    error = json.loads(body)["error"] if path == "generate" else sse_events(body)[-1]["error"]
+    assert error == "sending FP16 data via JSON is not supported. Please use the binary data format for output"
+    assert status == (400 if path == "generate" else 200), (status, body)
 
 
 def test_generate_unknown_input_is_400(server):

@@ -57,6 +57,9 @@ def encode_generate_response(response: InferResponse) -> dict[str, Any]:
     if response.id:
         doc["id"] = response.id
     for out in response.outputs:
+        if out.datatype in ("FP16", "BF16"):  # JSON has no such numbers; generate has no binary form
+            raise InvalidArgument(f"sending {out.datatype} data via JSON is not supported. Please use the binary "
+                                  "data format for output")
         values = wire_to_json(out)
         values = values.tolist() if isinstance(values, np.ndarray) else values
         doc[out.name] = values[0] if len(values) == 1 else values
