@@ -25,7 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from compare_triton import ADD_SUB, free_port
+from compare_triton import ADD_SUB, free_port, process_tree
 from reference import ensure_reference
 
 RSS_FIELD = "VmRSS:"
@@ -36,20 +36,6 @@ def rss_kib(pid: int) -> int:
         if line.startswith(RSS_FIELD):
             return int(line.split()[1])
     return 0
-
-
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        for path in Path(f"/proc/{p}/task").glob("*/children"):
-            try:
-                kids = [int(c) for c in path.read_text().split()]
-            except OSError:
-                continue
-            out += kids
-            todo += kids
-    return sorted(set(out))
 
 
 def cmdline(pid: int) -> str:
@@ -114,13 +100,13 @@ class Server:
         return f"http://127.0.0.1:{self.port}/v2/repository/models/{path}"
 
     def instance_pids(self, model: str) -> list[int]:
-        pids = descendants(self.proc.pid)
+        pids = process_tree(self.proc.pid)
         if self.kind == "triton":
             return [p for p in pids if "triton_python_backend_stub" in cmdline(p) and f"/{model}/" in cmdline(p)]
         return [p for p in pids if f"@{model}/" in cmdline(p)]
 
     def shared_worker(self) -> int:
-        (pid,) = [p for p in descendants(self.proc.pid) if " --name cpu " in cmdline(p) + " "]
+        (pid,) = [p for p in process_tree(self.proc.pid) if " --name cpu " in cmdline(p) + " "]
         return pid
 
     def stop(self) -> None:
