@@ -438,39 +438,34 @@ def _row(case: Case, kind: str, a: dict, b: dict, named: bool) -> str:
             f"| {a['cpu_s_per_1k']:.2f} / {b['cpu_s_per_1k']:.2f} | {a['rss_mib']:.0f} / {b['rss_mib']:.0f} |")
 
 
-def batching_gains(cases: list[Case], med: dict, generators: list[str], ours: list[str]) -> str:
-    """Throughput with dynamic batching on / off, per protocol and generator, for each server."""
-    pairs = [(off, on) for off in cases for on in cases
-             if "dynamic batching off" in off.label and on.label == off.label.replace("batching off", "batching on")]
+def _ratios(cases: list[Case], med: dict, generators: list[str], ours: list[str], base: str, other: str,
+            title: str, what: str) -> str:
+    """Throughput of each case labelled ``other`` over its twin labelled ``base`` (the same
+    label otherwise), per generator, for each server: one table headed ``title``."""
+    pairs = [(a, b) for a in cases for b in cases if base in a.label and b.label == a.label.replace(base, other)]
     if not pairs:
         return ""
-    lines = [f"| load generator | case | {' | '.join(f'{k} gain (on / off)' for k in ours)} | Triton gain (on / off) |",
+    lines = [f"| load generator | case | {' | '.join(f'{k} {what}' for k in ours)} | Triton {what} |",
              "|---|---|" + "---|" * (len(ours) + 1)]
     for g in generators:
-        for off, on in pairs:
-            gain = {k: med[(k, g, on.label)]["throughput"] / med[(k, g, off.label)]["throughput"]
-                    for k in (*ours, "triton")}
-            lines.append(f"| {GENERATORS[g]} | {off.label.replace(', dynamic batching off', '')} | "
-                         + " | ".join(f"{gain[k]:.2f}x" for k in (*ours, "triton")) + " |")
-    return "#### dynamic batching gain\n\n" + "\n".join(lines)
+        for a, b in pairs:
+            ratio = {k: med[(k, g, b.label)]["throughput"] / med[(k, g, a.label)]["throughput"]
+                     for k in (*ours, "triton")}
+            lines.append(f"| {GENERATORS[g]} | {a.label.replace(', ' + base, '')} | "
+                         + " | ".join(f"{ratio[k]:.2f}x" for k in (*ours, "triton")) + " |")
+    return f"#### {title}\n\n" + "\n".join(lines)
+
+
+def batching_gains(cases: list[Case], med: dict, generators: list[str], ours: list[str]) -> str:
+    """Throughput with dynamic batching on / off, per protocol and generator, for each server."""
+    return _ratios(cases, med, generators, ours, "dynamic batching off", "dynamic batching on",
+                   "dynamic batching gain", "gain (on / off)")
 
 
 def instance_scaling(cases: list[Case], med: dict, generators: list[str], ours: list[str]) -> str:
     """Throughput with instance_group count 2 / count 1, per generator, for each server."""
-    pairs = [(one, two) for one in cases for two in cases
-             if "instance count 1" in one.label and two.label == one.label.replace("count 1", "count 2")]
-    if not pairs:
-        return ""
-    lines = [f"| load generator | case | {' | '.join(f'{k} scaling (count 2 / count 1)' for k in ours)} "
-             "| Triton scaling (count 2 / count 1) |",
-             "|---|---|" + "---|" * (len(ours) + 1)]
-    for g in generators:
-        for one, two in pairs:
-            gain = {k: med[(k, g, two.label)]["throughput"] / med[(k, g, one.label)]["throughput"]
-                    for k in (*ours, "triton")}
-            lines.append(f"| {GENERATORS[g]} | {one.label.replace(', instance count 1', '')} | "
-                         + " | ".join(f"{gain[k]:.2f}x" for k in (*ours, "triton")) + " |")
-    return "#### instance scaling\n\n" + "\n".join(lines)
+    return _ratios(cases, med, generators, ours, "instance count 1", "instance count 2", "instance scaling",
+                   "scaling (count 2 / count 1)")
 
 
 def main() -> None:

@@ -207,10 +207,10 @@ class WorkerPool:
         results = await asyncio.gather(*(self.load_on(w, mv) for w in by_worker), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:  # every instance loads, or none stays
-            await asyncio.gather(*(self._stop_instance_process(w) for w in started))
-            for w, r in zip(by_worker, results):
-                if w in self.shared and not isinstance(r, BaseException) and self.workers[w].alive:
-                    await self.workers[w].call({"op": "unload", "key": mv.key})
+            loaded = [w for w, r in zip(by_worker, results) if not isinstance(r, BaseException)]
+            await asyncio.gather(*(self._unload_from(w, mv) for w in loaded),
+                                 *(self._stop_instance_process(h) for h in started if h.name not in loaded),
+                                 return_exceptions=True)
             raise failed
         mv.instances = [(w, i) for w, specs in by_worker.items() for i in range(len(specs))]
         for w in by_worker:
