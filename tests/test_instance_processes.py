@@ -268,3 +268,38 @@ def test_statistics_count_every_instance_process_once(server):
         assert tuple(a - b for a, b in zip(counts(), before)) == (8, 8, 8)
     finally:
         client.close()
+
+
+HALF_FAILS_PY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if args["model_instance_name"].endswith("_1"):
+            raise pb_utils.TritonModelException("instance 1 refuses to start")
+
+    def execute(self, requests):
+        raise pb_utils.TritonModelException("never loaded")
+"""
+
+
+def test_a_load_that_fails_on_one_instance_leaves_no_instance_process(tmp_path):
+    repo = build_repo(tmp_path / "models")
+    write_model(repo, "half_fails", config=who_config("half_fails", 2), model_py=HALF_FAILS_PY)
+    srv = ServerProcess(repo, tmp_path / "server.log",
+                        extra_args=["--model-control-mode", "explicit", "--load-model", "who"]).start()
+    client = httpclient.InferenceServerClient(srv.http_url)
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            client.load_model("half_fails")
+        assert "instance 1 refuses to start" in e.value.message(), e.value.message()
+        deadline = time.monotonic() + 20
+        while instance_processes(srv, "half_fails"):
+            assert time.monotonic() < deadline, instance_processes(srv, "half_fails")
+            time.sleep(0.05)
+        assert not client.is_model_ready("half_fails")
+        assert sorted(instance_processes(srv, "who")) == ["who_0_0", "who_0_1"]  # the other model untouched
+    finally:
+        client.close()
+        assert srv.stop() == 0, srv.log()[-3000:]
