@@ -7,7 +7,8 @@ CPU time per request on a shared 2-vCPU machine moves by ±30 % from run to run 
 processes, wake-up placement, the hypervisor); the instructions a process executes for
 the same requests do not. This starts the real server under ``valgrind --tool=callgrind
 --trace-children=yes`` on the python ``add_sub`` model (two FP32[16] inputs), sends
-``--warmup`` requests with tritonclient, zeroes both processes' counters, sends
+``--warmup`` requests with tritonclient, zeroes the counters of the front-end and the
+model's instance process, sends
 ``--requests`` more one at a time, dumps the counters and prints instructions per request
 for each process. ``--model identity --elements 4194304`` sends one FP32 tensor of that
 many elements (16 MiB) in-band through the ``identity`` model instead; ``--streaming``
@@ -43,6 +44,13 @@ def free_port() -> int:
 def children(pid: int) -> list[int]:
     out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
+
+
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def total_ir(path: Path) -> int:
@@ -142,9 +150,11 @@ def main() -> None:
                     time.sleep(1)
             send(args.protocol, port, args.warmup, args.model, args.elements, args.streaming)
             pids = {"front-end": proc.pid}
-            workers = children(proc.pid)
+            # The model's instance runs in a process of its own (its --name is <instance>@<model>/...),
+            # beside the shared worker and the other models' instance processes.
+            workers = [pid for pid in children(proc.pid) if f"@{args.model}/".encode() in cmdline(pid)]
             if len(workers) != 1:
-                raise RuntimeError(f"expected one worker process, found {workers}")
+                raise RuntimeError(f"expected one instance process of {args.model}, found {workers}")
             pids["worker"] = workers[0]
             for pid in pids.values():
                 subprocess.run(["callgrind_control", "-z", str(pid)], check=True, capture_output=True)
