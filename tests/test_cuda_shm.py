@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from triton_shm.backends.python import triton_python_backend_utils as pb_utils
-from triton_shm.core.shm_registry import NO_GPU_MESSAGE, SharedMemoryRegistry
+from triton_shm.core.data.shm_registry import NO_GPU_MESSAGE, SharedMemoryRegistry
 from triton_shm.errors import AlreadyExists, InvalidArgument, NotFound, Unsupported
 from triton_shm.supervisor.handle import WorkerHandle
 from triton_shm.worker import cuda

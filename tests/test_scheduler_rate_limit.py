@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from triton_shm.core.model_config import parse_pbtxt
-from triton_shm.core.rate_limiter import Claim, RateLimiter
-from triton_shm.core.scheduler import Scheduler
-from triton_shm.core.statistics import ModelStats
+from triton_shm.core.models.config import parse_pbtxt
+from triton_shm.core.scheduling.rate_limiter import Claim, RateLimiter
+from triton_shm.core.scheduling.dynamic import Scheduler
+from triton_shm.core.observability.statistics import ModelStats
 
 from .test_scheduler import US, FakeClock, Harness, RecordingPool, scenario, settle
 

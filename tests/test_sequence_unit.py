@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from triton_shm.core.model_config import parse_pbtxt
-from triton_shm.core.rate_limiter import Claim, RateLimiter
-from triton_shm.core.repository import TensorSpec
-from triton_shm.core.sequence import (SequenceBook, SequenceScheduler, control_tensors, sequence_config,
+from triton_shm.core.models.config import parse_pbtxt
+from triton_shm.core.scheduling.rate_limiter import Claim, RateLimiter
+from triton_shm.core.models.repository import TensorSpec
+from triton_shm.core.scheduling.sequence import (SequenceBook, SequenceScheduler, control_tensors, sequence_config,
                                       sequence_flags)
-from triton_shm.core.statistics import ModelStats
-from triton_shm.core.types import InferRequest, InferResponse, InputTensor, OutputTensor
-from triton_shm.core.validation import RequestPlan
+from triton_shm.core.observability.statistics import ModelStats
+from triton_shm.core.data.types import InferRequest, InferResponse, InputTensor, OutputTensor
+from triton_shm.core.models.validation import RequestPlan
 from triton_shm.errors import InvalidArgument, Unsupported
 
 from .test_scheduler import FakeClock, settle

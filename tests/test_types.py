@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from triton_shm.core import types_py
+from triton_shm.core.data import types_py
 
 from .helpers import twin_params
 
 try:
-    from triton_shm.core import _types
+    from triton_shm.core.data import _types
 except ImportError:  # not built
     _types = None
 

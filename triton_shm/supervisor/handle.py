@@ -29,7 +29,7 @@ from ..ipc.ring import RingCorrupt
 from ..worker.devices import visible_device
 
 if TYPE_CHECKING:
-    from ..core.shm_registry import Region
+    from ..core.data.shm_registry import Region
 
 log = logging.getLogger("triton_shm.workers")
 

@@ -16,8 +16,8 @@ from libc.string cimport memcmp, memcpy
 
 import orjson
 
-from ...core.datatypes import DATATYPES
-from ...core._types cimport InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
+from ...core.data.datatypes import DATATYPES
+from ...core.data._types cimport InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
 from .common_shape_py import INPUT_KEYS, INT64_MAX, JSON_OPTS, OUTPUT_KEYS, REQUEST_KEYS, UINT64_MAX
 
 cdef frozenset _REQUEST_KEYS = REQUEST_KEYS

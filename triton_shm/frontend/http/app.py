@@ -12,7 +12,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ...core.codec import NO_EXTENSIONS
+from ...core.data.codec import NO_EXTENSIONS
 from ...errors import TritonShmError
 from ..listeners import retrieve_failures, stop_listening
 from ..restricted import Restrictions

@@ -7,16 +7,16 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ...core.statistics import SUMMARY_PHASES
-from ...core.system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
+from ...core.observability.statistics import SUMMARY_PHASES
+from .system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
 from .cache import cache_families, model_cache_families
 from .config import MetricsConfig
 from .exposition import Family, Sample, render
 
 if TYPE_CHECKING:
-    from ...core.repository import ModelRepository, ModelVersion
-    from ...core.response_cache import ResponseCache
-    from ...core.statistics import ModelStats
+    from ...core.models.repository import ModelRepository, ModelVersion
+    from ...core.data.response_cache import ResponseCache
+    from ...core.observability.statistics import ModelStats
 
 log = logging.getLogger("triton_shm.metrics")
 

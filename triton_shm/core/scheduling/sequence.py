@@ -38,20 +38,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
-from .datatypes import config_to_wire, element_size, numpy_dtype
-from .model_config import data_type_name, mc
-from .clock import Clock, LoopClock, Wakeup
+from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
+from ..data.datatypes import config_to_wire, element_size, numpy_dtype
+from ..models.config import data_type_name, mc
+from ..clock import Clock, LoopClock, Wakeup
 from .rate_limiter import IDLE, Claim, RateLimiter, bind_claims
-from .scheduler import Pending, _resolve
-from .statistics import ModelStats
-from .types import BatchRequest, InferRequest, InferResponse, InputTensor, ResponseStream
-from .validation import RequestPlan
+from .dynamic import Pending, _resolve
+from ..observability.statistics import ModelStats
+from ..data.types import BatchRequest, InferRequest, InferResponse, InputTensor, ResponseStream
+from ..models.validation import RequestPlan
 
 if TYPE_CHECKING:
-    from ..supervisor.pool import WorkerPool
-    from .repository import ModelVersion
-    from .shm_registry import Region
+    from ...supervisor.pool import WorkerPool
+    from ..models.repository import ModelVersion
+    from ..data.shm_registry import Region
 
 log = logging.getLogger("triton_shm.sequence")
 

@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import InvalidArgument, NotFound, Unavailable
-from . import model_config as mcfg
-from .datatypes import config_to_wire, element_size
-from .scheduler import Scheduler
-from .statistics import ModelStats
+from ...errors import InvalidArgument, NotFound, Unavailable
+from . import config as mcfg
+from ..data.datatypes import config_to_wire, element_size
+from ..scheduling.dynamic import Scheduler
+from ..observability.statistics import ModelStats
 
 if TYPE_CHECKING:
-    from .ensemble import EnsembleScheduler
-    from .sequence import SequenceScheduler
+    from ..scheduling.ensemble import EnsembleScheduler
+    from ..scheduling.sequence import SequenceScheduler
 
 log = logging.getLogger("triton_shm.repository")
 

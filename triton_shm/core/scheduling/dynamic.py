@@ -22,18 +22,18 @@ from asyncio import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable
 
-from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
-from .clock import Clock, LoopClock, Wakeup
-from .model_config import mc
+from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable
+from ..clock import Clock, LoopClock, Wakeup
+from ..models.config import mc
 from .rate_limiter import IDLE, STAGED, Claim, RateLimiter, bind_claims
-from .statistics import ModelStats
-from .types import InferRequest, InferResponse, Pending, ResponseStream
+from ..observability.statistics import ModelStats
+from ..data.types import InferRequest, InferResponse, Pending, ResponseStream
 
 if TYPE_CHECKING:
-    from ..supervisor.pool import WorkerPool
-    from .repository import ModelVersion
-    from .shm_registry import Region
-    from .validation import RequestPlan
+    from ...supervisor.pool import WorkerPool
+    from ..models.repository import ModelVersion
+    from ..data.shm_registry import Region
+    from ..models.validation import RequestPlan
 
 REJECT = mc.ModelQueuePolicy.REJECT
 HELD_BATCHES = 1  # batches an instance may hold in its worker beside the one it runs

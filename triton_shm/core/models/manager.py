@@ -19,20 +19,20 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
-from . import model_config as mcfg
+from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable
+from . import config as mcfg
 from .repository import (LOADING, NOT_REQUESTED, READY, UNAVAILABLE, UNLOADED, UNLOADING, ModelEntry,
                          ModelRepository, ModelVersion, check_links_inside, select_versions,
                          version_dirs)
-from .ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
-from .rate_limiter import Claim, RateLimiter, claim_for
-from .response_cache import check_cache_config
-from .scheduler import Scheduler, check_batching_config
-from .sequence import SequenceScheduler, check_sequence_config
-from .statistics import ModelStats
+from ..scheduling.ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
+from ..scheduling.rate_limiter import Claim, RateLimiter, claim_for
+from ..data.response_cache import check_cache_config
+from ..scheduling.dynamic import Scheduler, check_batching_config
+from ..scheduling.sequence import SequenceScheduler, check_sequence_config
+from ..observability.statistics import ModelStats
 
 if TYPE_CHECKING:
-    from ..supervisor.pool import WorkerPool
+    from ...supervisor.pool import WorkerPool
 
 log = logging.getLogger("triton_shm.models")
 

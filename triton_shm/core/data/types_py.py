@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Union
 if TYPE_CHECKING:
     from .shm_registry import Region
     from .types import ResponseStream
-    from .validation import RequestPlan
+    from ..models.validation import RequestPlan
 
 # Request/response parameter values, as both protocols can express them.
 ParamValue = Union[bool, int, float, str]

@@ -15,17 +15,17 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any, Union
 
-from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
-from .datatypes import config_to_wire
-from .model_config import data_type_name
-from .statistics import ModelStats
-from .types import InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
-from .validation import validate_request
+from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
+from ..data.datatypes import config_to_wire
+from ..models.config import data_type_name
+from ..observability.statistics import ModelStats
+from ..data.types import InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
+from ..models.validation import validate_request
 
 if TYPE_CHECKING:
-    from .repository import ModelRepository, ModelVersion
-    from .shm_registry import Region
-    from .validation import RequestPlan
+    from ..models.repository import ModelRepository, ModelVersion
+    from ..data.shm_registry import Region
+    from ..models.validation import RequestPlan
 
 Tensor = Union[InputTensor, OutputTensor]
 
