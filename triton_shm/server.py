@@ -20,7 +20,7 @@ from .core.observability.tracing import Tracer
 from .errors import TritonShmError
 from .frontend.metrics import MetricsConfig, start_metrics
 from .frontend.security import Security
-from .worker.devices import parse_gpus
+from .devices import parse_gpus
 from .supervisor.pool import WorkerPool
 
 log = logging.getLogger("triton_shm.server")
