@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from triton_shm.core.models.config import ModelConfig
-from triton_shm.core.models.repository import ModelVersion
+from triton_shm.core.models.version import ModelVersion
 from triton_shm.core.data.response_cache import (CachedTensor, ResponseCache, check_cache_config, entry_size,
                                             parse_cache_config, request_key, response_size, to_cached)
 from triton_shm.core.data.types import InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput

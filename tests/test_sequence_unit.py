@@ -14,7 +14,7 @@ import pytest
 
 from triton_shm.core.models.config import parse_pbtxt
 from triton_shm.core.scheduling.rate_limiter import Claim, RateLimiter
-from triton_shm.core.models.repository import TensorSpec
+from triton_shm.core.models.version import TensorSpec
 from triton_shm.core.scheduling.sequence import (SequenceBook, SequenceScheduler, control_tensors, sequence_config,
                                       sequence_flags)
 from triton_shm.core.observability.statistics import ModelStats

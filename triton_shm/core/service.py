@@ -25,7 +25,7 @@ from .models.validation import RequestPlan, checked_plan, plain_plan, validate_r
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
     from ..supervisor.handle import WorkerHandle
-    from .models.repository import ModelVersion
+    from .models.version import ModelVersion
 
 SERVER_NAME = "triton"
 # Only what really works is advertised (perf_analyzer reads this list).

@@ -29,7 +29,7 @@ from ..ipc.protocol import PLACE_ARENA, PLACE_REGION
 from .handle import WorkerHandle
 
 if TYPE_CHECKING:
-    from ..core.models.repository import ModelVersion
+    from ..core.models.version import ModelVersion
     from ..core.data.shm_registry import Region
 
 log = logging.getLogger("triton_shm.workers")

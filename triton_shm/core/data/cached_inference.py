@@ -14,7 +14,7 @@ from .response_cache import ResponseCache, from_cached, request_key, response_si
 from .types import InferRequest, InferResponse, OutputTensor
 
 if TYPE_CHECKING:
-    from ..models.repository import ModelVersion
+    from ..models.version import ModelVersion
     from .shm_registry import Region
     from ..models.validation import RequestPlan
 

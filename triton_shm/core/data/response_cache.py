@@ -23,7 +23,7 @@ from ...errors import InvalidArgument
 from .types import SHM_PARAMETERS, Buffer, InferRequest, InferResponse, InputTensor, OutputTensor
 
 if TYPE_CHECKING:
-    from ..models.repository import ModelVersion
+    from ..models.version import ModelVersion
     from ..models.validation import RequestPlan
 
 KEY_BYTES = 32
