@@ -1,4 +1,4 @@
-"""Unit tests of the sequence batcher (``core/sequence.py``): the bookkeeping (slots,
+"""Unit tests of the sequence batcher (``core/scheduling/sequence.py``): the bookkeeping (slots,
 backlog, batch layout by strategy, idle release, the request checks), where the time is
 an argument of every call, and the scheduler on a clock the test moves (state, null rows,
 timers). Nothing here sleeps; the end-to-end behaviour is in test_sequence.py."""

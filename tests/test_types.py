@@ -1,5 +1,5 @@
-"""The request and response types, both twins (``core/types_py.py`` and the C classes
-of ``core/_types.pyx``): the same fields, defaults (a fresh dict or list per object),
+"""The request and response types, both twins (``core/data/types_py.py`` and the C classes
+of ``core/data/_types.pyx``): the same fields, defaults (a fresh dict or list per object),
 equality, repr, parameter filtering and one-shot release."""
 from __future__ import annotations
 

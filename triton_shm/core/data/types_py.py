@@ -1,7 +1,7 @@
 """The request and response types (and a request's scheduler entry) in pure Python: the
 twin of ``_types.pyx``, and the definition both follow (same fields, defaults, equality
 and repr).
-``core.types`` picks one; import them from there."""
+``core.data.types`` picks one; import them from there."""
 from __future__ import annotations
 
 import asyncio

@@ -2,9 +2,9 @@
 """The infer request and response in their common shape, in C. Twin of ``common_shape_py``
 (its docstring says what the common shape is); same API and results.
 
-It reads and builds the core types as the C classes of ``core/_types`` (cimported: fields
+It reads and builds the core types as the C classes of ``core/data/_types`` (cimported: fields
 are struct members, an object is built without a Python call), so it serves only where
-``core.types`` picked those classes (``common_shape`` sees to it); given other objects it
+``core.data.types`` picked those classes (``common_shape`` sees to it); given other objects it
 leaves the response to the general encoder."""
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
