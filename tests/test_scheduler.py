@@ -10,11 +10,11 @@ from typing import Any, Callable
 
 import pytest
 
-from triton_shm.core.models.config import parse_pbtxt
-from triton_shm.core.scheduling.dynamic import DynamicScheduler
-from triton_shm.core.observability.statistics import ModelStats
 from triton_shm.core.data.types import InferRequest
+from triton_shm.core.models.config import parse_pbtxt
 from triton_shm.core.models.validation import RequestPlan
+from triton_shm.core.observability.statistics import ModelStats
+from triton_shm.core.scheduling.dynamic import DynamicScheduler
 from triton_shm.errors import Internal, InvalidArgument, Unavailable
 
 US = 1000  # ns

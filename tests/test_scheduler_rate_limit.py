@@ -7,9 +7,9 @@ import asyncio
 from types import SimpleNamespace
 
 from triton_shm.core.models.config import parse_pbtxt
-from triton_shm.core.scheduling.rate_limiter import Claim, RateLimiter
-from triton_shm.core.scheduling.dynamic import DynamicScheduler
 from triton_shm.core.observability.statistics import ModelStats
+from triton_shm.core.scheduling.dynamic import DynamicScheduler
+from triton_shm.core.scheduling.rate_limiter import Claim, RateLimiter
 
 from .test_scheduler import US, FakeClock, Harness, RecordingPool, scenario, settle
 

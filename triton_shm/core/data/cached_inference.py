@@ -14,9 +14,9 @@ from .response_cache import ResponseCache, from_cached, request_key, response_si
 from .types import InferRequest, InferResponse, OutputTensor
 
 if TYPE_CHECKING:
+    from ..models.validation import RequestPlan
     from ..models.version import ModelVersion
     from .shm_registry import Region
-    from ..models.validation import RequestPlan
 
 
 async def infer_cached(cache: ResponseCache, model: "ModelVersion", request: InferRequest, plan: "RequestPlan",

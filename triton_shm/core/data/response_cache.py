@@ -23,8 +23,8 @@ from ...errors import InvalidArgument
 from .types import SHM_PARAMETERS, Buffer, InferRequest, InferResponse, InputTensor, OutputTensor
 
 if TYPE_CHECKING:
-    from ..models.version import ModelVersion
     from ..models.validation import RequestPlan
+    from ..models.version import ModelVersion
 
 KEY_BYTES = 32
 # Output parameters that say how or where an answer is delivered, not what it is.

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Union
 
 if TYPE_CHECKING:
+    from ..models.validation import RequestPlan
     from .shm_registry import Region
     from .types import ResponseStream
-    from ..models.validation import RequestPlan
 
 # Request/response parameter values, as both protocols can express them.
 ParamValue = Union[bool, int, float, str]

@@ -20,16 +20,16 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable
+from ..data.response_cache import check_cache_config
+from ..observability.statistics import ModelStats
+from ..scheduling.dynamic import DynamicScheduler, check_batching_config
+from ..scheduling.ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
+from ..scheduling.rate_limiter import Claim, RateLimiter, claim_for
+from ..scheduling.sequence import SequenceScheduler, check_sequence_config
 from . import config as mcfg
 from .repository import (NOT_REQUESTED, UNLOADED, ModelEntry, ModelRepository, check_links_inside, select_versions,
                          version_dirs)
 from .version import LOADING, READY, UNAVAILABLE, UNLOADING, ModelVersion
-from ..scheduling.ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
-from ..scheduling.rate_limiter import Claim, RateLimiter, claim_for
-from ..data.response_cache import check_cache_config
-from ..scheduling.dynamic import DynamicScheduler, check_batching_config
-from ..scheduling.sequence import SequenceScheduler, check_sequence_config
-from ..observability.statistics import ModelStats
 
 if TYPE_CHECKING:
     from ...supervisor.pool import WorkerPool

@@ -11,8 +11,8 @@ from typing import Mapping
 from ...errors import InvalidArgument, Unsupported
 from ..data import codec
 from ..data.datatypes import element_size
-from .version import ModelVersion
 from ..data.types import SHM_PARAMETERS, InferRequest, request_id_prefix
+from .version import ModelVersion
 
 MAX_TENSOR_BYTES = 1 << 40  # no shape may describe more than this (checked before any allocation)
 

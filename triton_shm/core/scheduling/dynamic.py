@@ -24,18 +24,18 @@ from typing import TYPE_CHECKING, Any, Awaitable
 
 from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..clock import Clock, LoopClock, Wakeup
-from ..models.config import mc
-from .rate_limiter import IDLE, STAGED, Claim, RateLimiter, bind_claims
-from ..observability.statistics import ModelStats
 from ..data.types import InferRequest, InferResponse, ResponseStream
+from ..models.config import mc
+from ..observability.statistics import ModelStats
 from .interface import Instance
 from .pending import Pending, resolve
+from .rate_limiter import IDLE, STAGED, Claim, RateLimiter, bind_claims
 
 if TYPE_CHECKING:
     from ...supervisor.pool import WorkerPool
-    from ..models.version import ModelVersion
     from ..data.shm_registry import Region
     from ..models.validation import RequestPlan
+    from ..models.version import ModelVersion
 
 REJECT = mc.ModelQueuePolicy.REJECT
 HELD_BATCHES = 1  # batches an instance may hold in its worker beside the one it runs

@@ -17,17 +17,17 @@ from typing import TYPE_CHECKING, Any, Union
 
 from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
 from ..data.datatypes import config_to_wire
-from ..models.config import data_type_name
-from ..observability.statistics import ModelStats
 from ..data.types import InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
+from ..models.config import data_type_name
 from ..models.validation import validate_request
+from ..observability.statistics import ModelStats
 from .interface import Instance
 
 if TYPE_CHECKING:
-    from ..models.repository import ModelRepository
-    from ..models.version import ModelVersion
     from ..data.shm_registry import Region
+    from ..models.repository import ModelRepository
     from ..models.validation import RequestPlan
+    from ..models.version import ModelVersion
 
 Tensor = Union[InputTensor, OutputTensor]
 

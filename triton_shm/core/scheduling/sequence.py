@@ -39,20 +39,20 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
-from ..data.datatypes import config_to_wire, element_size, numpy_dtype
-from ..models.config import data_type_name, mc
 from ..clock import Clock, LoopClock, Wakeup
-from .rate_limiter import IDLE, Claim, RateLimiter, bind_claims
+from ..data.datatypes import config_to_wire, element_size, numpy_dtype
+from ..data.types import BatchRequest, InferRequest, InferResponse, InputTensor, ResponseStream
+from ..models.config import data_type_name, mc
+from ..models.validation import RequestPlan
+from ..observability.statistics import ModelStats
 from .interface import Instance
 from .pending import Pending, resolve
-from ..observability.statistics import ModelStats
-from ..data.types import BatchRequest, InferRequest, InferResponse, InputTensor, ResponseStream
-from ..models.validation import RequestPlan
+from .rate_limiter import IDLE, Claim, RateLimiter, bind_claims
 
 if TYPE_CHECKING:
     from ...supervisor.pool import WorkerPool
-    from ..models.version import ModelVersion
     from ..data.shm_registry import Region
+    from ..models.version import ModelVersion
 
 log = logging.getLogger("triton_shm.sequence")
 
