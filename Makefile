@@ -51,13 +51,15 @@ install: $(VENV)/.installed
 serve: $(VENV)/.installed
 	$(VENV)/bin/triton-shm --model-repository examples/model_repository
 
-# First the static checks (ruff, mypy: pyproject.toml configures both), then the user's
+# First the static checks (ruff, mypy: pyproject.toml configures both; no import cycle in
+# the package that is not type-only: tools/check_import_cycles.py), then the user's
 # path (sdist and wheel built, installed into clean venvs, the console script serving from
 # outside the checkout), then the whole suite twice: with the C extensions, then with their
 # pure-Python twins; last the suite's core on protobuf 7.
 test: $(VENV)/.installed $(if $(TORCH_VERSION),$(VENV)/.torch)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
+	$(PY) tools/check_import_cycles.py
 	$(PY) tests/check_install.py
 	$(PY) -m pytest tests
 	TRITON_SHM_NO_EXTENSIONS=1 $(PY) -m pytest tests

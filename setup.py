@@ -52,11 +52,11 @@ def extensions() -> list[Extension]:
     from Cython.Build import cythonize
 
     exts = [
-        Extension("triton_shm.core._codec",
-                  ["triton_shm/core/_codec.pyx", "csrc/bytes_codec.c"],
+        Extension("triton_shm.core.data._codec",
+                  ["triton_shm/core/data/_codec.pyx", "csrc/bytes_codec.c"],
                   include_dirs=["csrc"],
                   extra_compile_args=["-O2", "-Wall"]),
-        Extension("triton_shm.core._types", ["triton_shm/core/_types.pyx"],
+        Extension("triton_shm.core.data._types", ["triton_shm/core/data/_types.pyx"],
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.backends._types", ["triton_shm/backends/_types.pyx"],
                   extra_compile_args=["-O2", "-Wall"]),
@@ -73,9 +73,9 @@ def extensions() -> list[Extension]:
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.frontend.grpc.native._frames", ["triton_shm/frontend/grpc/native/_frames.pyx"],
                   extra_compile_args=["-O2", "-Wall"]),
-        # cimports core/_types.pxd: its C classes' layout is compiled in
+        # cimports core/data/_types.pxd: its C classes' layout is compiled in
         Extension("triton_shm.frontend.http._common_shape", ["triton_shm/frontend/http/_common_shape.pyx"],
-                  depends=["triton_shm/core/_types.pxd"],
+                  depends=["triton_shm/core/data/_types.pxd"],
                   extra_compile_args=["-O2", "-Wall"]),
         Extension("triton_shm.frontend.http._request_parser",
                   ["triton_shm/frontend/http/_request_parser.pyx", "csrc/llhttp/llhttp.c", "csrc/llhttp/api.c",

@@ -70,10 +70,11 @@ def make_venv(path: Path, target: str | Path, base_python: str) -> Path:
 
 def check_installed_package(venv: Path, outside: Path) -> None:
     """The import resolves into the venv, with the generated stubs and compiled extensions."""
-    probe = ("import triton_shm, triton_shm._proto.grpc_service_pb2 as g, triton_shm.core._codec as c, "
+    probe = ("import triton_shm, triton_shm._proto.grpc_service_pb2 as g, triton_shm.core.data._codec as c, "
              "triton_shm.worker._assembler as a, triton_shm.ipc._protocol as p, triton_shm.ipc._ring as r, "
              "triton_shm.frontend.grpc._infer_wire as w, triton_shm.worker._watch as t, "
-             "triton_shm.frontend.http._common_shape as h, triton_shm.ipc._arena as ar, triton_shm.core._types as ty, "
+             "triton_shm.frontend.http._common_shape as h, triton_shm.ipc._arena as ar, "
+             "triton_shm.core.data._types as ty, "
              "triton_shm.backends._types as bt, triton_shm.frontend.http._request_parser as rq; "
              "print(triton_shm.__file__); "
              "print(c.__file__); print(a.__file__); print(p.__file__); print(r.__file__); print(w.__file__); "

@@ -15,15 +15,15 @@ from typing import Callable
 from google.protobuf.message import DecodeError
 
 from triton_shm._proto import grpc_service_pb2 as pb
-from triton_shm.core import codec_py
-from triton_shm.core import model_config as mcfg
+from triton_shm.core.data import codec_py
+from triton_shm.core.models import config as mcfg
 from triton_shm.errors import TritonShmError
 from triton_shm.frontend.grpc.codec import parse_infer_request
 from triton_shm.frontend.http.codec import decode_infer_request
 from triton_shm.ipc import protocol_py
 
 try:
-    from triton_shm.core import _codec
+    from triton_shm.core.data import _codec
 except ImportError:
     _codec = None
 try:

@@ -16,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 
 from triton_shm import cli
 from triton_shm.cli import INERT_FLAGS, parse_args
-from triton_shm.core import model_config as mcfg
+from triton_shm.core.models import config as mcfg
 from triton_shm.frontend.tls import TlsFiles
 from triton_shm.frontend.grpc.server import Keepalive, server_options
 from triton_shm.server import grpc_keepalive

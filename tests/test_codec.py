@@ -6,13 +6,13 @@ import struct
 import numpy as np
 import pytest
 
-from triton_shm.core import codec_py
+from triton_shm.core.data import codec_py
 from triton_shm.errors import InvalidArgument
 
 from .helpers import twin_params
 
 try:
-    from triton_shm.core import _codec
+    from triton_shm.core.data import _codec
 except ImportError:  # not built
     _codec = None
 

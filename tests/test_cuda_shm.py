@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from triton_shm.backends.python import triton_python_backend_utils as pb_utils
-from triton_shm.core.shm_registry import NO_GPU_MESSAGE, SharedMemoryRegistry
+from triton_shm.core.data.shm_registry import NO_GPU_MESSAGE, SharedMemoryRegistry
+from triton_shm.devices import visible_device
 from triton_shm.errors import AlreadyExists, InvalidArgument, NotFound, Unsupported
 from triton_shm.supervisor.handle import WorkerHandle
 from triton_shm.worker import cuda
-from triton_shm.worker.devices import visible_device
 
 from .conftest import build_core_repository
 from .harness import ServerProcess

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from triton_shm.worker.devices import visible_device, visible_gpu_count
+from triton_shm.devices import visible_device, visible_gpu_count
 
 from .harness import ServerProcess, children, free_port
 from .helpers import connect, expect_error

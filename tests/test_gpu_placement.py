@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import tritonclient.http as httpclient
 
-from triton_shm.core.model_config import fill_defaults, mc
+from triton_shm.core.models.config import fill_defaults, mc
 from triton_shm.errors import InvalidArgument
 
 from .harness import ServerProcess

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from triton_shm._proto import grpc_service_pb2 as pb
-from triton_shm.core.types import InferResponse, OutputTensor
+from triton_shm.core.data.types import InferResponse, OutputTensor
 from triton_shm.frontend.grpc import codec, infer_wire_py
 from triton_shm.frontend.grpc.infer_wire_py import FRAMED, PLAIN, STREAM
 

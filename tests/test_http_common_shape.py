@@ -12,8 +12,8 @@ import numpy as np
 import orjson
 import pytest
 
-from triton_shm.core import types
-from triton_shm.core.types import InferRequest, InferResponse, OutputTensor, RequestedOutput
+from triton_shm.core.data import types
+from triton_shm.core.data.types import InferRequest, InferResponse, OutputTensor, RequestedOutput
 from triton_shm.frontend.http import codec, common_shape_py
 from triton_shm.frontend.http.infer import BINARY_TYPE, HEADER_LENGTH
 from triton_shm.frontend.http.lean_request import Message, response_head

@@ -19,9 +19,9 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from triton_shm.cli import parse_args
-from triton_shm.core.model_config import ModelConfig
-from triton_shm.core.system_metrics import CpuSampler, NvmlSampler
-from triton_shm.core.statistics import ModelStats
+from triton_shm.core.models.config import ModelConfig
+from triton_shm.frontend.metrics.system_metrics import CpuSampler, NvmlSampler
+from triton_shm.core.observability.statistics import ModelStats
 from triton_shm.frontend.metrics import MetricsCollector
 
 from .harness import ServerProcess, free_port
@@ -430,7 +430,7 @@ def test_metrics_config_parses_tritonserver_settings():
 
 
 def test_latency_summary_quantiles_over_a_sliding_window():
-    from triton_shm.core.statistics import SUMMARY_MAX_AGE_S, LatencySummary
+    from triton_shm.core.observability.statistics import SUMMARY_MAX_AGE_S, LatencySummary
     s = LatencySummary()
     assert all(v != v for v in s.quantiles((0.5,), 0.0))  # NaN while empty
     for i, v in enumerate(range(1, 101)):  # 1..100 µs over the first 10 s

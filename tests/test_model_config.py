@@ -8,7 +8,7 @@ from pathlib import Path
 
 from triton_shm.backends.base import ModelContext
 from triton_shm.backends.onnxruntime import OnnxRuntimeBackend
-from triton_shm.core import model_config as mcfg
+from triton_shm.core.models import config as mcfg
 
 from .models import onnx_add_sub
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from triton_shm.core.model_config import mc
-from triton_shm.core.rate_limiter import (GLOBAL, GRANTED, IDLE, STAGED, Claim, RateLimiter, ResourceLimit,
+from triton_shm.core.models.config import mc
+from triton_shm.core.scheduling.rate_limiter import (GLOBAL, GRANTED, IDLE, STAGED, Claim, RateLimiter, ResourceLimit,
                                           claim_for, parse_resource)
 from triton_shm.errors import InvalidArgument
 

@@ -5,12 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from triton_shm.core.model_config import ModelConfig
-from triton_shm.core.repository import ModelVersion
-from triton_shm.core.response_cache import (CachedTensor, ResponseCache, check_cache_config, entry_size,
+from triton_shm.core.models.config import ModelConfig
+from triton_shm.core.models.version import ModelVersion
+from triton_shm.core.data.response_cache import (CachedTensor, ResponseCache, check_cache_config, entry_size,
                                             parse_cache_config, request_key, response_size, to_cached)
-from triton_shm.core.types import InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
-from triton_shm.core.validation import RequestPlan, ShmRef
+from triton_shm.core.data.types import InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
+from triton_shm.core.models.validation import RequestPlan, ShmRef
 from triton_shm.errors import InvalidArgument
 
 MODEL = ModelVersion("m", 1, Path("/nonexistent"), ModelConfig())

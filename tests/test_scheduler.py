@@ -10,11 +10,11 @@ from typing import Any, Callable
 
 import pytest
 
-from triton_shm.core.model_config import parse_pbtxt
-from triton_shm.core.scheduler import Scheduler
-from triton_shm.core.statistics import ModelStats
-from triton_shm.core.types import InferRequest
-from triton_shm.core.validation import RequestPlan
+from triton_shm.core.data.types import InferRequest
+from triton_shm.core.models.config import parse_pbtxt
+from triton_shm.core.models.validation import RequestPlan
+from triton_shm.core.observability.statistics import ModelStats
+from triton_shm.core.scheduling.dynamic import DynamicScheduler
 from triton_shm.errors import Internal, InvalidArgument, Unavailable
 
 US = 1000  # ns
@@ -89,7 +89,7 @@ class Harness:
         model = SimpleNamespace(name="m", version=1, config=parse_pbtxt('name: "m"\n' + config),
                                 instances=[("cpu", i) for i in range(instances)])
         self.stats = ModelStats("m", "1")
-        self.scheduler = Scheduler(model, self.pool, self.stats, clock=self.clock)
+        self.scheduler = DynamicScheduler(model, self.pool, self.stats, clock=self.clock)
         self.tasks: dict[str, asyncio.Task] = {}
 
     async def submit(self, rid: str, rows: int = 1, **parameters: Any) -> asyncio.Task:
@@ -161,6 +161,22 @@ async def test_without_dynamic_batching_a_client_timeout_ends_a_request_queued_o
     await h.advance(200 * US)
     assert isinstance(h.result("b"), Unavailable)
     assert h.stats.failures == {"REJECTED": 1} and h.stats.pending == 1  # b still runs: counted once answered
+
+
+@scenario
+async def test_the_in_flight_count_is_requests_queued_or_running_until_answered_or_given_up():
+    h = Harness("max_batch_size: 8")
+    assert h.scheduler.inflight_count() == 0
+    for rid in "abc":
+        await h.submit(rid)
+    assert h.pool.batches == [["a"], ["b"]] and h.scheduler.inflight_count() == 3  # two sent, one queued
+    h.tasks["c"].cancel()  # its caller gives up while it is queued
+    await settle()
+    assert h.scheduler.inflight_count() == 2
+    await h.answer(0)
+    assert h.result("a") == "out:a" and h.scheduler.inflight_count() == 1
+    await h.answer(1)
+    assert h.scheduler.inflight_count() == 0
 
 
 # --------------------------------------------------------------------------- batch formation

@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
-from triton_shm.core.model_config import parse_pbtxt
-from triton_shm.core.rate_limiter import Claim, RateLimiter
-from triton_shm.core.scheduler import Scheduler
-from triton_shm.core.statistics import ModelStats
+from triton_shm.core.models.config import parse_pbtxt
+from triton_shm.core.observability.statistics import ModelStats
+from triton_shm.core.scheduling.dynamic import DynamicScheduler
+from triton_shm.core.scheduling.rate_limiter import Claim, RateLimiter
 
 from .test_scheduler import US, FakeClock, Harness, RecordingPool, scenario, settle
 
@@ -28,7 +28,8 @@ class Limited(Harness):
                        for instance in model.instances]
         limiter.register(self.claims)
         self.stats = ModelStats(name, "1")
-        self.scheduler = Scheduler(model, self.pool, self.stats, clock=clock, limiter=limiter, claims=self.claims)
+        self.scheduler = DynamicScheduler(model, self.pool, self.stats, clock=clock, limiter=limiter,
+                                          claims=self.claims)
         self.tasks: dict[str, asyncio.Task] = {}
 
 

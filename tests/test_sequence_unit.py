@@ -1,4 +1,4 @@
-"""Unit tests of the sequence batcher (``core/sequence.py``): the bookkeeping (slots,
+"""Unit tests of the sequence batcher (``core/scheduling/sequence.py``): the bookkeeping (slots,
 backlog, batch layout by strategy, idle release, the request checks), where the time is
 an argument of every call, and the scheduler on a clock the test moves (state, null rows,
 timers). Nothing here sleeps; the end-to-end behaviour is in test_sequence.py."""
@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from triton_shm.core.model_config import parse_pbtxt
-from triton_shm.core.rate_limiter import Claim, RateLimiter
-from triton_shm.core.repository import TensorSpec
-from triton_shm.core.sequence import (SequenceBook, SequenceScheduler, control_tensors, sequence_config,
+from triton_shm.core.models.config import parse_pbtxt
+from triton_shm.core.scheduling.rate_limiter import Claim, RateLimiter
+from triton_shm.core.models.version import TensorSpec
+from triton_shm.core.scheduling.sequence import (SequenceBook, SequenceScheduler, control_tensors, sequence_config,
                                       sequence_flags)
-from triton_shm.core.statistics import ModelStats
-from triton_shm.core.types import InferRequest, InferResponse, InputTensor, OutputTensor
-from triton_shm.core.validation import RequestPlan
+from triton_shm.core.observability.statistics import ModelStats
+from triton_shm.core.data.types import InferRequest, InferResponse, InputTensor, OutputTensor
+from triton_shm.core.models.validation import RequestPlan
 from triton_shm.errors import InvalidArgument, Unsupported
 
 from .test_scheduler import FakeClock, settle

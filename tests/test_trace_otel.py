@@ -335,7 +335,7 @@ def test_bad_settings_are_refused(repo, tmp_path, flag):
 
 
 def test_traceparent_parsing():
-    from triton_shm.core.otel import parse_traceparent
+    from triton_shm.core.observability.otel import parse_traceparent
     assert parse_traceparent(TRACEPARENT) == (TRACE_ID, PARENT)
     assert parse_traceparent(TRACEPARENT.upper().encode()) == (TRACE_ID, PARENT)
     for bad in (None, "", "00-abc-def-01", f"ff-{TRACE_ID}-{PARENT}-01", f"00-{'0' * 32}-{PARENT}-01",
@@ -344,7 +344,7 @@ def test_traceparent_parsing():
 
 
 def test_trace_config_parsing():
-    from triton_shm.core.tracing import parse_trace_config
+    from triton_shm.core.observability.tracing import parse_trace_config
     startup, file, mode, otel = parse_trace_config([
         "mode=opentelemetry", "opentelemetry,url=http://collector:4318/v1/traces", "rate=5",
         "opentelemetry,resource=service.name=a", "opentelemetry,bsp_max_queue_size=10",

@@ -1,16 +1,16 @@
-"""The request and response types, both twins (``core/types_py.py`` and the C classes
-of ``core/_types.pyx``): the same fields, defaults (a fresh dict or list per object),
+"""The request and response types, both twins (``core/data/types_py.py`` and the C classes
+of ``core/data/_types.pyx``): the same fields, defaults (a fresh dict or list per object),
 equality, repr, parameter filtering and one-shot release."""
 from __future__ import annotations
 
 import pytest
 
-from triton_shm.core import types_py
+from triton_shm.core.data import types_py
 
 from .helpers import twin_params
 
 try:
-    from triton_shm.core import _types
+    from triton_shm.core.data import _types
 except ImportError:  # not built
     _types = None
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from triton_shm._proto import model_config_pb2 as mc
-from triton_shm.core.repository import ModelVersion
-from triton_shm.core.types import InferRequest, InputTensor, RequestedOutput
-from triton_shm.core.validation import checked_plan, format_shape, plain_plan, validate_request
+from triton_shm.core.models.version import ModelVersion
+from triton_shm.core.data.types import InferRequest, InputTensor, RequestedOutput
+from triton_shm.core.models.validation import checked_plan, format_shape, plain_plan, validate_request
 from triton_shm.errors import InvalidArgument, TritonShmError
 
 

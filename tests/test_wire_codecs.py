@@ -13,7 +13,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from triton_shm._proto import grpc_service_pb2 as pb
-from triton_shm.core.types import InferRequest, InferResponse, OutputTensor, RequestedOutput
+from triton_shm.core.data.types import InferRequest, InferResponse, OutputTensor, RequestedOutput
 from triton_shm.errors import InvalidArgument
 from triton_shm.frontend.grpc import codec as grpc_codec
 from triton_shm.frontend.http import codec as http_codec

@@ -675,8 +675,8 @@ def test_a_reply_the_pool_cannot_read_fails_its_batch_with_internal():
     The worker handle records the reply callback instead of sending the frame."""
     from types import SimpleNamespace
 
-    from triton_shm.core.types import BatchRequest, InferRequest
-    from triton_shm.core.validation import RequestPlan
+    from triton_shm.core.data.types import BatchRequest, InferRequest
+    from triton_shm.core.models.validation import RequestPlan
     from triton_shm.errors import Internal
     from triton_shm.ipc.arena import Arena
     from triton_shm.supervisor.pool import WorkerPool
@@ -704,8 +704,8 @@ def test_a_decoupled_batch_failed_in_its_reply_ends_its_stream():
     import queue
     from types import SimpleNamespace
 
-    from triton_shm.core.types import BatchRequest, InferRequest
-    from triton_shm.core.validation import RequestPlan
+    from triton_shm.core.data.types import BatchRequest, InferRequest
+    from triton_shm.core.models.validation import RequestPlan
     from triton_shm.errors import InvalidArgument
     from triton_shm.ipc.arena import Arena
     from triton_shm.supervisor.pool import WorkerPool

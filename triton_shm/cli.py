@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
 from . import TRITON_PROTOCOL_VERSION, __version__
-from .core.rate_limiter import parse_resource
-from .core.response_cache import parse_cache_config
+from .core.scheduling.rate_limiter import parse_resource
+from .core.data.response_cache import parse_cache_config
 from .frontend.grpc.keepalive import Keepalive
 from .frontend.restricted import RestrictionError, parse_restrictions
 from .options import ServerOptions

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .core.rate_limiter import ResourceLimit
+from .core.scheduling.rate_limiter import ResourceLimit
 from .frontend.grpc.keepalive import Keepalive
 from .frontend.tls import TlsFiles
 

@@ -9,18 +9,18 @@ import signal
 import sys
 
 from .options import ServerOptions
-from .core.model_manager import ModelManager
-from .core.rate_limiter import RateLimiter
-from .core.repository import ModelRepository
-from .core.response_cache import ResponseCache
+from .core.models.manager import ModelManager
+from .core.scheduling.rate_limiter import RateLimiter
+from .core.models.repository import ModelRepository
+from .core.data.response_cache import ResponseCache
 from .core.service import InferenceService
-from .core.settings import install_logging
-from .core.shm_registry import SharedMemoryRegistry
-from .core.tracing import Tracer
+from .core.observability.log_settings import install_logging
+from .core.data.shm_registry import SharedMemoryRegistry
+from .core.observability.tracing import Tracer
 from .errors import TritonShmError
 from .frontend.metrics import MetricsConfig, start_metrics
 from .frontend.security import Security
-from .worker.devices import parse_gpus
+from .devices import parse_gpus
 from .supervisor.pool import WorkerPool
 
 log = logging.getLogger("triton_shm.server")

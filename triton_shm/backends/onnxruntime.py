@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.datatypes import numpy_dtype
+from ..core.data.datatypes import numpy_dtype
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from .base import Backend, InstanceSpec, ModelContext, ModelInstance, WorkerRequest, WorkerResponse
 

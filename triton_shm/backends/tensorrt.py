@@ -249,6 +249,6 @@ class TensorRTInstance(ModelInstance):
 
 def _numpy_dtype(config_type: str):
     import numpy as np
-    from ..core.datatypes import numpy_dtype
+    from ..core.data.datatypes import numpy_dtype
     wire = config_type.removeprefix("TYPE_")
     return np.uint16 if wire == "BF16" else numpy_dtype(wire)

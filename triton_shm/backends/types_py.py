@@ -8,7 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.types import ParamValue
+from ..core.data.types import ParamValue
 from ..errors import TritonShmError
 
 

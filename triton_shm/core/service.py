@@ -11,21 +11,21 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable
 
 from .. import TRITON_PROTOCOL_VERSION
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
-from . import settings as log_settings
-from .cached_inference import infer_cached
-from .model_config import config_to_json, validate_model_name
-from .model_manager import ModelManager, decode_load_parameters
-from .response_cache import ResponseCache
-from .shm_registry import SharedMemoryRegistry
-from .otel import RequestSpan
-from .tracing import Tracer
-from .types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
-from .validation import RequestPlan, checked_plan, plain_plan, validate_request
+from .observability import log_settings
+from .data.cached_inference import infer_cached
+from .models.config import config_to_json, validate_model_name
+from .models.manager import ModelManager, decode_load_parameters
+from .data.response_cache import ResponseCache
+from .data.shm_registry import SharedMemoryRegistry
+from .observability.otel import RequestSpan
+from .observability.tracing import Tracer
+from .data.types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
+from .models.validation import RequestPlan, checked_plan, plain_plan, validate_request
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
     from ..supervisor.handle import WorkerHandle
-    from .repository import ModelVersion
+    from .models.version import ModelVersion
 
 SERVER_NAME = "triton"
 # Only what really works is advertised (perf_analyzer reads this list).

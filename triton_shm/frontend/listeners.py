@@ -24,7 +24,7 @@ import os
 import socket
 import struct
 import sys
-from typing import Callable
+from typing import Callable, Iterable
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +100,11 @@ async def stop_listening(server: asyncio.AbstractServer, accept: Callable[[socke
     for conn in taken:
         accept(conn)
     return len(taken)
+
+
+def retrieve_failures(tasks: Iterable[asyncio.Task]) -> None:
+    """Consume the errors of connections taken at shutdown that failed to start (a TLS
+    handshake) once done, so asyncio does not log them as never retrieved."""
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.debug("a connection taken at shutdown failed: %s", task.exception())

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..worker.devices import visible_gpu_count
+from ..devices import visible_gpu_count
 from . import UsageError
 
 DEVICE = 0

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.codec import serialize_bytes
+from ..core.data.codec import serialize_bytes
 from . import PerfError, UsageError
 
 _NP = {

@@ -26,10 +26,10 @@ from ..ipc.protocol import Op
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
 from ..ipc.link import Link
 from ..ipc.ring import RingCorrupt
-from ..worker.devices import visible_device
+from ..devices import visible_device
 
 if TYPE_CHECKING:
-    from ..core.shm_registry import Region
+    from ..core.data.shm_registry import Region
 
 log = logging.getLogger("triton_shm.workers")
 

@@ -18,10 +18,10 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Sequence
 
-from ..core import codec
-from ..core.datatypes import element_size
-from ..core.model_config import config_to_json, mc
-from ..core.types import BatchRequest, InferResponse, OutputTensor
+from ..core.data import codec
+from ..core.data.datatypes import element_size
+from ..core.models.config import config_to_json, mc
+from ..core.data.types import BatchRequest, InferResponse, OutputTensor
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..ipc import protocol
 from ..ipc.arena import Arena, Block
@@ -29,8 +29,8 @@ from ..ipc.protocol import PLACE_ARENA, PLACE_REGION
 from .handle import WorkerHandle
 
 if TYPE_CHECKING:
-    from ..core.repository import ModelVersion
-    from ..core.shm_registry import Region
+    from ..core.models.version import ModelVersion
+    from ..core.data.shm_registry import Region
 
 log = logging.getLogger("triton_shm.workers")
 

@@ -3,7 +3,7 @@ pure-Python twin (``TRITON_SHM_NO_EXTENSIONS=1`` forces the twin; the tests run 
 Both are guarded against a client region truncated under a copy."""
 from __future__ import annotations
 
-from ..core.codec import NO_EXTENSIONS
+from ..core.data.codec import NO_EXTENSIONS
 from .assembler_py import FAULT, GUARDED, copy, gather, scatter
 
 USING_EXTENSION = False

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from ..backends.base import Backend, ModelContext, ModelInstance, WorkerRequest, WorkerResponse
-from ..core import codec
-from ..core.datatypes import config_to_wire, element_size, from_numpy, numpy_dtype
+from ..core.data import codec
+from ..core.data.datatypes import config_to_wire, element_size, from_numpy, numpy_dtype
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc.arena import Block
 from . import assembler

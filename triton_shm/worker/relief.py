@@ -19,7 +19,7 @@ import os
 import threading
 from typing import Callable
 
-from ..core.codec import NO_EXTENSIONS
+from ..core.data.codec import NO_EXTENSIONS
 from .watch_py import Watch
 
 if not NO_EXTENSIONS:

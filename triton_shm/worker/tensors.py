@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ..core import codec
-from ..core.datatypes import DATATYPES, check_datatype, element_size, from_numpy, numpy_dtype
+from ..core.data import codec
+from ..core.data.datatypes import DATATYPES, check_datatype, element_size, from_numpy, numpy_dtype
 from ..errors import Internal, InvalidArgument
 from ..ipc.arena import Arena, Block
 from . import assembler

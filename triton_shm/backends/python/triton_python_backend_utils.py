@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from ...core.codec import count_bytes, deserialize_bytes, serialize_bytes
+from ...core.data.codec import count_bytes, deserialize_bytes, serialize_bytes
 from ...errors import InvalidArgument, TritonShmError
 from ...worker import cuda as _cuda
 

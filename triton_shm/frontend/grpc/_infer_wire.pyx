@@ -8,7 +8,7 @@ from libc.stdint cimport int64_t, uint64_t
 from libc.stdlib cimport free, malloc
 from libc.string cimport memcpy
 
-from ...core.types import InferRequest, InputTensor, RequestedOutput
+from ...core.data.types import InferRequest, InputTensor, RequestedOutput
 from .infer_wire_py import FRAMED, PLAIN, SPLIT_THRESHOLD, STREAM
 
 cdef Py_ssize_t _SPLIT = SPLIT_THRESHOLD

@@ -7,7 +7,7 @@ from typing import Any, AsyncIterator, Callable
 
 import grpc
 
-from ...core.otel import RequestSpan
+from ...core.observability.otel import RequestSpan
 from ..restricted import Restrictions
 from .rpc import Method, rpc_status
 

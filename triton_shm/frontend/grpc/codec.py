@@ -12,8 +12,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..._proto import grpc_service_pb2 as pb
-from ...core.codec import serialize_bytes
-from ...core.types import (
+from ...core.data.codec import serialize_bytes
+from ...core.data.types import (
     SHM_PARAMETERS,
     Buffer,
     InferRequest,

@@ -4,7 +4,7 @@ Set ``TRITON_SHM_NO_EXTENSIONS=1`` to force the pure-Python code (the tests run 
 """
 from __future__ import annotations
 
-from ...core.codec import NO_EXTENSIONS
+from ...core.data.codec import NO_EXTENSIONS
 from .infer_wire_py import FRAMED, PLAIN, STREAM, decode_request, encode_response
 
 USING_EXTENSION = False

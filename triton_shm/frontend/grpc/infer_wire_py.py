@@ -15,7 +15,7 @@ from __future__ import annotations
 import operator
 from typing import Any
 
-from ...core.types import InferRequest, InferResponse, InputTensor, RequestedOutput
+from ...core.data.types import InferRequest, InferResponse, InputTensor, RequestedOutput
 
 # Below this, raw_input_contents become bytes of their own (as the protobuf parser
 # gives them); from it on, views of the message (copying them would cost more).

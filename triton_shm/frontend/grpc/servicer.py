@@ -20,7 +20,7 @@ from .rpc import Mailbox, Method, raw_bytes, rpc_status
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
-    from ...core.types import InferRequest
+    from ...core.data.types import InferRequest
 
 log = logging.getLogger(__name__)
 

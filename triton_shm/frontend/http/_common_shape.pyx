@@ -2,9 +2,9 @@
 """The infer request and response in their common shape, in C. Twin of ``common_shape_py``
 (its docstring says what the common shape is); same API and results.
 
-It reads and builds the core types as the C classes of ``core/_types`` (cimported: fields
+It reads and builds the core types as the C classes of ``core/data/_types`` (cimported: fields
 are struct members, an object is built without a Python call), so it serves only where
-``core.types`` picked those classes (``common_shape`` sees to it); given other objects it
+``core.data.types`` picked those classes (``common_shape`` sees to it); given other objects it
 leaves the response to the general encoder."""
 from cpython.buffer cimport PyBUF_SIMPLE, PyBuffer_Release, PyObject_GetBuffer
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
@@ -16,8 +16,8 @@ from libc.string cimport memcmp, memcpy
 
 import orjson
 
-from ...core.datatypes import DATATYPES
-from ...core._types cimport InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
+from ...core.data.datatypes import DATATYPES
+from ...core.data._types cimport InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
 from .common_shape_py import INPUT_KEYS, INT64_MAX, JSON_OPTS, OUTPUT_KEYS, REQUEST_KEYS, UINT64_MAX
 
 cdef frozenset _REQUEST_KEYS = REQUEST_KEYS

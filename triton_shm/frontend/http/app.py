@@ -12,17 +12,13 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ...core.codec import NO_EXTENSIONS
+from ...core.data.codec import NO_EXTENSIONS
 from ...errors import TritonShmError
-from ..listeners import stop_listening
+from ..listeners import retrieve_failures, stop_listening
 from ..restricted import Restrictions
 from .api_groups import restriction_middleware
 from .handlers import HttpHandlers, build_routes
-
-KEEPALIVE_TIMEOUT = 75.0  # seconds: an idle connection, a stalled body, a client that stopped reading
-# Seconds a connection without a request in progress may still send one once the server
-# stops (a client that has just connected is about to): it is answered, then closed.
-STOP_GRACE = 1.0
+from .timeouts import HEADER_TIMEOUT, KEEPALIVE_TIMEOUT, STOP_GRACE
 
 if TYPE_CHECKING:
     import ssl
@@ -140,7 +136,7 @@ async def start_http(
         return await serve_app(app, host, port, ssl=ssl, auto_decompress=False, shutdown_timeout=shutdown_timeout,
                                keepalive_timeout=KEEPALIVE_TIMEOUT if idle_timeout is None else idle_timeout)
     from .bridge import completion_middleware
-    from .lean_server import HEADER_TIMEOUT, start_lean_http
+    from .lean_server import start_lean_http
     app = create_app(service, max_input_size=max_input_size, middlewares=[completion_middleware],
                      restrictions=restrictions)
     return await start_lean_http(service, app, host, port, max_input_size=max_input_size,
@@ -169,7 +165,7 @@ class AiohttpServer:
             grace_until = loop.time() + STOP_GRACE
             if taken:
                 await asyncio.wait(taken, timeout=STOP_GRACE)
-                _retrieve(taken)
+                retrieve_failures(taken)
             while loop.time() < grace_until and any(_awaiting_first_request(c) for c in handler.connections):
                 await asyncio.sleep(0.01)
         await self.runner.cleanup()
@@ -178,13 +174,6 @@ class AiohttpServer:
 def _awaiting_first_request(handler: Any) -> bool:
     """An aiohttp connection that has not had a request yet (its client has just connected)."""
     return getattr(handler, "_request_count", 1) == 0 and getattr(handler, "transport", None) is not None
-
-
-def _retrieve(tasks: Iterable[asyncio.Task]) -> None:
-    """Consume the errors of connections that failed to start (a TLS handshake) once done."""
-    for task in tasks:
-        if task.done() and not task.cancelled() and task.exception() is not None:
-            log.debug("a connection taken at shutdown failed: %s", task.exception())
 
 
 async def serve_app(app: web.Application, host: str, port: int, *, ssl: "ssl.SSLContext | None" = None,

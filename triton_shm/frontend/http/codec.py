@@ -13,9 +13,9 @@ from typing import Any, Iterable
 import numpy as np
 import orjson
 
-from ...core.codec import deserialize_bytes, serialize_bytes
-from ...core.datatypes import DATATYPES, numpy_dtype
-from ...core.types import (
+from ...core.data.codec import deserialize_bytes, serialize_bytes
+from ...core.data.datatypes import DATATYPES, numpy_dtype
+from ...core.data.types import (
     Buffer,
     InferRequest,
     InferResponse,

@@ -5,11 +5,11 @@ Set ``TRITON_SHM_NO_EXTENSIONS=1`` to force the pure-Python code (the tests run 
 """
 from __future__ import annotations
 
-from ...core import types
+from ...core.data import types
 from .common_shape_py import RouteCodec, decode_common, encode_common
 
-# The C build reads and builds the C classes of core/_types: it serves only where
-# core.types picked those (never beside the twins, whose objects it would not read).
+# The C build reads and builds the C classes of core/data/_types: it serves only where
+# core.data.types picked those (never beside the twins, whose objects it would not read).
 USING_EXTENSION = False
 if types.USING_EXTENSION:
     try:

@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
-from ...core.datatypes import DATATYPES
-from ...core.types import Buffer, InferRequest, InferResponse, InputTensor, RequestedOutput
+from ...core.data.datatypes import DATATYPES
+from ...core.data.types import Buffer, InferRequest, InferResponse, InputTensor, RequestedOutput
 
 INT64_MAX = 2**63 - 1
 UINT64_MAX = 2**64 - 1

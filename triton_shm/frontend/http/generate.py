@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ...core.types import InferRequest, InferResponse, InputTensor
+from ...core.data.types import InferRequest, InferResponse, InputTensor
 from ...errors import InvalidArgument
 from .codec import json_to_wire, wire_to_json
 

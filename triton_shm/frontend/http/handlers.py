@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from aiohttp import web
 
-from ...core.otel import RequestSpan
-from ...core.types import InferRequest
+from ...core.observability.otel import RequestSpan
+from ...core.data.types import InferRequest
 from ...errors import InvalidArgument, TritonShmError
 from .encoding import decode_body
 from .generate import decode_generate_request, encode_generate_response

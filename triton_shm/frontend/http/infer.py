@@ -15,9 +15,9 @@ from .codec import decode_infer_request, encode_infer_response
 from .encoding import accepted_coding, compress, decode_body
 
 if TYPE_CHECKING:
-    from ...core.otel import RequestSpan
+    from ...core.observability.otel import RequestSpan
     from ...core.service import InferenceService
-    from ...core.types import InferRequest, InferResponse
+    from ...core.data.types import InferRequest, InferResponse
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 JSON_TYPE = "application/json"

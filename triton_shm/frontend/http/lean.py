@@ -20,7 +20,7 @@ import logging
 from collections import deque
 from typing import TYPE_CHECKING, Any, Coroutine, cast
 
-from ...core.otel import RequestSpan
+from ...core.observability.otel import RequestSpan
 from ...errors import TritonShmError
 from ..restricted import first_header
 from .api_groups import api_group, refusal_body
@@ -30,7 +30,7 @@ from .lean_request import (CONNECTION_LINES, HttpLimit, Message, connection_line
 from .request_parser import BODY, HEADERS, IDLE, RequestParser, RequestUpgrade
 
 if TYPE_CHECKING:
-    from ...core.types import InferRequest, InferResponse
+    from ...core.data.types import InferRequest, InferResponse
     from .bridge import AiohttpBridge
     from ..restricted import Restrictions
     from .lean_server import LeanContext

@@ -15,17 +15,16 @@ from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 
-from ..listeners import stop_listening
+from ..listeners import retrieve_failures, stop_listening
 from ..restricted import Restrictions
-from .app import KEEPALIVE_TIMEOUT, STOP_GRACE, _retrieve
 from .lean import LeanConnection
+from .timeouts import HEADER_TIMEOUT, KEEPALIVE_TIMEOUT, STOP_GRACE
 
 if TYPE_CHECKING:
     import ssl
 
     from ...core.service import InferenceService
 
-HEADER_TIMEOUT = 30.0     # seconds from a request's first byte to the end of its headers
 _BRIDGE_KEEPALIVE = 10.0**9  # aiohttp never closes a bridged connection on its own
 
 
@@ -93,7 +92,7 @@ class LeanHttpServer:
             conn.shutdown()
         if taken:
             await asyncio.wait(taken, timeout=max(deadline - loop.time(), 0.0))
-            _retrieve(taken)
+            retrieve_failures(taken)
         while loop.time() < deadline:
             now = loop.time()
             for conn in list(ctx.connections):

@@ -5,7 +5,7 @@ Set ``TRITON_SHM_NO_EXTENSIONS=1`` to force the twin (the parser tests run both)
 """
 from __future__ import annotations
 
-from ...core.codec import NO_EXTENSIONS
+from ...core.data.codec import NO_EXTENSIONS
 from .request_parser_py import BODY, HEADERS, IDLE, ParserSink, RequestParser, RequestUpgrade
 
 USING_EXTENSION = False

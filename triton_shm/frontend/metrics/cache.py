@@ -10,8 +10,8 @@ from .exposition import Family, Sample
 
 if TYPE_CHECKING:
     from .collect import Loaded
-    from ...core.response_cache import ResponseCache
-    from ...core.statistics import ModelStats
+    from ...core.data.response_cache import ResponseCache
+    from ...core.observability.statistics import ModelStats
 
 _PER_MODEL: tuple[tuple[str, str, Callable[["ModelStats"], int]], ...] = (
     ("nv_cache_num_hits_per_model", "Number of cache hits per model", lambda s: s.phases["cache_hit"].count),

@@ -7,16 +7,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from ...core.statistics import SUMMARY_PHASES
-from ...core.system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
+from ...core.observability.statistics import SUMMARY_PHASES
+from .system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
 from .cache import cache_families, model_cache_families
 from .config import MetricsConfig
 from .exposition import Family, Sample, render
 
 if TYPE_CHECKING:
-    from ...core.repository import ModelRepository, ModelVersion
-    from ...core.response_cache import ResponseCache
-    from ...core.statistics import ModelStats
+    from ...core.models.repository import ModelRepository
+    from ...core.models.version import ModelVersion
+    from ...core.data.response_cache import ResponseCache
+    from ...core.observability.statistics import ModelStats
 
 log = logging.getLogger("triton_shm.metrics")
 
@@ -104,10 +105,14 @@ class Loaded:
 
     def queued(self) -> int:
         """Requests waiting in the scheduler's queues (Triton: enqueued, not yet handed to
-        the backend). Falls back to queued+executing if there is no scheduler to ask."""
-        queues = getattr(self.version.scheduler, "queues", None)
-        if queues is None:
+        the backend). A scheduler without queues of its own (an ensemble's) counts its
+        requests in flight."""
+        scheduler = self.version.scheduler
+        if scheduler is None:
             return self.stats.pending
+        queues = getattr(scheduler, "queues", None)
+        if queues is None:
+            return scheduler.inflight_count()
         return sum(len(q) for q in queues.values())
 
 

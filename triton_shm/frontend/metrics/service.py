@@ -17,8 +17,8 @@ from .exposition import CONTENT_TYPE
 if TYPE_CHECKING:
     from ssl import SSLContext
 
-    from ...core.repository import ModelRepository
-    from ...core.response_cache import ResponseCache
+    from ...core.models.repository import ModelRepository
+    from ...core.data.response_cache import ResponseCache
     from ..restricted import Restrictions
 
 log = logging.getLogger("triton_shm.metrics")

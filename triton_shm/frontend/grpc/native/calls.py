@@ -8,7 +8,7 @@ from typing import Any, AsyncIterator, Sequence
 
 import ngh2
 
-from ....core.otel import RequestSpan
+from ....core.observability.otel import RequestSpan
 from ..rpc import Mailbox, Method, identity, rpc_status
 from .framing import ACCEPT_ENCODING, DEADLINE_EXCEEDED, OK, MessageReader, compress, encode_message_text, prefix
 

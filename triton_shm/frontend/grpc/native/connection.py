@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 import ngh2
 
-from ....core.otel import RequestSpan
+from ....core.observability.otel import RequestSpan
 from ...restricted import first_header
 from ..rpc import Mailbox, Method
 from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner

@@ -8,7 +8,7 @@ from __future__ import annotations
 import zlib
 from typing import Iterable
 
-from ....core.codec import NO_EXTENSIONS
+from ....core.data.codec import NO_EXTENSIONS
 from .frames_py import whole_frames_end
 
 if not NO_EXTENSIONS:

@@ -8,15 +8,15 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
-from ..errors import Internal, InvalidArgument, Unavailable
+from ...errors import Internal, InvalidArgument, Unavailable
 from .region_io import read_region, write_region
 from .response_cache import ResponseCache, from_cached, request_key, response_size, to_cached
 from .types import InferRequest, InferResponse, OutputTensor
 
 if TYPE_CHECKING:
-    from .repository import ModelVersion
+    from ..models.validation import RequestPlan
+    from ..models.version import ModelVersion
     from .shm_registry import Region
-    from .validation import RequestPlan
 
 
 async def infer_cached(cache: ResponseCache, model: "ModelVersion", request: InferRequest, plan: "RequestPlan",

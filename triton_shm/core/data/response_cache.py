@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from ..errors import InvalidArgument
+from ...errors import InvalidArgument
 from .types import SHM_PARAMETERS, Buffer, InferRequest, InferResponse, InputTensor, OutputTensor
 
 if TYPE_CHECKING:
-    from .repository import ModelVersion
-    from .validation import RequestPlan
+    from ..models.validation import RequestPlan
+    from ..models.version import ModelVersion
 
 KEY_BYTES = 32
 # Output parameters that say how or where an answer is delivered, not what it is.

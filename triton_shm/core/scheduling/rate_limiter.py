@@ -22,10 +22,10 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from ..errors import InvalidArgument
+from ...errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from .._proto.model_config_pb2 import ModelInstanceGroup
+    from ..._proto.model_config_pb2 import ModelInstanceGroup
 
 GLOBAL = -1  # the device of global resources
 MODES = ("execution_count", "off")

@@ -22,18 +22,20 @@ from asyncio import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable
 
-from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
-from .clock import Clock, LoopClock, Wakeup
-from .model_config import mc
+from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable
+from ..clock import Clock, LoopClock, Wakeup
+from ..data.types import InferRequest, InferResponse, ResponseStream
+from ..models.config import mc
+from ..observability.statistics import ModelStats
+from .interface import Instance
+from .pending import Pending, resolve
 from .rate_limiter import IDLE, STAGED, Claim, RateLimiter, bind_claims
-from .statistics import ModelStats
-from .types import InferRequest, InferResponse, Pending, ResponseStream
 
 if TYPE_CHECKING:
-    from ..supervisor.pool import WorkerPool
-    from .repository import ModelVersion
-    from .shm_registry import Region
-    from .validation import RequestPlan
+    from ...supervisor.pool import WorkerPool
+    from ..data.shm_registry import Region
+    from ..models.validation import RequestPlan
+    from ..models.version import ModelVersion
 
 REJECT = mc.ModelQueuePolicy.REJECT
 HELD_BATCHES = 1  # batches an instance may hold in its worker beside the one it runs
@@ -74,8 +76,8 @@ def check_batching_config(config) -> None:
                                   f"1..{db.priority_levels}")
 
 
-class Scheduler:
-    """The queue and dispatcher of one model version."""
+class DynamicScheduler:
+    """The queue and dispatcher of one model version (an ``interface.Scheduler``)."""
 
     def __init__(self, model: "ModelVersion", pool: "WorkerPool", stats: ModelStats, clock: Clock | None = None,
                  limiter: RateLimiter | None = None, claims: list[Claim] | None = None):
@@ -103,8 +105,8 @@ class Scheduler:
         # worker, which it starts the moment it answers the first, instead of idling for
         # a round trip to us. A dynamic batch waits here instead: it grows meanwhile.
         self.depth = 1 if self.dynamic or self.claims else HELD_BATCHES + 1
-        self.idle: collections.deque[tuple[str, int]] = collections.deque(model.instances * self.depth)
-        self._running: dict[tuple[str, int], int] = dict.fromkeys(model.instances, 0)  # batches sent, per instance
+        self.idle: collections.deque[Instance] = collections.deque(model.instances * self.depth)
+        self._running: dict[Instance, int] = dict.fromkeys(model.instances, 0)  # batches sent, per instance
         self._seq = 0
         self._released = 0                      # preserve_ordering: next seq to answer
         self._held: dict[int, Pending] = {}     # finished, waiting for earlier ones
@@ -114,7 +116,7 @@ class Scheduler:
         self._one_instance = len(model.instances) == 1  # then every free slot is that instance's
         # instances whose worker died, until it is back: they get no batch (their slots
         # are out of ``idle``), and a batch of theirs that fails gives no slot back
-        self._down: set[tuple[str, int]] = set()
+        self._down: set[Instance] = set()
 
     # -- admission -----------------------------------------------------------------------
     def _priority(self, request: InferRequest) -> int:
@@ -305,7 +307,7 @@ class Scheduler:
             wake_ns = min(deadlines) if wake_ns is None else min(wake_ns, *deadlines)
         self._wakeup.arm(wake_ns)
 
-    def _take_slot(self) -> tuple[str, int]:
+    def _take_slot(self) -> Instance:
         """A free slot, on an instance with nothing to do if there is one."""
         if self._one_instance:
             instance = self.idle.popleft()
@@ -319,7 +321,7 @@ class Scheduler:
         self._running[instance] += 1
         return instance
 
-    def _free_slot(self, instance: tuple[str, int]) -> None:
+    def _free_slot(self, instance: Instance) -> None:
         self._running[instance] -= 1
         down = instance in self._down
         if not down:
@@ -329,7 +331,7 @@ class Scheduler:
             self._limiter().release(claim, restage=not down and any(self.queues.values()))
 
     # -- instances that die and come back ------------------------------------------------
-    def instance_down(self, instance: tuple[str, int], reason: str) -> None:
+    def instance_down(self, instance: Instance, reason: str) -> None:
         """``instance``'s worker died (``reason``: what a client is told): the other
         instances serve on. When none is left, the queued requests fail now rather than
         wait for a restart of unknown length."""
@@ -344,7 +346,7 @@ class Scheduler:
                     self._finish(queue.popleft(), error)
             self._wakeup.arm(None)
 
-    def instance_up(self, instance: tuple[str, int]) -> None:
+    def instance_up(self, instance: Instance) -> None:
         """``instance``'s worker runs again, with the model loaded: it takes batches."""
         if instance not in self._down:
             return
@@ -382,7 +384,7 @@ class Scheduler:
                 return
         self._limiter().give_back(claim)
 
-    def _start(self, batch: list[Pending], instance: tuple[str, int]) -> None:
+    def _start(self, batch: list[Pending], instance: Instance) -> None:
         start = self.clock.now()
         try:
             self.pool.start_batch(
@@ -394,7 +396,7 @@ class Scheduler:
             for p in batch:
                 self._finish(p, error)
 
-    def _completed(self, batch: list[Pending], instance: tuple[str, int], start: int,
+    def _completed(self, batch: list[Pending], instance: Instance, start: int,
                    results: list[Any], timing: tuple[int, int, int] | None) -> None:
         """The worker answered (or died): the instance takes its next batch first, then
         each request gets its result. ``timing`` is None when the model did not run."""
@@ -411,7 +413,7 @@ class Scheduler:
             if p.trace is None and not self.preserve_ordering and not isinstance(result, Exception):
                 # The common answer: one request that ran and succeeded, not traced, no
                 # order to keep. What the loop below does for it, in fewer calls: its
-                # execution and its success recorded at once, then _finish's _resolve.
+                # execution and its success recorded at once, then _finish's resolve.
                 in_ns, infer_ns, out_ns = timing
                 enqueued = p.enqueued_ns
                 self.stats.record_single(p.rows, self.clock.now() - enqueued, start - enqueued, in_ns, infer_ns,
@@ -442,14 +444,17 @@ class Scheduler:
         if p.count_on_answer:  # only without preserve_ordering (a direct request)
             self.stats.pending -= 1
         if not self.preserve_ordering:
-            _resolve(p, result)
+            resolve(p, result)
             return
         p.result = result
         self._held[p.seq] = p
         while self._released in self._held:
             q = self._held.pop(self._released)
-            _resolve(q, q.result)
+            resolve(q, q.result)
             self._released += 1
+
+    def inflight_count(self) -> int:
+        return self.stats.pending
 
     async def drain(self) -> None:
         """Refuse new requests, serve every queued and running one, then stop."""
@@ -458,14 +463,3 @@ class Scheduler:
             self._pump()
             await asyncio.sleep(0.001)
         self._wakeup.arm(None)
-
-
-def _resolve(p: Pending, result: Any) -> None:
-    if p.future.done():  # the caller stopped waiting (timeout, disconnect): free what it missed
-        if isinstance(result, InferResponse):
-            result.release()
-        return
-    if isinstance(result, Exception):
-        p.future.set_exception(result)
-    else:
-        p.future.set_result(result)

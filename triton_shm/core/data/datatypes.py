@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ...errors import InvalidArgument
 
 # name -> (bytes per element, numpy dtype). BYTES has no fixed size; BF16 has no numpy
 # type, so it travels as raw little-endian uint16 words.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from ..errors import InvalidArgument
+from ...errors import InvalidArgument
 
 if TYPE_CHECKING:
     from .shm_registry import Region

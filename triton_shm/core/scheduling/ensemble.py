@@ -15,17 +15,19 @@ import functools
 import time
 from typing import TYPE_CHECKING, Any, Union
 
-from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
-from .datatypes import config_to_wire
-from .model_config import data_type_name
-from .statistics import ModelStats
-from .types import InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
-from .validation import validate_request
+from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
+from ..data.datatypes import config_to_wire
+from ..data.types import InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
+from ..models.config import data_type_name
+from ..models.validation import validate_request
+from ..observability.statistics import ModelStats
+from .interface import Instance
 
 if TYPE_CHECKING:
-    from .repository import ModelRepository, ModelVersion
-    from .shm_registry import Region
-    from .validation import RequestPlan
+    from ..data.shm_registry import Region
+    from ..models.repository import ModelRepository
+    from ..models.validation import RequestPlan
+    from ..models.version import ModelVersion
 
 Tensor = Union[InputTensor, OutputTensor]
 
@@ -123,7 +125,7 @@ def _check_acyclic(name: str, steps, producer: dict[str, int]) -> None:
 
 
 class EnsembleScheduler:
-    """Runs an ensemble's steps for each request; same interface as Scheduler."""
+    """Runs an ensemble's steps for each request (an ``interface.Scheduler``)."""
 
     def __init__(self, model: "ModelVersion", repository: "ModelRepository", stats: ModelStats):
         self.model, self.repository, self.stats = model, repository, stats
@@ -138,7 +140,7 @@ class EnsembleScheduler:
 
     async def submit(self, request: InferRequest, plan: "RequestPlan", regions: dict[str, "Region"],
                      trace: Any = None, stream: object = None) -> InferResponse:
-        """Same interface as Scheduler.submit; the steps of a traced request are traced as its
+        """``interface.Scheduler.submit``; the steps of a traced request are traced as its
         children, and an ensemble is never decoupled (``stream`` is unused)."""
         if self._closing:
             raise Unavailable(f"ensemble '{self.model.name}' is unloading")
@@ -250,9 +252,19 @@ class EnsembleScheduler:
         finally:
             tracer.finish(trace)
 
+    def inflight_count(self) -> int:
+        return self._inflight
+
     async def drain(self) -> None:
         self._closing = True
         await self._idle.wait()
+
+    # An ensemble runs on no instance of its own: its steps' schedulers see theirs go and come back.
+    def instance_down(self, instance: Instance, reason: str) -> None:
+        pass
+
+    def instance_up(self, instance: Instance) -> None:
+        pass
 
 
 def ensemble_dependents(repository: "ModelRepository", name: str) -> list[str]:

@@ -11,8 +11,8 @@ from typing import Any
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import FieldDescriptor
 
-from .._proto import model_config_pb2 as mc
-from ..errors import InvalidArgument
+from ..._proto import model_config_pb2 as mc
+from ...errors import InvalidArgument
 
 ModelConfig = mc.ModelConfig
 

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from ..errors import InvalidArgument, Unsupported
+from ...errors import InvalidArgument, Unsupported
 
 LOG_FORMATS = ("default", "ISO8601")
 _BOOL_KEYS = ("log_info", "log_warning", "log_error")

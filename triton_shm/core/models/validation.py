@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from ..errors import InvalidArgument, Unsupported
-from . import codec
-from .datatypes import element_size
-from .repository import ModelVersion
-from .types import SHM_PARAMETERS, InferRequest, request_id_prefix
+from ...errors import InvalidArgument, Unsupported
+from ..data import codec
+from ..data.datatypes import element_size
+from ..data.types import SHM_PARAMETERS, InferRequest, request_id_prefix
+from .version import ModelVersion
 
 MAX_TENSOR_BYTES = 1 << 40  # no shape may describe more than this (checked before any allocation)
 

@@ -10,7 +10,7 @@ import struct
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ...errors import InvalidArgument
 
 _LEN = struct.Struct("<I")
 

@@ -1,7 +1,7 @@
 """The request and response types (and a request's scheduler entry) in pure Python: the
 twin of ``_types.pyx``, and the definition both follow (same fields, defaults, equality
 and repr).
-``core.types`` picks one; import them from there."""
+``core.data.types`` picks one; import them from there."""
 from __future__ import annotations
 
 import asyncio
@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Union
 
 if TYPE_CHECKING:
+    from ..models.validation import RequestPlan
     from .shm_registry import Region
     from .types import ResponseStream
-    from .validation import RequestPlan
 
 # Request/response parameter values, as both protocols can express them.
 ParamValue = Union[bool, int, float, str]

@@ -6,7 +6,7 @@ from libc.stdlib cimport free, malloc
 
 import numpy as np
 
-from ..errors import InvalidArgument
+from ...errors import InvalidArgument
 
 
 cdef object _error(tsm_bytes_status status, Py_ssize_t count, size_t bad, size_t remaining):

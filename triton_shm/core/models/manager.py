@@ -19,20 +19,20 @@ import tempfile
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
-from . import model_config as mcfg
-from .repository import (LOADING, NOT_REQUESTED, READY, UNAVAILABLE, UNLOADED, UNLOADING, ModelEntry,
-                         ModelRepository, ModelVersion, check_links_inside, select_versions,
+from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable
+from ..data.response_cache import check_cache_config
+from ..observability.statistics import ModelStats
+from ..scheduling.dynamic import DynamicScheduler, check_batching_config
+from ..scheduling.ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
+from ..scheduling.rate_limiter import Claim, RateLimiter, claim_for
+from ..scheduling.sequence import SequenceScheduler, check_sequence_config
+from . import config as mcfg
+from .repository import (NOT_REQUESTED, UNLOADED, ModelEntry, ModelRepository, check_links_inside, select_versions,
                          version_dirs)
-from .ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
-from .rate_limiter import Claim, RateLimiter, claim_for
-from .response_cache import check_cache_config
-from .scheduler import Scheduler, check_batching_config
-from .sequence import SequenceScheduler, check_sequence_config
-from .statistics import ModelStats
+from .version import LOADING, READY, UNAVAILABLE, UNLOADING, ModelVersion
 
 if TYPE_CHECKING:
-    from ..supervisor.pool import WorkerPool
+    from ...supervisor.pool import WorkerPool
 
 log = logging.getLogger("triton_shm.models")
 
@@ -156,7 +156,7 @@ class ModelManager:
         reason = f"{self.pool.workers[worker].what} is restarting"
         for mv in self.pool.placed_on(worker):
             scheduler = mv.scheduler
-            if scheduler is not None and not isinstance(scheduler, EnsembleScheduler):
+            if scheduler is not None:
                 for instance in self.pool.instances_on(worker, mv):
                     scheduler.instance_down(instance, reason)
             if mv.state == READY and not (self.pool.is_instance_process(worker) and self.pool.any_host_alive(mv)):
@@ -175,7 +175,7 @@ class ModelManager:
                 mv.recovering = False
                 continue
             scheduler = mv.scheduler
-            if scheduler is not None and not isinstance(scheduler, EnsembleScheduler):
+            if scheduler is not None:
                 for instance in self.pool.instances_on(worker, mv):
                     scheduler.instance_up(instance)
             if mv.state == LOADING and self.pool.hosts_alive(mv):
@@ -428,7 +428,7 @@ class ModelManager:
                     if claims and self.limiter is not None:
                         self.limiter.unregister(claims)
                     raise
-                scheduler = SequenceScheduler if config.HasField("sequence_batching") else Scheduler
+                scheduler = SequenceScheduler if config.HasField("sequence_batching") else DynamicScheduler
                 mv.scheduler = scheduler(mv, self.pool, mv.stats, limiter=self.limiter if claims else None,
                                          claims=claims)
             mv.state, mv.reason = READY, ""

@@ -21,8 +21,8 @@ values, CORRID with the correlation ID) and the ``state`` inputs as ordinary inp
 the state output a model returns is kept and fed back on the sequence's next request.
 
 ``SequenceBook`` is the pure bookkeeping (slots, backlog, batches, idle release; the
-time is an argument), ``SequenceScheduler`` the asyncio scheduler on top of it, with the
-same interface as ``scheduler.Scheduler``.
+time is an argument), ``SequenceScheduler`` the asyncio scheduler on top of it (an
+``interface.Scheduler``).
 """
 from __future__ import annotations
 
@@ -38,20 +38,21 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
-from .datatypes import config_to_wire, element_size, numpy_dtype
-from .model_config import data_type_name, mc
-from .clock import Clock, LoopClock, Wakeup
+from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
+from ..clock import Clock, LoopClock, Wakeup
+from ..data.datatypes import config_to_wire, element_size, numpy_dtype
+from ..data.types import BatchRequest, InferRequest, InferResponse, InputTensor, ResponseStream
+from ..models.config import data_type_name, mc
+from ..models.validation import RequestPlan
+from ..observability.statistics import ModelStats
+from .interface import Instance
+from .pending import Pending, resolve
 from .rate_limiter import IDLE, Claim, RateLimiter, bind_claims
-from .scheduler import Pending, _resolve
-from .statistics import ModelStats
-from .types import BatchRequest, InferRequest, InferResponse, InputTensor, ResponseStream
-from .validation import RequestPlan
 
 if TYPE_CHECKING:
-    from ..supervisor.pool import WorkerPool
-    from .repository import ModelVersion
-    from .shm_registry import Region
+    from ...supervisor.pool import WorkerPool
+    from ..data.shm_registry import Region
+    from ..models.version import ModelVersion
 
 log = logging.getLogger("triton_shm.sequence")
 
@@ -61,7 +62,6 @@ START, READY, END, CORRID = (Kind.CONTROL_SEQUENCE_START, Kind.CONTROL_SEQUENCE_
 MAX_STRING_ID = 128                 # characters of a string correlation ID
 DEFAULT_IDLE_US = 1_000_000         # max_sequence_idle_microseconds when unset (Triton's default)
 CORRID_TYPES = ("UINT64", "INT64", "UINT32", "INT32", "BYTES")
-Instance = tuple[str, int]
 
 
 # -- config ----------------------------------------------------------------------------------
@@ -445,7 +445,7 @@ class SequencePending(Pending):
 
 
 class SequenceScheduler:
-    """The sequence batcher of one model version (the interface of ``scheduler.Scheduler``)."""
+    """The sequence batcher of one model version (an ``interface.Scheduler``)."""
 
     def __init__(self, model: ModelVersion, pool: WorkerPool, stats: ModelStats, clock: Clock | None = None,
                  limiter: RateLimiter | None = None, claims: list[Claim] | None = None):
@@ -600,7 +600,7 @@ class SequenceScheduler:
                 self.stats.record_failure(now - p.enqueued_ns, reason)
             else:
                 self.stats.record_success(1, now - p.enqueued_ns, start - p.enqueued_ns, in_ns, infer_ns, out_ns)
-            _resolve(p, result)
+            resolve(p, result)
 
     def _keep_state(self, seq: Sequence, response: InferResponse) -> None:
         """Take the state outputs off the response (the client never sees them) and keep
@@ -622,6 +622,9 @@ class SequenceScheduler:
 
     def instance_up(self, instance: Instance) -> None:
         self._pump()
+
+    def inflight_count(self) -> int:
+        return self.stats.pending
 
     async def drain(self) -> None:
         """Refuse new requests, serve every queued and running one, then stop."""

@@ -32,7 +32,7 @@ from typing import Any, BinaryIO, Iterable
 
 import orjson
 
-from ..errors import InvalidArgument, Unsupported
+from ...errors import InvalidArgument, Unsupported
 from .otel import OtelConfig, RequestSpan, SpanExporter, attribute, new_span_id, span
 
 log = logging.getLogger(__name__)

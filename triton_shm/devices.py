@@ -1,8 +1,9 @@
-"""GPU discovery without importing any CUDA Python package (CPU-only machines never do)."""
+"""GPU discovery without importing any CUDA Python package (CPU-only machines never do),
+and the GPU a worker process sees. Used by the server (--gpus), the supervisor (a worker's
+CUDA_VISIBLE_DEVICES) and perf; nothing in here runs in a worker."""
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import os
 
 
@@ -46,12 +47,3 @@ def visible_device(gpu: int, parent_visible: str | None) -> str:
         if 0 <= gpu < len(names):
             return names[gpu]
     return str(gpu)
-
-
-def cuda_available() -> bool:
-    """CuPy is installed (GPU workers need it for CUDA shared memory and GPU tensors);
-    checked without importing it."""
-    try:
-        return importlib.util.find_spec("cupy") is not None
-    except (ImportError, ValueError):
-        return False

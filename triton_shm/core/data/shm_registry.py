@@ -17,8 +17,8 @@ import stat
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import AlreadyExists, InvalidArgument, NotFound, Unsupported
-from ..ipc.arena import INTERNAL_PREFIX
+from ...errors import AlreadyExists, InvalidArgument, NotFound, Unsupported
+from ...ipc.arena import INTERNAL_PREFIX
 
 SHM_DIR = "/dev/shm"
 # Keys a client may never register: our own segments and Triton python backend's.
