@@ -32,11 +32,11 @@ from instructions import total_ir  # noqa: E402
 async def drive(repo: Path, warmup: int, requests: int, out_dir: Path) -> float:
     import numpy as np
 
-    from triton_shm.core.model_manager import ModelManager
-    from triton_shm.core.repository import ModelRepository
+    from triton_shm.core.models.manager import ModelManager
+    from triton_shm.core.models.repository import ModelRepository
     from triton_shm.core.service import InferenceService
-    from triton_shm.core.shm_registry import SharedMemoryRegistry
-    from triton_shm.core.types import InferRequest, InputTensor
+    from triton_shm.core.data.shm_registry import SharedMemoryRegistry
+    from triton_shm.core.data.types import InferRequest, InputTensor
     from triton_shm.supervisor.pool import WorkerPool
 
     pool = WorkerPool([], 0)
