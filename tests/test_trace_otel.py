@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from .harness import ServerProcess, free_port
-from .models import python_identity, write_model
+from .models import python_bls_traced, python_identity, write_model
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -102,6 +102,7 @@ def repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("otel_models")
     python_identity(repo, "identity_fp32", "FP32")
     write_model(repo, "ens", config=ENSEMBLE)
+    python_bls_traced(repo, "bls_traced", "identity_fp32")
     return repo
 
 
@@ -238,6 +239,35 @@ def test_ensemble_steps_are_child_spans(server, spans):
         assert step["parentSpanId"] == ens["spanId"] and step["traceId"] == TRACE_ID
         assert _attrs(step)["triton.trace_parent_id"] == ens_id
     assert {c["parentSpanId"] for c in _by_name(got, "compute")} == {s["spanId"] for s in steps}
+
+
+def test_bls_call_with_the_request_trace_is_a_child_span(server, spans):
+    """As Triton draws a BLS model's trace: one InferRequest, the BLS model's span under it,
+    the called model's span under the BLS model's (its compute span under it); the call made
+    without ``trace=`` is not traced."""
+    c = httpclient.InferenceServerClient(server.http_url)
+    x = httpclient.InferInput("INPUT0", [4], "FP32")
+    x.set_data_from_numpy(np.arange(4, dtype=np.float32))
+    try:
+        result = c.infer("bls_traced", [x], headers={"traceparent": TRACEPARENT})
+    finally:
+        c.close()
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.arange(4, dtype=np.float32))
+    got = spans.wait_spans(5)
+    time.sleep(0.3)  # anything more (the untraced call) would have arrived by now
+    got = spans.spans()
+    assert sorted(s["name"] for s in got) == ["InferRequest", "bls_traced", "compute", "compute", "identity_fp32"]
+    root, = _by_name(got, "InferRequest")
+    bls, = _by_name(got, "bls_traced")
+    child, = _by_name(got, "identity_fp32")
+    assert root["parentSpanId"] == PARENT and {s["traceId"] for s in got} == {TRACE_ID}
+    assert bls["parentSpanId"] == root["spanId"] and child["parentSpanId"] == bls["spanId"]
+    assert _names(child) == MODEL_EVENTS
+    assert _attrs(child)["triton.trace_parent_id"] == _attrs(bls)["triton.trace_id"] != "0"
+    assert {c["parentSpanId"] for c in _by_name(got, "compute")} == {bls["spanId"], child["spanId"]}
+    # request.trace().get_context(): the BLS model span's context, as a W3C traceparent
+    context = json.loads(result.as_numpy("CONTEXT")[0])
+    assert context == {"traceparent": f"00-{TRACE_ID}-{bls['spanId']}-01"}
 
 
 def test_settings_report_opentelemetry(server, collector):

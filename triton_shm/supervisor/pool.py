@@ -424,6 +424,9 @@ class WorkerPool:
             outputs = names
         # the parameters a model may see: none when the request has none at all
         parameters = request.model_parameters() if request.parameters else None
+        trace = getattr(p, "trace", None)  # a queued request's (Pending); a sequence's filler has none
+        if trace is not None:  # the model may trace its BLS calls as children of it
+            return request.id, parameters, inputs, outputs, plan.sequence, (trace.id, trace.context())
         if plan.sequence is not None:
             return request.id, parameters, inputs, outputs, plan.sequence
         return request.id, parameters, inputs, outputs

@@ -237,6 +237,8 @@ class InstanceRunner:
         if "sequence" in r:
             request.correlation_id, start, end = r["sequence"]
             request.flags = (1 if start else 0) | (2 if end else 0)
+        if "trace" in r:
+            request.trace = r["trace"]
         return request
 
     def _stream(self, msg_id: int, index: int, r: dict[str, Any], response: WorkerResponse | None,
