@@ -26,6 +26,7 @@ from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from .clock import Clock, LoopClock, Wakeup
 from .model_config import mc
 from .rate_limiter import IDLE, STAGED, Claim, RateLimiter, bind_claims
+from .request_future import RequestFuture
 from .statistics import ModelStats
 from .types import InferRequest, InferResponse, Pending, ResponseStream
 
@@ -164,7 +165,7 @@ class Scheduler:
         if deadline is None and queue is self._direct and not queue and self.idle:
             direct = True
         pending = Pending(request, plan, regions, stream, plan.batch_size or 1, level, now, deadline,
-                          policy.reject_on_timeout, Future(loop=self._loop), self._seq, None, trace, direct)
+                          policy.reject_on_timeout, RequestFuture(loop=self._loop), self._seq, None, trace, direct)
         if trace is not None:
             trace.stamp("QUEUE_START", now)
         self._seq += 1
@@ -193,7 +194,7 @@ class Scheduler:
         except asyncio.CancelledError:
             # The caller is gone (a client's RST_STREAM or disconnect): a request still in
             # the queue is dropped so it never reaches an instance (nor an answer); one
-            # already in a batch runs.
+            # already in a batch runs, its model told (RequestFuture).
             try:
                 queue.remove(pending)
             except ValueError:
@@ -209,7 +210,7 @@ class Scheduler:
             nonlocal expired
             if not pending.future.done():
                 expired = True
-                pending.future.cancel()
+                Future.cancel(pending.future)  # its caller still waits: no worker is told it has gone
 
         timer = self.clock.call_at(deadline_ns, expire)
         try:

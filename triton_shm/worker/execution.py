@@ -146,6 +146,9 @@ class InstanceRunner:
                     if scratch:
                         self._free(scratch)
             finally:
+                if self._cancelled and not self.model.decoupled:  # answered: their clients' cancels are done with
+                    for i in range(len(msg["requests"])):
+                        self._cancelled.discard((msg["id"], i))
                 self.finished += 1
 
     def execute(self, msg: dict[str, Any]) -> None:
@@ -176,9 +179,10 @@ class InstanceRunner:
         for i, r in enumerate(requests):
             try:
                 wr = self._decode(r, scratch, held, lent[i] if lent is not None else None)
+                # the client may go away meanwhile: the model sees it in request.is_cancelled()
+                wr.is_cancelled = functools.partial(self._cancelled.__contains__, (msg_id, i))
                 if model.decoupled:
                     wr.sender = functools.partial(self._stream, msg_id, i, r)
-                    wr.is_cancelled = functools.partial(self._cancelled.__contains__, (msg_id, i))
                 decoded.append(wr)
                 live.append(i)
             except Exception as e:  # noqa: BLE001 - a request that cannot be decoded fails alone
