@@ -465,6 +465,8 @@ class TritonPythonModel:
                 raise BlockingIOError("ring full")
             process.RING_FULL_WAIT = 0.2
             worker.link.send = full
+        elif fault == "unencodable":  # an error whose text UTF-8 cannot carry: its reply cannot be made
+            raise pb_utils.TritonModelException("undecodable name: \\udcff")
         elif fault == "bogus_keeps":  # keeps and releases of input blocks that are not the worker's to name
             worker.send({"op": "keep_inputs", "blocks": [[999, 0, 64], "junk", [1, 2], None]})
             worker.send({"op": "release_inputs", "blocks": [[999, 0, 64], [0, 0, 0], "junk"]})
@@ -555,6 +557,24 @@ def test_a_malformed_reply_fails_its_request_with_internal_and_loses_nothing(hos
     for _ in range(3):  # the instance was not lost, nothing waits
         _infer(hostile_server)
     assert _worker_pid(hostile_server) == pid  # a legible frame answers for itself: no restart
+
+
+@pytest.mark.parametrize("count", [1, 2])  # one instance runs on the control thread, two on their own
+def test_a_reply_that_cannot_be_encoded_fails_its_batch_and_the_instance_goes_on(tmp_path, count):
+    """A batch whose reply cannot be encoded (a model's error text with a lone surrogate)
+    fails INTERNAL; the instance (on the control thread or its own) serves the next ones,
+    where its thread used to end on the exception and its batches waited forever."""
+    from .harness import ServerProcess
+    srv = ServerProcess(_hostile_repo(tmp_path / "models", count), tmp_path / "server.log").start()
+    try:
+        pid = _worker_pid(srv)
+        for _ in range(2):  # with two instances, each gets one
+            _fails(srv, "unencodable", "500", "worker error")
+        for _ in range(6):
+            _infer(srv)
+        assert _worker_pid(srv) == pid
+    finally:
+        srv.stop_cleanly()
 
 
 def test_keeps_and_releases_of_blocks_a_worker_was_never_lent_change_nothing(hostile_server):

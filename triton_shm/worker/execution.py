@@ -156,9 +156,18 @@ class InstanceRunner:
         self._reply(msg["id"], self.run(msg))
 
     def _run(self) -> None:
+        """The instance's thread: it ends only when the instance stops, or when a reply
+        cannot be sent (``reply_failed``: the worker then ends, unless the front-end has
+        gone). Any other failure fails its batch, as on the control thread (``_serve``)."""
         while (msg := self.queue.get()) is not None:
             try:
-                self.execute(msg)
+                try:
+                    self.execute(msg)
+                except OSError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - e.g. a reply that cannot be encoded
+                    log.exception("batch %d of instance %s failed", msg["id"], self.name)
+                    self._reply(msg["id"], {"error": Internal(f"worker error: {e}").to_wire()})
             except OSError as e:  # the reply could not be sent
                 self._reply_failed(e)
                 return
