@@ -40,11 +40,18 @@ Scenarios:
             with instance_group count 1 and count 2, each over gRPC at concurrency 4: does
             count 2 scale? (Triton runs each instance in its own stub process; at most ~2x
             on two cores, less what the server and the load generator take of them)
+  tracing   the small cases with tracing off, and on: each server restarted with
+            --trace-config mode=opentelemetry, rate=1, level=TIMESTAMPS and
+            opentelemetry,url= a local OTLP/HTTP sink run by this script (it answers 200 and
+            discards what arrives: Triton 2.51 posts protobuf, triton-shm JSON); the batch
+            span processor's settings are both servers' defaults. Besides the tables, the
+            throughput and the CPU per inference with tracing on / off, per server.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import http.server
 import io
 import os
 import random
@@ -54,6 +61,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -196,6 +204,7 @@ class Case:
     args: list[str]   # load-generator arguments besides -m/-u/-i (perf_analyzer's flag names; triton_shm.perf
                       # takes the same ones)
     protocol: str = "grpc"
+    tracing: bool = False  # the server runs with OpenTelemetry tracing at rate 1 (TRACING_ARGS)
 
 
 SCENARIOS: dict[str, list[Case]] = {
@@ -227,7 +236,57 @@ SCENARIOS: dict[str, list[Case]] = {
     # ~3 ms of GIL-holding Python per request, one instance vs two: does count 2 scale?
     "instances": [Case(f"cpu_work 3 ms, instance count {n}, gRPC, concurrency 4", f"cpu_work_{n}",
                        ["--concurrency-range", "4"]) for n in (1, 2)],
+    # the small cases without and with OpenTelemetry tracing of every request
+    "tracing": [Case(f"add_sub FP32[16], {p}, concurrency {c}, tracing {state}", "add_sub",
+                     ["--concurrency-range", str(c)], p, state == "on")
+                for p in ("grpc", "http") for c in (1, 8) for state in ("off", "on")],
 }
+
+
+def tracing_args(sink_url: str) -> list[str]:
+    """What both servers are started with for a ``tracing`` case (tritonserver's flags)."""
+    return ["--trace-config", "mode=opentelemetry", "--trace-config", "rate=1", "--trace-config", "level=TIMESTAMPS",
+            "--trace-config", f"opentelemetry,url={sink_url}"]
+
+
+class OtlpSink:
+    """An OTLP/HTTP receiver on 127.0.0.1 that answers every POST 200 and discards it
+    (counting posts and bytes, to show the spans arrive)."""
+
+    def __init__(self) -> None:
+        self.posts = self.bytes = 0
+        sink = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as exporters expect
+
+            def do_POST(self) -> None:
+                size = int(self.headers.get("Content-Length") or 0)
+                self.rfile.read(size)
+                sink.posts += 1
+                sink.bytes += size
+                json_body = "json" in (self.headers.get("Content-Type") or "")
+                body = b"{}" if json_body else b""  # an empty ExportTraceServiceResponse either way
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json" if json_body else "application/x-protobuf")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"127.0.0.1:{self.server.server_address[1]}/v1/traces"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
 
 
 def build_repository(repo: Path) -> None:
@@ -439,9 +498,9 @@ def _row(case: Case, kind: str, a: dict, b: dict, named: bool) -> str:
 
 
 def _ratios(cases: list[Case], med: dict, generators: list[str], ours: list[str], base: str, other: str,
-            title: str, what: str) -> str:
-    """Throughput of each case labelled ``other`` over its twin labelled ``base`` (the same
-    label otherwise), per generator, for each server: one table headed ``title``."""
+            title: str, what: str, metric: str = "throughput") -> str:
+    """``metric`` (throughput) of each case labelled ``other`` over its twin labelled ``base``
+    (the same label otherwise), per generator, for each server: one table headed ``title``."""
     pairs = [(a, b) for a in cases for b in cases if base in a.label and b.label == a.label.replace(base, other)]
     if not pairs:
         return ""
@@ -449,8 +508,7 @@ def _ratios(cases: list[Case], med: dict, generators: list[str], ours: list[str]
              "|---|---|" + "---|" * (len(ours) + 1)]
     for g in generators:
         for a, b in pairs:
-            ratio = {k: med[(k, g, b.label)]["throughput"] / med[(k, g, a.label)]["throughput"]
-                     for k in (*ours, "triton")}
+            ratio = {k: med[(k, g, b.label)][metric] / med[(k, g, a.label)][metric] for k in (*ours, "triton")}
             lines.append(f"| {GENERATORS[g]} | {a.label.replace(', ' + base, '')} | "
                          + " | ".join(f"{ratio[k]:.2f}x" for k in (*ours, "triton")) + " |")
     return f"#### {title}\n\n" + "\n".join(lines)
@@ -466,6 +524,15 @@ def instance_scaling(cases: list[Case], med: dict, generators: list[str], ours: 
     """Throughput with instance_group count 2 / count 1, per generator, for each server."""
     return _ratios(cases, med, generators, ours, "instance count 1", "instance count 2", "instance scaling",
                    "scaling (count 2 / count 1)")
+
+
+def tracing_cost(cases: list[Case], med: dict, generators: list[str], ours: list[str]) -> str:
+    """Throughput and CPU per inference with tracing on / off, per case and generator, for each server."""
+    tables = [_ratios(cases, med, generators, ours, "tracing off", "tracing on", "tracing cost: throughput",
+                      "throughput (on / off)"),
+              _ratios(cases, med, generators, ours, "tracing off", "tracing on", "tracing cost: CPU per inference",
+                      "CPU-s/1k inf (on / off)", "cpu_s_per_1k")]
+    return "\n\n".join(t for t in tables if t)
 
 
 def main() -> None:
@@ -494,22 +561,32 @@ def main() -> None:
             parser.error(f"--generators: unknown {g!r} (known: {', '.join(GENERATORS)})")
     ref = ensure_reference()
     results: dict[tuple[str, str, str], list[dict[str, float]]] = {}
+    sink = OtlpSink() if any(c.tracing for c in cases) else None
+    # the cases each server start serves: those without tracing, then those with it
+    groups = [(t, [c for c in cases if c.tracing == t]) for t in (False, True)]
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
         build_repository(repo)
         log = open(Path(tmp) / "servers.log", "wb")
         for _ in range(args.rounds):
             for kind in kinds:
-                server = Server(kind, repo, ref, log)
-                try:
-                    for case in cases:
-                        for gen in generators:
-                            r = run_case(ref, server, case, args.interval_ms, gen)
-                            results.setdefault((kind, gen, case.label), []).append(r)
-                            print(f"  {kind:10s} {gen:15s} {case.label}: {r['throughput']:.0f}/s "
-                                  f"p50 {r['p50_us']:.0f} µs", file=sys.stderr, flush=True)
-                finally:
-                    server.stop()
+                for traced, group in groups:
+                    if not group:
+                        continue
+                    server = Server(kind, repo, ref, log, tracing_args(sink.url) if traced and sink else [])
+                    try:
+                        for case in group:
+                            for gen in generators:
+                                posts = sink.posts if sink else 0
+                                r = run_case(ref, server, case, args.interval_ms, gen)
+                                results.setdefault((kind, gen, case.label), []).append(r)
+                                exported = f", {sink.posts - posts} OTLP posts" if sink and traced else ""
+                                print(f"  {kind:10s} {gen:15s} {case.label}: {r['throughput']:.0f}/s "
+                                      f"p50 {r['p50_us']:.0f} µs{exported}", file=sys.stderr, flush=True)
+                    finally:
+                        server.stop()
+    if sink is not None:
+        sink.close()
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
     print("\n\n".join(f"#### driven by {GENERATORS[g]}\n\n{table(cases, med, g, ours)}" for g in generators))
     gains = batching_gains(cases, med, generators, ours)
@@ -518,6 +595,9 @@ def main() -> None:
     scaling = instance_scaling(cases, med, generators, ours)
     if scaling:
         print(f"\n{scaling}")
+    cost = tracing_cost(cases, med, generators, ours)
+    if cost:
+        print(f"\n{cost}")
 
 
 if __name__ == "__main__":

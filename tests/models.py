@@ -92,6 +92,47 @@ def python_identity(repo: Path, name: str, datatype: str, dims: str = "[ -1 ]", 
         """, model_py=IDENTITY_PY)
 
 
+# A BLS model: calls ``callee`` (FP32 [-1] INPUT0 -> OUTPUT0) twice, with
+# trace=request.trace() (traced as its child) and without (not traced), and answers the
+# first call's output and ``request.trace().get_context()`` ("none" for None) as CONTEXT.
+BLS_TRACED_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+CALLEE = {callee!r}
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            outputs = []
+            for trace in (request.trace(), None):
+                call = pb_utils.InferenceRequest(model_name=CALLEE, inputs=[pb_utils.Tensor("INPUT0", x)],
+                                                 requested_output_names=["OUTPUT0"], trace=trace)
+                response = call.exec()
+                if response.has_error():
+                    raise pb_utils.TritonModelException(response.error().message())
+                outputs.append(pb_utils.get_output_tensor_by_name(response, "OUTPUT0").as_numpy())
+            context = request.trace().get_context() or "none"
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("OUTPUT0", outputs[0]),
+                pb_utils.Tensor("CONTEXT", np.array([context.encode()], dtype=np.object_))]))
+        return responses
+"""
+
+
+def python_bls_traced(repo: Path, name: str, callee: str) -> None:
+    write_model(repo, name, config=f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }},
+                 {{ name: "CONTEXT" data_type: TYPE_STRING dims: [ 1 ] }} ]
+        """, model_py=BLS_TRACED_PY.format(callee=callee))
+
+
 # A Python model that reports what reached it: request.parameters(), the requested
 # output names and the request id.
 ECHO_CONFIG = """

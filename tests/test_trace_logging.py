@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from .harness import ServerProcess
-from .models import onnx_add_sub, python_identity
+from .models import onnx_add_sub, python_bls_traced, python_identity
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,6 +39,7 @@ def repo(tmp_path_factory) -> Path:
     onnx_add_sub(repo / "add_sub" / "1" / "model.onnx")
     (repo / "add_sub" / "config.pbtxt").write_text(ADD_SUB_CONFIG)
     python_identity(repo, "identity_fp32", "FP32")
+    python_bls_traced(repo, "bls_traced", "identity_fp32")
     return repo
 
 
@@ -338,6 +339,34 @@ def test_trace_file_written(repo, tmp_path):
         _check_trace(t)
     assert sorted(t.get("request_id", "") for t in traces) == ["", "g1", "g2", "h0", "h1", "h2"]
     assert "request_id" not in [t for t in traces if t.get("request_id", "") == ""][0]
+
+
+def test_bls_call_with_the_request_trace_is_a_child_trace(repo, tmp_path):
+    """A BLS call made with trace=request.trace() is traced as a child (parent_id) of the
+    calling request's trace; one made without is not traced, as in Triton."""
+    trace_file = tmp_path / "trace.json"
+    srv = _start(repo, tmp_path, "bls", ["--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1",
+                                         "--trace-config", f"file={trace_file}"])
+    try:
+        http = httpclient.InferenceServerClient(srv.http_url)
+        x = httpclient.InferInput("INPUT0", [3], "FP32")
+        x.set_data_from_numpy(np.arange(3, dtype=np.float32))
+        result = http.infer("bls_traced", [x], request_id="b1")
+        http.close()
+    finally:
+        _stop(srv)
+    assert result.as_numpy("CONTEXT")[0] == b"none"  # no OpenTelemetry context in this mode
+    traces = json.loads(trace_file.read_text())
+    assert sorted(t["model_name"] for t in traces) == ["bls_traced", "identity_fp32"]
+    parent = next(t for t in traces if t["model_name"] == "bls_traced")
+    child = next(t for t in traces if t["model_name"] == "identity_fp32")
+    assert "parent_id" not in parent and child["parent_id"] == parent["id"] != child["id"]
+    for t in traces:
+        _check_trace(t, t["model_name"])
+    # the child ran while its parent was computing
+    stamps = {t["model_name"]: {s["name"]: s["ns"] for s in t["timestamps"]} for t in traces}
+    assert stamps["bls_traced"]["COMPUTE_START"] <= stamps["identity_fp32"]["REQUEST_START"]
+    assert stamps["identity_fp32"]["REQUEST_END"] <= stamps["bls_traced"]["COMPUTE_END"]
 
 
 def test_trace_rate_count_and_log_frequency(repo, tmp_path):

@@ -17,7 +17,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from .harness import ServerProcess, free_port
-from .models import python_identity, write_model
+from .models import python_bls_traced, python_identity, write_model
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -102,6 +102,7 @@ def repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("otel_models")
     python_identity(repo, "identity_fp32", "FP32")
     write_model(repo, "ens", config=ENSEMBLE)
+    python_bls_traced(repo, "bls_traced", "identity_fp32")
     return repo
 
 
@@ -224,6 +225,63 @@ def test_grpc_spans_follow_traceparent(server, spans):
     assert root["traceId"] == TRACE_ID and root["parentSpanId"] == PARENT
 
 
+def test_grpc_stream_requests_follow_the_call_traceparent(server, spans):
+    """Each request of a ModelStreamInfer call gets its own InferRequest span under the
+    call metadata's traceparent, as Triton takes it."""
+    _check_stream_spans(server, spans)
+
+
+def test_grpc_stream_over_grpcio_follows_the_call_traceparent(repo, collector, tmp_path):
+    srv = ServerProcess(repo, tmp_path / "server.out", extra_args=[
+        "--grpc-transport", "grpcio", *_otel_args(collector.url, "rate=1")]).start()
+    try:
+        collector.clear()
+        _check_stream_spans(srv, collector)
+    finally:
+        srv.stop_cleanly()
+
+
+def _check_stream_spans(server: ServerProcess, spans: Collector) -> None:
+    results: list = []
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        c.start_stream(callback=lambda result, error: results.append(error or result),
+                       headers={"traceparent": TRACEPARENT})
+        for i in range(2):
+            x = grpcclient.InferInput("INPUT0", [4], "FP32")
+            x.set_data_from_numpy(np.arange(4, dtype=np.float32))
+            c.async_stream_infer("identity_fp32", [x], request_id=f"s{i}")
+        deadline = time.monotonic() + 10
+        while len(results) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        c.stop_stream()
+    finally:
+        c.close()
+    assert len(results) == 2 and not any(isinstance(r, Exception) for r in results)
+    got = spans.wait_spans(6)
+    roots = _by_name(got, "InferRequest")
+    assert len(roots) == 2 and len({r["spanId"] for r in roots}) == 2
+    for root in roots:
+        mine = [s for s in got if s is root or s["parentSpanId"] == root["spanId"]]
+        model, = _by_name(mine, "identity_fp32")
+        mine += [s for s in got if s.get("parentSpanId") == model["spanId"]]
+        root, _, _ = _check_request(mine, GRPC_EVENTS)
+        assert root["traceId"] == TRACE_ID and root["parentSpanId"] == PARENT
+    assert sorted(_attrs(m)["triton.request_id"] for m in _by_name(got, "identity_fp32")) == ["s0", "s1"]
+
+
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_generate_follows_traceparent(server, spans, endpoint):
+    body = json.dumps({"INPUT0": [1.0, 2.0, 3.0, 4.0]}).encode()
+    req = urllib.request.Request(f"http://{server.http_url}/v2/models/identity_fp32/{endpoint}", data=body,
+                                 headers={"traceparent": TRACEPARENT, "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        text = r.read().decode()
+    assert "OUTPUT0" in text and "error" not in text
+    root, _, _ = _check_request(spans.wait_spans(3), HTTP_EVENTS)
+    assert root["traceId"] == TRACE_ID and root["parentSpanId"] == PARENT
+
+
 def test_ensemble_steps_are_child_spans(server, spans):
     _http_infer(server, "ens", "IN", headers={"traceparent": TRACEPARENT})
     got = spans.wait_spans(7)
@@ -238,6 +296,35 @@ def test_ensemble_steps_are_child_spans(server, spans):
         assert step["parentSpanId"] == ens["spanId"] and step["traceId"] == TRACE_ID
         assert _attrs(step)["triton.trace_parent_id"] == ens_id
     assert {c["parentSpanId"] for c in _by_name(got, "compute")} == {s["spanId"] for s in steps}
+
+
+def test_bls_call_with_the_request_trace_is_a_child_span(server, spans):
+    """As Triton draws a BLS model's trace: one InferRequest, the BLS model's span under it,
+    the called model's span under the BLS model's (its compute span under it); the call made
+    without ``trace=`` is not traced."""
+    c = httpclient.InferenceServerClient(server.http_url)
+    x = httpclient.InferInput("INPUT0", [4], "FP32")
+    x.set_data_from_numpy(np.arange(4, dtype=np.float32))
+    try:
+        result = c.infer("bls_traced", [x], headers={"traceparent": TRACEPARENT})
+    finally:
+        c.close()
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.arange(4, dtype=np.float32))
+    got = spans.wait_spans(5)
+    time.sleep(0.3)  # anything more (the untraced call) would have arrived by now
+    got = spans.spans()
+    assert sorted(s["name"] for s in got) == ["InferRequest", "bls_traced", "compute", "compute", "identity_fp32"]
+    root, = _by_name(got, "InferRequest")
+    bls, = _by_name(got, "bls_traced")
+    child, = _by_name(got, "identity_fp32")
+    assert root["parentSpanId"] == PARENT and {s["traceId"] for s in got} == {TRACE_ID}
+    assert bls["parentSpanId"] == root["spanId"] and child["parentSpanId"] == bls["spanId"]
+    assert _names(child) == MODEL_EVENTS
+    assert _attrs(child)["triton.trace_parent_id"] == _attrs(bls)["triton.trace_id"] != "0"
+    assert {c["parentSpanId"] for c in _by_name(got, "compute")} == {bls["spanId"], child["spanId"]}
+    # request.trace().get_context(): the BLS model span's context, as a W3C traceparent
+    context = json.loads(result.as_numpy("CONTEXT")[0])
+    assert context == {"traceparent": f"00-{TRACE_ID}-{bls['spanId']}-01"}
 
 
 def test_settings_report_opentelemetry(server, collector):

@@ -25,9 +25,12 @@ IMPLS = [pytest.param(protocol_py, id="python"),
 INPUTS = [("INPUT0", "FP32", [1, 16], 0, 3, 128, 64), ("TEXT", "BYTES", [2], 1, 7, 0, 12),
           ("SCALAR", "INT64", [], 0, 3, 192, 8)]
 OUTPUTS = [("OUTPUT0", 0, 0, 0, 0), ("OUTPUT1", 1, 9, 64, 4096)]
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 REQUESTS = [("req-1", {"p": 1, "s": "x"}, INPUTS, OUTPUTS), ("", {}, INPUTS[:1], OUTPUTS[:1]),
             ("seq", {}, INPUTS[:1], OUTPUTS[:1], (2**64 - 1, True, False)),  # sequence batching requests
-            ("", {}, [], [], ("user-ü", False, True))]
+            ("", {}, [], [], ("user-ü", False, True)),
+            ("t", {}, INPUTS[:1], OUTPUTS[:1], None, (2**64 - 1, TRACEPARENT)),
+            ("", {}, [], [], (9, True, True), (3, ""))]  # traced requests, one of a sequence
 RESPONSES = [{"outputs": [["OUTPUT0", "FP32", [1, 16], [4, 0, 64]], ["OUTPUT1", "BYTES", [2], ["r", 9, 64, 20]]]},
              {"error": {"code": "INVALID_ARG", "message": "bad ünïcode"}},
              {"decoupled": True}]
@@ -93,7 +96,7 @@ def test_every_op_round_trips(m):
     infer, reply, final, stream, fail, free, ping, pong, control = (m.decode(f) for f in frames(m))
     assert (infer.op, infer.id, infer.frees) == (Op.INFER, 7, [(1, 64, 128), (2, 0, 8)])
     assert infer.body["model"] == "add_sub/1#3" and infer.body["instance"] == 2
-    first, second, numeric, string = infer.body["requests"]
+    first, second, numeric, string, traced, traced_seq = infer.body["requests"]
     assert first == {"request_id": "req-1", "parameters": {"p": 1, "s": "x"},
                      "inputs": [["INPUT0", "FP32", [1, 16], [3, 128, 64]], ["TEXT", "BYTES", [2], ["r", 7, 0, 12]],
                                 ["SCALAR", "INT64", [], [3, 192, 8]]],
@@ -101,6 +104,9 @@ def test_every_op_round_trips(m):
     assert second["parameters"] == {} and second["outputs"] == ["OUTPUT0"] and "sequence" not in second
     assert numeric["sequence"] == [2**64 - 1, True, False] and numeric["outputs"] == ["OUTPUT0"]
     assert string["sequence"] == ["user-ü", False, True] and string["inputs"] == []
+    assert "trace" not in first and "trace" not in string and "sequence" not in traced
+    assert traced["trace"] == [2**64 - 1, TRACEPARENT]
+    assert traced_seq["trace"] == [3, ""] and traced_seq["sequence"] == [9, True, True]
     assert reply.op == Op.REPLY and reply.body == ([(Status.OK, RESPONSES[0]["outputs"]),
                                                     (Status.ERROR, RESPONSES[1]["error"]),
                                                     (Status.DECOUPLED, None)], (1, 2, 3))
@@ -145,7 +151,8 @@ def _corruptions() -> list[bytes]:
     bad.append(bytes(protocol_py._start(Op.CONTROL, 1, 0, ())) + b"[1]")  # JSON that is no control op
     seq = bytes(protocol_py.encode_infer(1, "m", 0, [("", {}, [], [], (5, True, False))]))
     s = protocol_py.HEADER_SIZE + 6 + 1 + 10                           # its request's sequence byte
-    bad.append(seq[:s] + bytes([0x10 | seq[s]]) + seq[s + 1:])         # unknown sequence flag
+    bad.append(seq[:s] + bytes([0x20 | seq[s]]) + seq[s + 1:])         # unknown sequence flag
+    bad.append(seq[:s] + bytes([0x10 | seq[s]]) + seq[s + 1:])         # TRACED without its trace
     bad.append(seq[:s] + bytes([0x0C]) + seq[s + 1:])                  # numeric and string ID at once
     bad.append(seq[:s] + bytes([0x01]) + seq[s + 1:-8])                # START without an ID
     return bad
@@ -458,6 +465,8 @@ class TritonPythonModel:
                 raise BlockingIOError("ring full")
             process.RING_FULL_WAIT = 0.2
             worker.link.send = full
+        elif fault == "unencodable":  # an error whose text UTF-8 cannot carry: its reply cannot be made
+            raise pb_utils.TritonModelException("undecodable name: \\udcff")
         elif fault == "bogus_keeps":  # keeps and releases of input blocks that are not the worker's to name
             worker.send({"op": "keep_inputs", "blocks": [[999, 0, 64], "junk", [1, 2], None]})
             worker.send({"op": "release_inputs", "blocks": [[999, 0, 64], [0, 0, 0], "junk"]})
@@ -548,6 +557,24 @@ def test_a_malformed_reply_fails_its_request_with_internal_and_loses_nothing(hos
     for _ in range(3):  # the instance was not lost, nothing waits
         _infer(hostile_server)
     assert _worker_pid(hostile_server) == pid  # a legible frame answers for itself: no restart
+
+
+@pytest.mark.parametrize("count", [1, 2])  # one instance runs on the control thread, two on their own
+def test_a_reply_that_cannot_be_encoded_fails_its_batch_and_the_instance_goes_on(tmp_path, count):
+    """A batch whose reply cannot be encoded (a model's error text with a lone surrogate)
+    fails INTERNAL; the instance (on the control thread or its own) serves the next ones,
+    where its thread used to end on the exception and its batches waited forever."""
+    from .harness import ServerProcess
+    srv = ServerProcess(_hostile_repo(tmp_path / "models", count), tmp_path / "server.log").start()
+    try:
+        pid = _worker_pid(srv)
+        for _ in range(2):  # with two instances, each gets one
+            _fails(srv, "unencodable", "500", "worker error")
+        for _ in range(6):
+            _infer(srv)
+        assert _worker_pid(srv) == pid
+    finally:
+        srv.stop_cleanly()
 
 
 def test_keeps_and_releases_of_blocks_a_worker_was_never_lent_change_nothing(hostile_server):

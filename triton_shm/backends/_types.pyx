@@ -13,10 +13,10 @@ cdef str _repr(object obj, tuple names):
 
 
 cdef class WorkerRequest:
-    cdef public object id, inputs, datatypes, requested_outputs, parameters, sender, is_cancelled, correlation_id, flags
+    cdef public object id, inputs, datatypes, requested_outputs, parameters, sender, is_cancelled, correlation_id, flags, trace
 
     def __init__(self, id, inputs, datatypes, requested_outputs, parameters=_FRESH, sender=None, is_cancelled=None,
-                 correlation_id=0, flags=0):
+                 correlation_id=0, flags=0, trace=None):
         self.id = id
         self.inputs = inputs
         self.datatypes = datatypes
@@ -26,19 +26,20 @@ cdef class WorkerRequest:
         self.is_cancelled = is_cancelled
         self.correlation_id = correlation_id
         self.flags = flags
+        self.trace = trace
 
     def __eq__(self, other):
         if type(other) is not type(self):
             return NotImplemented
         cdef WorkerRequest o = other
         return (self.id, self.inputs, self.datatypes, self.requested_outputs, self.parameters, self.sender,
-                self.is_cancelled, self.correlation_id, self.flags) == \
+                self.is_cancelled, self.correlation_id, self.flags, self.trace) == \
             (o.id, o.inputs, o.datatypes, o.requested_outputs, o.parameters, o.sender, o.is_cancelled,
-             o.correlation_id, o.flags)
+             o.correlation_id, o.flags, o.trace)
 
     def __repr__(self):
         return _repr(self, ("id", "inputs", "datatypes", "requested_outputs", "parameters", "sender", "is_cancelled",
-                            "correlation_id", "flags"))
+                            "correlation_id", "flags", "trace"))
 
 
 cdef class WorkerResponse:

@@ -27,6 +27,8 @@ class WorkerRequest:
     # sequence batching: the correlation ID, and SEQUENCE_START (1) | SEQUENCE_END (2)
     correlation_id: int | str = 0
     flags: int = 0
+    # a traced request: [trace id, W3C traceparent or ""] (``pb_utils`` ``request.trace()``)
+    trace: list | None = None
 
 
 @dataclass(slots=True)

@@ -18,7 +18,7 @@ from .models.manager import ModelManager, decode_load_parameters
 from .data.response_cache import ResponseCache
 from .data.shm_registry import SharedMemoryRegistry
 from .observability.otel import RequestSpan
-from .observability.tracing import Tracer
+from .observability.tracing import Trace, Tracer
 from .data.types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
 from .models.validation import RequestPlan, checked_plan, plain_plan, validate_request
 
@@ -186,21 +186,24 @@ class InferenceService:
         return self._model_for(request)
 
     async def infer_stream(self, request: InferRequest, model: "ModelVersion | None" = None,
-                           span: RequestSpan | None = None) -> AsyncIterator[tuple[InferResponse | None, bool]]:
+                           span: RequestSpan | None = None, parent: Trace | None = None, sample: bool = True
+                           ) -> AsyncIterator[tuple[InferResponse | None, bool]]:
         """Every response of one request as ``(item, final)``: ``item`` is a response, a
         TritonShmError (a decoupled model may send errors and go on), or None; the last
         has ``final`` True (a decoupled model may end with no response). Errors before
         the model runs are raised. Works for every model; the caller releases each
         response. ``model``: what ``model_for`` returned for it, if the caller asked;
-        ``span``: as for ``infer``."""
+        ``span``: as for ``infer``; ``parent``: the trace of the request whose BLS call this
+        is (``trace=request.trace()``), traced as its child; ``sample``: False for a BLS call,
+        which is traced as a child or not at all, as in Triton."""
         if model is None:
             model = self._model_for(request)
         if not model.decoupled:
-            yield await self._infer(model, request, None, span), True
+            yield await self._infer(model, request, None, span, parent, sample), True
             return
         stream = ResponseStream(asyncio.Queue())
         queue = stream.queue
-        run = asyncio.ensure_future(self._infer(model, request, stream, span))
+        run = asyncio.ensure_future(self._infer(model, request, stream, span, parent, sample))
         final = False
         try:
             while True:
@@ -239,7 +242,8 @@ class InferenceService:
             request = InferRequest(model_name=str(msg.get("model", "")), model_version=str(msg.get("version", "")),
                                    id=str(msg.get("request_id", "")), parameters=dict(msg.get("parameters") or {}),
                                    inputs=inputs, outputs=[RequestedOutput(n) for n in msg.get("outputs") or []])
-            async for response, final in self.infer_stream(request):
+            parent = self.tracer.live(msg["trace"]) if "trace" in msg else None
+            async for response, final in self.infer_stream(request, parent=parent, sample=False):
                 if response is None or isinstance(response, TritonShmError):
                     reply({"final": final, **({"error": response.to_wire()} if response is not None else {})})
                     continue
@@ -272,14 +276,15 @@ class InferenceService:
         return None
 
     def _infer(self, model: "ModelVersion", request: InferRequest, stream: ResponseStream | None = None,
-               span: RequestSpan | None = None) -> Awaitable[InferResponse | None]:
+               span: RequestSpan | None = None, parent: Trace | None = None,
+               sample: bool = True) -> Awaitable[InferResponse | None]:
         """What runs the request: the response, or None for a decoupled model (its
         responses went to ``stream``). Not a coroutine itself: a request that is not
         traced and uses no client shared memory and no cache (the common one) goes
         straight to its scheduler, a coroutine fewer per request; it is validated here,
         so its validation error raises at the call, not at the await."""
-        if self.tracer.active or model.caches_responses:  # both time the request from its arrival
-            return self._infer_with_features(model, request, stream, None, span)
+        if (self.tracer.active and sample) or model.caches_responses or parent is not None:  # timed from arrival
+            return self._infer_with_features(model, request, stream, None, span, parent, sample)
         plan = plain_plan(model, request) or checked_plan(model, request)  # validate_request's two steps
         if plan.shm_inputs or plan.shm_outputs:
             return self._infer_with_features(model, request, stream, plan)
@@ -290,12 +295,16 @@ class InferenceService:
 
     async def _infer_with_features(self, model: "ModelVersion", request: InferRequest,
                                    stream: ResponseStream | None, plan: RequestPlan | None = None,
-                                   span: RequestSpan | None = None) -> InferResponse | None:
+                                   span: RequestSpan | None = None, parent: Trace | None = None,
+                                   sample: bool = True) -> InferResponse | None:
         """``_infer`` for a request that is traced, or uses client shared memory or the
         cache (``plan``: its validation, done already when neither traced nor cached)."""
         arrived = time.monotonic_ns()
-        trace = self.tracer.sample(model.name, model.version, request.id, arrived, span) \
-            if self.tracer.active else None
+        if parent is not None:
+            trace: Trace | None = self.tracer.child(parent, model.name, model.version, request.id)
+        else:
+            trace = self.tracer.sample(model.name, model.version, request.id, arrived, span) \
+                if self.tracer.active and sample else None
         try:
             if plan is None:
                 plan = validate_request(model, request)

@@ -58,8 +58,8 @@ cdef extern from *:
 import orjson
 
 from ..errors import Internal, InvalidArgument
-from .protocol_py import (_ID_TOO_LONG, DATATYPES, MAX_DIMS, MAX_ID, SEQ_END, SEQ_NUMERIC_ID, SEQ_START,
-                          SEQ_STRING_ID, Message, Op, ProtocolError, Status)
+from .protocol_py import (_ID_TOO_LONG, DATATYPES, MAX_DIMS, MAX_ID, SEQ_BITS, SEQ_END, SEQ_NUMERIC_ID, SEQ_START,
+                          SEQ_STRING_ID, TRACED, Message, Op, ProtocolError, Status)
 
 cdef dict _DTYPE_CODE = {name: i for i, name in enumerate(DATATYPES)}
 cdef tuple _DTYPES = DATATYPES
@@ -67,6 +67,7 @@ cdef int _N_DTYPES = len(DATATYPES)
 cdef int _MAX_DIMS = MAX_DIMS
 cdef Py_ssize_t _MAX_ID = MAX_ID
 cdef int _SEQ_START = SEQ_START, _SEQ_END = SEQ_END, _SEQ_NUMERIC_ID = SEQ_NUMERIC_ID, _SEQ_STRING_ID = SEQ_STRING_ID
+cdef int _SEQ_BITS = SEQ_BITS, _TRACED = TRACED
 cdef str _ID_TOO_LONG_MESSAGE = _ID_TOO_LONG
 
 # -- encoding: a growing C buffer (Buf), little-endian by construction ----------------------
@@ -234,6 +235,7 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
         for request in requests:
             request_id, parameters, inputs, outputs = request[0], request[1], request[2], request[3]
             sequence = request[4] if len(request) > 4 else None
+            trace = request[5] if len(request) > 5 else None
             pb = orjson.dumps(parameters) if parameters else b""
             id_utf8 = PyUnicode_AsUTF8AndSize(<str>request_id, &id_len)  # the str's own UTF-8: no copy
             if id_len > _MAX_ID:
@@ -243,6 +245,8 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
                 corrid, start, end = sequence
                 seq = (_SEQ_STRING_ID if isinstance(corrid, str) else _SEQ_NUMERIC_ID) \
                     | (_SEQ_START if start else 0) | (_SEQ_END if end else 0)
+            if trace is not None:
+                seq |= _TRACED
             _reserve(&b, 11)
             _set(&b, <uint64_t>len(inputs), 2)
             _set(&b, <uint64_t>len(outputs), 2)
@@ -255,6 +259,10 @@ def encode_infer(uint64_t msg_id, str key, uint32_t instance, requests, frees=()
                 _uint(&b, <uint64_t>corrid, 8)
             elif seq & _SEQ_STRING_ID:
                 _str(&b, corrid, 2)
+            if trace is not None:
+                trace_id, context = trace
+                _uint(&b, <uint64_t>trace_id, 8)
+                _str(&b, context, 2)
             for name, datatype, shape, place, seg, offset, size in inputs:
                 _tensor(&b, name, datatype, shape, place, seg, offset, size)
             for o in outputs:
@@ -471,7 +479,7 @@ cdef dict _request_rec(Reader *r):
     cdef uint64_t n_inputs, n_outputs, id_len, params_len, seq, place, name_len, region, offset, size
     _need(r, 11)
     n_inputs, n_outputs, id_len, params_len, seq = _get(r, 2), _get(r, 2), _get(r, 2), _get(r, 4), _get(r, 1)
-    if seq & ~0xF or (seq and bool(seq & SEQ_NUMERIC_ID) == bool(seq & SEQ_STRING_ID)):
+    if seq & ~(_SEQ_BITS | _TRACED) or (seq & _SEQ_BITS and bool(seq & SEQ_NUMERIC_ID) == bool(seq & SEQ_STRING_ID)):
         raise _fail(r, "bad sequence flags")
     request_id = _text(r, id_len)
     params = _json(r, params_len) if params_len else {}
@@ -484,6 +492,12 @@ cdef dict _request_rec(Reader *r):
     elif seq & SEQ_STRING_ID:
         _need(r, 2)
         corrid = _text(r, _get(r, 2))
+    trace = None
+    if seq & _TRACED:
+        _need(r, 8)
+        trace_id = _get(r, 8)
+        _need(r, 2)
+        trace = [trace_id, _text(r, _get(r, 2))]
     inputs = [_tensor_rec(r) for _ in range(n_inputs)]
     cdef list outputs = []
     cdef dict shm_outputs = {}
@@ -498,8 +512,10 @@ cdef dict _request_rec(Reader *r):
         outputs.append(name)
     request = {"request_id": request_id, "inputs": inputs, "outputs": outputs, "shm_outputs": shm_outputs,
                "parameters": params}
-    if seq:
+    if seq & _SEQ_BITS:
         request["sequence"] = [corrid, bool(seq & SEQ_START), bool(seq & SEQ_END)]
+    if trace is not None:
+        request["trace"] = trace
     return request
 
 

@@ -28,11 +28,16 @@ Ops and their bodies:
     count × request:
         n_inputs u16, n_outputs u16, id_len u16 (at most MAX_ID), params_len u32, sequence u8,
         id, params, then by ``sequence``: SEQ_NUMERIC_ID: correlation ID u64; SEQ_STRING_ID:
-        id_len u16 and the correlation ID (UTF-8); else nothing
+        id_len u16 and the correlation ID (UTF-8); else nothing; then if TRACED: trace_id u64,
+        context_len u16, context (UTF-8)
             params: a JSON object (the request's model parameters), empty for none
             sequence: 0, or a request of sequence batching: SEQ_NUMERIC_ID or SEQ_STRING_ID
                 (exactly one), | SEQ_START, | SEQ_END (what a Python model's
-                ``request.correlation_id()`` and ``request.flags()`` return)
+                ``request.correlation_id()`` and ``request.flags()`` return); | TRACED for
+                a traced request
+            trace_id, context: the request's trace (a BLS call naming it with
+                ``trace=request.trace()`` is traced as its child) and its W3C
+                ``traceparent`` (OpenTelemetry mode; empty otherwise)
         n_inputs × TENSOR                   the request's inputs
         n_outputs × OUTPUT                  the outputs it asks for, in order
 
@@ -94,7 +99,7 @@ import os
 
 from .protocol_py import (  # noqa: F401
     DATATYPES, HEADER_SIZE, MAX_DIMS, MAX_ID, Message, Op, PLACE_ARENA, PLACE_NONE, PLACE_REGION, ProtocolError,
-    SEQ_END, SEQ_NUMERIC_ID, SEQ_START, SEQ_STRING_ID, Status)
+    SEQ_END, SEQ_NUMERIC_ID, SEQ_START, SEQ_STRING_ID, TRACED, Status)
 
 NO_EXTENSIONS = os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") not in ("", "0")
 

@@ -34,8 +34,11 @@ PLACE_REGION = 1
 MAX_DIMS = 64
 MAX_ID = 0xFFFF  # bytes of a request id (its length is a u16)
 _ID_TOO_LONG = f"request id is longer than {MAX_ID} bytes"
-# The ``sequence`` byte of an INFER request (sequence batching); 0 for any other request.
+# The ``sequence`` byte of an INFER request: sequence batching's bits (0 for any other
+# request), and TRACED for a traced request (its trace follows: see ``protocol``).
 SEQ_START, SEQ_END, SEQ_NUMERIC_ID, SEQ_STRING_ID = 1, 2, 4, 8
+SEQ_BITS = 0xF
+TRACED = 16
 # The datatype codes of TENSOR records: index in this tuple. Append only.
 DATATYPES = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64",
              "FP16", "FP32", "FP64", "BF16", "BYTES")
@@ -125,10 +128,11 @@ def _response(out: bytearray, response: dict | None) -> None:
 
 def encode_infer(msg_id: int, key: str, instance: int, requests: Sequence[tuple],
                  frees: Sequence[Sequence[int]] = ()) -> bytearray:
-    """``requests``: ``(request_id, parameters, inputs, outputs[, sequence])`` each, with
-    inputs as ``(name, datatype, shape, place, segment, offset, size)``, outputs as
-    ``(name, place, region, offset, size)`` or just the name (``PLACE_NONE``) and ``sequence`` None or ``(correlation ID
-    (int or str), start, end)``."""
+    """``requests``: ``(request_id, parameters, inputs, outputs[, sequence[, trace]])`` each,
+    with inputs as ``(name, datatype, shape, place, segment, offset, size)``, outputs as
+    ``(name, place, region, offset, size)`` or just the name (``PLACE_NONE``), ``sequence``
+    None or ``(correlation ID (int or str), start, end)`` and ``trace`` None or ``(trace id,
+    context)``."""
     out = _start(Op.INFER, msg_id, len(requests), frees)
     kb = _utf8(key)
     out += _INFER.pack(instance, len(kb))
@@ -136,6 +140,7 @@ def encode_infer(msg_id: int, key: str, instance: int, requests: Sequence[tuple]
     for request in requests:
         request_id, parameters, inputs, outputs = request[:4]
         sequence = request[4] if len(request) > 4 else None
+        trace = request[5] if len(request) > 5 else None
         rb = _utf8(request_id)
         if len(rb) > MAX_ID:
             raise InvalidArgument(_ID_TOO_LONG)
@@ -145,6 +150,8 @@ def encode_infer(msg_id: int, key: str, instance: int, requests: Sequence[tuple]
             corrid, start, end = sequence
             seq = (SEQ_STRING_ID if isinstance(corrid, str) else SEQ_NUMERIC_ID) | (SEQ_START if start else 0) \
                 | (SEQ_END if end else 0)
+        if trace is not None:
+            seq |= TRACED
         out += _REQUEST.pack(len(inputs), len(outputs), len(rb), len(pb), seq)
         out += rb
         out += pb
@@ -154,6 +161,12 @@ def encode_infer(msg_id: int, key: str, instance: int, requests: Sequence[tuple]
             cb = _utf8(corrid)
             out += _U16.pack(len(cb))
             out += cb
+        if trace is not None:
+            trace_id, context = trace
+            tb = _utf8(context)
+            out += _U64.pack(trace_id)
+            out += _U16.pack(len(tb))
+            out += tb
         for t in inputs:
             _tensor(out, *t)
         for o in outputs:
@@ -278,7 +291,7 @@ class _Reader:
 
     def request(self) -> dict:
         n_inputs, n_outputs, id_len, params_len, seq = self.unpack(_REQUEST)
-        if seq & ~0xF or (seq and bool(seq & SEQ_NUMERIC_ID) == bool(seq & SEQ_STRING_ID)):
+        if seq & ~(SEQ_BITS | TRACED) or (seq & SEQ_BITS and bool(seq & SEQ_NUMERIC_ID) == bool(seq & SEQ_STRING_ID)):
             raise self.fail("bad sequence flags")
         request_id = self.text(id_len)
         params = self.json(params_len) if params_len else {}
@@ -289,6 +302,10 @@ class _Reader:
             (corrid,) = self.unpack(_U64)
         elif seq & SEQ_STRING_ID:
             corrid = self.text(self.unpack(_U16)[0])
+        trace = None
+        if seq & TRACED:
+            (trace_id,) = self.unpack(_U64)
+            trace = [trace_id, self.text(self.unpack(_U16)[0])]
         inputs = [self.tensor() for _ in range(n_inputs)]
         outputs, shm_outputs = [], {}
         for _ in range(n_outputs):
@@ -301,8 +318,10 @@ class _Reader:
             outputs.append(name)
         request: dict[str, Any] = {"request_id": request_id, "inputs": inputs, "outputs": outputs,
                                    "shm_outputs": shm_outputs, "parameters": params}
-        if seq:
+        if seq & SEQ_BITS:
             request["sequence"] = [corrid, bool(seq & SEQ_START), bool(seq & SEQ_END)]
+        if trace is not None:
+            request["trace"] = trace
         return request
 
 

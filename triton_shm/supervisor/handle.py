@@ -436,7 +436,10 @@ class WorkerHandle:
         return next(self._ids)
 
     def cancel(self, msg_id: int, index: int) -> None:
-        """The client of request ``index`` of batch ``msg_id`` is gone (decoupled models)."""
+        """The client of request ``index`` of batch ``msg_id`` is gone: the worker is told
+        while the batch is still there (not answered, or a decoupled one still streaming)."""
+        if msg_id not in self._pending and msg_id not in self._streams:
+            return
         try:
             self.send({"op": "cancel", "batch": msg_id, "index": index})
         except TritonShmError:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Sequence
 from ..core.data import codec
 from ..core.data.datatypes import element_size
 from ..core.models.config import config_to_json, mc
+from ..core.scheduling.request_future import RequestFuture
 from ..core.data.types import BatchRequest, InferResponse, OutputTensor
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..ipc import protocol
@@ -283,8 +284,8 @@ class WorkerPool:
         arena = worker.arena
         if not worker.alive or arena is None:
             raise Unavailable(f"model '{mv.name}' is not available: {worker.what} is restarting")
-        msg_id = worker.next_id() if mv.decoupled else None
-        on_stream = self._stream_handler(worker, mv, batch, msg_id) if msg_id is not None else None
+        msg_id = worker.next_id()
+        on_stream = self._stream_handler(worker, mv, batch, msg_id) if mv.decoupled else None
         blocks: list[Block] = []
         # what reads the reply: a partial, fewer objects than a closure (no cells)
         on_reply = functools.partial(self._on_reply, worker, arena, blocks, mv, batch, done, on_stream)
@@ -295,8 +296,14 @@ class WorkerPool:
                 requests = []
                 for p in batch:  # a loop, not a comprehension: no frame of its own
                     requests.append(self._request_record(worker, arena, p, blocks))
-            if msg_id is None:
-                worker.request(protocol.encode_infer, (mv.key, index, requests), on_reply)
+            if on_stream is None:
+                i = 0
+                for p in batch:  # a caller that goes away tells the worker (RequestFuture.cancel)
+                    future = getattr(p, "future", None)  # a queued request's; a sequence's filler has none
+                    if type(future) is RequestFuture:
+                        future.held_by = (worker, msg_id, i)
+                    i += 1
+                worker.request(protocol.encode_infer, (mv.key, index, requests), on_reply, msg_id=msg_id)
                 return
             for i, p in enumerate(batch):
                 if p.stream is not None:
@@ -424,6 +431,9 @@ class WorkerPool:
             outputs = names
         # the parameters a model may see: none when the request has none at all
         parameters = request.model_parameters() if request.parameters else None
+        trace = getattr(p, "trace", None)  # a queued request's (Pending); a sequence's filler has none
+        if trace is not None:  # the model may trace its BLS calls as children of it
+            return request.id, parameters, inputs, outputs, plan.sequence, (trace.id, trace.context())
         if plan.sequence is not None:
             return request.id, parameters, inputs, outputs, plan.sequence
         return request.id, parameters, inputs, outputs

@@ -73,10 +73,12 @@ class BlsClient:
                                   sequence_start=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
                                   sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END))
             self._waiters[bid] = waiter
-            self._send({"op": "bls", "bid": bid, "model": request.model_name(),
-                        "version": str(version) if version and version > 0 else "",
-                        "request_id": request.request_id(), "inputs": inputs,
-                        "outputs": list(request._requested_output_names), "parameters": parameters}, None)
+            call = {"op": "bls", "bid": bid, "model": request.model_name(),
+                    "version": str(version) if version and version > 0 else "", "request_id": request.request_id(),
+                    "inputs": inputs, "outputs": list(request._requested_output_names), "parameters": parameters}
+            if request._trace._trace_id:  # trace=request.trace() of a traced request: a child of its trace
+                call["trace"] = request._trace._trace_id
+            self._send(call, None)
             self._need_reader()  # the caller may be running on the ring's reader
             while True:
                 try:

@@ -146,6 +146,9 @@ class InstanceRunner:
                     if scratch:
                         self._free(scratch)
             finally:
+                if self._cancelled and not self.model.decoupled:  # answered: their clients' cancels are done with
+                    for i in range(len(msg["requests"])):
+                        self._cancelled.discard((msg["id"], i))
                 self.finished += 1
 
     def execute(self, msg: dict[str, Any]) -> None:
@@ -153,9 +156,18 @@ class InstanceRunner:
         self._reply(msg["id"], self.run(msg))
 
     def _run(self) -> None:
+        """The instance's thread: it ends only when the instance stops, or when a reply
+        cannot be sent (``reply_failed``: the worker then ends, unless the front-end has
+        gone). Any other failure fails its batch, as on the control thread (``_serve``)."""
         while (msg := self.queue.get()) is not None:
             try:
-                self.execute(msg)
+                try:
+                    self.execute(msg)
+                except OSError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - e.g. a reply that cannot be encoded
+                    log.exception("batch %d of instance %s failed", msg["id"], self.name)
+                    self._reply(msg["id"], {"error": Internal(f"worker error: {e}").to_wire()})
             except OSError as e:  # the reply could not be sent
                 self._reply_failed(e)
                 return
@@ -176,9 +188,10 @@ class InstanceRunner:
         for i, r in enumerate(requests):
             try:
                 wr = self._decode(r, scratch, held, lent[i] if lent is not None else None)
+                # the client may go away meanwhile: the model sees it in request.is_cancelled()
+                wr.is_cancelled = functools.partial(self._cancelled.__contains__, (msg_id, i))
                 if model.decoupled:
                     wr.sender = functools.partial(self._stream, msg_id, i, r)
-                    wr.is_cancelled = functools.partial(self._cancelled.__contains__, (msg_id, i))
                 decoded.append(wr)
                 live.append(i)
             except Exception as e:  # noqa: BLE001 - a request that cannot be decoded fails alone
@@ -237,6 +250,8 @@ class InstanceRunner:
         if "sequence" in r:
             request.correlation_id, start, end = r["sequence"]
             request.flags = (1 if start else 0) | (2 if end else 0)
+        if "trace" in r:
+            request.trace = r["trace"]
         return request
 
     def _stream(self, msg_id: int, index: int, r: dict[str, Any], response: WorkerResponse | None,

@@ -292,6 +292,10 @@ class PythonModelInstance(ModelInstance):
             pb_utils._parameters_json(r.parameters) if r.parameters else "{}")
         if r.sender is not None:
             self._attach_sender(request, r, r.sender)
+        elif r.is_cancelled is not None:
+            request._is_cancelled = r.is_cancelled
+        if r.trace is not None:
+            request._trace = pb_utils.InferenceTrace(*r.trace)
         return request
 
     def _attach_sender(self, request: pb_utils.InferenceRequest, r: WorkerRequest,

@@ -360,6 +360,28 @@ def _parameters_json(parameters) -> str:
     return parameters if isinstance(parameters, str) else _compact_json(parameters)
 
 
+class InferenceTrace:
+    """The trace of a request (``request.trace()``). Passed as ``trace=`` to a BLS
+    InferenceRequest, it makes the call a child of this trace, as in Triton: the called
+    model's spans (OpenTelemetry) or trace (``parent_id``) come under the caller's."""
+
+    __slots__ = ("_trace_id", "_context")
+
+    def __init__(self, trace_id: int = 0, context: str = ""):
+        self._trace_id, self._context = trace_id, context
+
+    def get_context(self, mode: str = "opentelemetry") -> str | None:
+        """The OpenTelemetry context as JSON (``{"traceparent": "00-..."}``); None when the
+        request is not traced in OpenTelemetry mode."""
+        return json.dumps({"traceparent": self._context}) if self._context else None
+
+    def __repr__(self) -> str:
+        return f"InferenceTrace(trace_id={self._trace_id})"
+
+
+_NO_TRACE = InferenceTrace()
+
+
 class InferenceRequest:
     """A request handed to ``TritonPythonModel.execute``.
 
@@ -384,7 +406,8 @@ class InferenceRequest:
         self._parameters = _parameters_json(parameters)
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         self._response_sender: InferenceResponseSender | None = None
-        self._is_cancelled: Callable[[], bool] | None = None  # set by the server for decoupled requests
+        self._is_cancelled: Callable[[], bool] | None = None  # set by the server for the requests it hands
+        self._trace = trace if isinstance(trace, InferenceTrace) else _NO_TRACE
 
     @classmethod
     def _of(cls, request_id: str, correlation_id: int | str, inputs: list[Tensor], requested: list[str],
@@ -396,6 +419,7 @@ class InferenceRequest:
         r._model_name, r._model_version, r._flags, r._timeout = model_name, model_version, flags, 0
         r._parameters, r._release_flags = parameters_json, TRITONSERVER_REQUEST_RELEASE_ALL
         r._response_sender = r._is_cancelled = None
+        r._trace = _NO_TRACE
         return r
 
     def inputs(self) -> list[Tensor]:
@@ -426,8 +450,13 @@ class InferenceRequest:
         return self._model_name
 
     def is_cancelled(self) -> bool:
-        """True once the client has gone away (decoupled models, over a stream)."""
+        """True once the client has gone away."""
         return bool(self._is_cancelled and self._is_cancelled())
+
+    def trace(self) -> InferenceTrace:
+        """This request's trace: pass it as ``trace=`` to a BLS request to trace that call
+        as its child (an untraced request's trace makes no child)."""
+        return self._trace
 
     def set_release_flags(self, flags: int) -> None:
         if flags == TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
@@ -770,7 +799,7 @@ class ModelConfig:
 
 
 __all__ = [
-    "Tensor", "InferenceRequest", "InferenceResponse", "InferenceResponseSender", "TritonError",
+    "Tensor", "InferenceRequest", "InferenceTrace", "InferenceResponse", "InferenceResponseSender", "TritonError",
     "TritonModelException",
     "Logger", "LogLevel", "MetricFamily", "Metric", "ModelConfig",
     "get_input_tensor_by_name", "get_output_tensor_by_name", "get_input_config_by_name",

@@ -174,6 +174,13 @@ class RequestSpan:
         self.events = events if events is not None else []
         self.frontend = frontend
 
+    def fresh(self) -> "RequestSpan":
+        """The span of another request under the same caller context (each request of a
+        gRPC stream: the call's metadata carries the traceparent)."""
+        other = RequestSpan()
+        other.trace_id, other.parent_id = self.trace_id, self.parent_id
+        return other
+
     def open(self, now_ns: int) -> None:
         if self.trace_id is None:
             self.trace_id = new_trace_id()

@@ -19,7 +19,9 @@ The file is Triton's JSON array; each trace is one object
 (Triton spreads one trace over several objects with the same ``id``; tools that merge by
 ``id``, such as Triton's ``trace_summary.py``, read both). Timestamps are
 ``time.monotonic_ns()`` (Triton's steady clock). Writes happen in one background thread.
-The steps of a traced ensemble are traced too, each a child (``parent_id``) of its trace.
+The steps of a traced ensemble are traced too, each a child (``parent_id``) of its trace,
+and so are the BLS calls a Python model makes with ``trace=request.trace()`` (the worker
+names the calling request's trace id; ``Tracer.live`` finds it while the request runs).
 """
 from __future__ import annotations
 
@@ -145,6 +147,10 @@ class Trace:
         self.stamps: list[tuple[str, int]] = [("REQUEST_START", start_ns)]
         self.tracer: Tracer | None = None  # set by the Tracer that made it (an ensemble's steps are its children)
 
+    def context(self) -> str:
+        """What a Python model's ``request.trace().get_context()`` carries: nothing here."""
+        return ""
+
     def stamp(self, name: str, ns: int | None = None) -> None:
         self.stamps.append((name, time.monotonic_ns() if ns is None else ns))
 
@@ -179,6 +185,10 @@ class SpanTrace(Trace):
         super().__init__(trace_id, model_name, model_version, request_id, 0, start_ns, parent_id)
         self.trace_id, self.parent_span, self.own = otel_trace, parent_span, own
         self.span_id = new_span_id()
+
+    def context(self) -> str:
+        """The W3C traceparent of this request's model span: a BLS call's spans go under it."""
+        return f"00-{self.trace_id}-{self.span_id}-01"
 
     def spans(self) -> list[dict[str, Any]]:
         """The model's span and, if the model ran, its ``compute`` span (the stamps end with
@@ -253,6 +263,7 @@ class Tracer:
         self.active = False        # the hot-path check: some scope traces TIMESTAMPS
         self.spans = False         # the front-ends' check: active, in OpenTelemetry mode
         self._next_id = 1
+        self._live: dict[int, Trace] = {}  # traces not yet finished, by id: a BLS call names its parent
         self._indexed: list[bytes] = []   # log_frequency > 0: traces for the next <file>.<index>
         self._streamed: list[bytes] = []  # log_frequency 0: traces for <file>
         self._writer = TraceFile(file) if file else None
@@ -325,19 +336,27 @@ class Tracer:
         if self._exporter is None:
             trace = Trace(trace_id, model_name, model_version, request_id, setting.log_frequency, start_ns)
             trace.tracer = self
+            self._live[trace_id] = trace
             return trace
         own = None
-        if request_span is None:  # no front-end span (a BLS call, a stream...): the trace has its own
+        if request_span is None:  # no front-end span (a caller in the process): the trace has its own
             request_span = own = RequestSpan(frontend=False)
         request_span.open(start_ns)
         assert request_span.trace_id is not None and request_span.span_id is not None
         trace = SpanTrace(trace_id, model_name, model_version, request_id, start_ns, 0, request_span.trace_id,
                           request_span.span_id, own)
         trace.tracer = self
+        self._live[trace_id] = trace
         return trace
 
+    def live(self, trace_id: Any) -> Trace | None:
+        """The unfinished trace ``trace_id`` (a BLS call's parent), None if there is none
+        (finished, never sampled, or a worker's bad id)."""
+        return self._live.get(trace_id) if type(trace_id) is int else None
+
     def child(self, parent: Trace, model_name: str, model_version: int, request_id: str) -> Trace:
-        """The trace of an ensemble step of traced ``parent`` (always traced)."""
+        """The trace of an ensemble step or a BLS call of traced ``parent`` (always traced,
+        as Triton traces a child trace)."""
         trace_id, self._next_id = self._next_id, self._next_id + 1
         now = time.monotonic_ns()
         trace: Trace
@@ -347,6 +366,7 @@ class Tracer:
         else:
             trace = Trace(trace_id, model_name, model_version, request_id, parent.log_frequency, now, parent.id)
         trace.tracer = self
+        self._live[trace_id] = trace
         return trace
 
     def end_request(self, request_span: RequestSpan) -> None:
@@ -355,6 +375,7 @@ class Tracer:
             self._exporter.add([request_span.to_span(time.monotonic_ns())])
 
     def finish(self, trace: Trace) -> None:
+        self._live.pop(trace.id, None)
         trace.stamp("REQUEST_END")
         if isinstance(trace, SpanTrace):
             if self._exporter is not None:

@@ -30,6 +30,7 @@ from ..observability.statistics import ModelStats
 from .interface import Instance
 from .pending import Pending, resolve
 from .rate_limiter import IDLE, STAGED, Claim, RateLimiter, bind_claims
+from .request_future import RequestFuture
 
 if TYPE_CHECKING:
     from ...supervisor.pool import WorkerPool
@@ -166,7 +167,7 @@ class DynamicScheduler:
         if deadline is None and queue is self._direct and not queue and self.idle:
             direct = True
         pending = Pending(request, plan, regions, stream, plan.batch_size or 1, level, now, deadline,
-                          policy.reject_on_timeout, Future(loop=self._loop), self._seq, None, trace, direct)
+                          policy.reject_on_timeout, RequestFuture(loop=self._loop), self._seq, None, trace, direct)
         if trace is not None:
             trace.stamp("QUEUE_START", now)
         self._seq += 1
@@ -195,7 +196,7 @@ class DynamicScheduler:
         except asyncio.CancelledError:
             # The caller is gone (a client's RST_STREAM or disconnect): a request still in
             # the queue is dropped so it never reaches an instance (nor an answer); one
-            # already in a batch runs.
+            # already in a batch runs, its model told (RequestFuture).
             try:
                 queue.remove(pending)
             except ValueError:
@@ -211,7 +212,7 @@ class DynamicScheduler:
             nonlocal expired
             if not pending.future.done():
                 expired = True
-                pending.future.cancel()
+                Future.cancel(pending.future)  # its caller still waits: no worker is told it has gone
 
         timer = self.clock.call_at(deadline_ns, expire)
         try:

@@ -103,8 +103,7 @@ def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate
 async def _traced(method: Method, request: Any, context: grpc.aio.ServicerContext) -> Any:
     """ModelInfer with its InferRequest span; grpcio sends what it returns (GRPC_SEND_END
     is when it has it)."""
-    traceparent = next((v for k, v in context.invocation_metadata() or () if k == "traceparent"), None)
-    span = RequestSpan(traceparent)
+    span = RequestSpan(_traceparent(context))
     span.stamp("GRPC_WAITREAD_START")
     span.stamp("GRPC_WAITREAD_END")
     try:
@@ -117,6 +116,10 @@ async def _traced(method: Method, request: Any, context: grpc.aio.ServicerContex
         method.spans.tracer.end_request(span)
 
 
+def _traceparent(context: grpc.aio.ServicerContext) -> str | None:
+    return next((v for k, v in context.invocation_metadata() or () if k == "traceparent"), None)
+
+
 def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate
             ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
     async def handler(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
@@ -127,7 +130,9 @@ def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate
         try:
             serialize, deserialize = method.serialize, method.deserialize
             decoded = (deserialize(r) async for r in requests)
-            async for reply in method.handler(decoded):
+            replies = method.handler(decoded) if method.spans is None else \
+                method.handler(decoded, RequestSpan(_traceparent(context)))
+            async for reply in replies:
                 yield serialize(reply, False)
         finally:
             gate.leave()

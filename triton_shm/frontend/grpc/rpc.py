@@ -85,6 +85,8 @@ class Method:
     group: str | None = None  # its restricted-API group (frontend/restricted.py)
     # ModelInfer: the service, whose ``tracer.spans`` says when to make the call's
     # InferRequest span (OpenTelemetry tracing); the handler then takes it as 2nd argument.
+    # ModelStreamInfer: the service too; its handler always takes a 2nd argument, a
+    # RequestSpan holding the call's traceparent, of which each request's span is ``fresh``.
     spans: Any = None
 
 

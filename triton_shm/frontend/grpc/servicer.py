@@ -19,6 +19,7 @@ from .codec import encode_model_statistics, infer_response_bytes, parse_infer_re
 from .rpc import Mailbox, Method, raw_bytes, rpc_status
 
 if TYPE_CHECKING:
+    from ...core.observability.otel import RequestSpan
     from ...core.service import InferenceService
     from ...core.data.types import InferRequest
 
@@ -154,10 +155,13 @@ class InferenceRpcs:
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- streaming -------------------------------------------------------------------------
-    async def ModelStreamInfer(self, request_iterator: Any) -> AsyncIterator[Any]:
+    async def ModelStreamInfer(self, request_iterator: Any, context: RequestSpan | None = None
+                               ) -> AsyncIterator[Any]:
         """Bidirectional stream: each request is served concurrently and may get any
         number of responses (decoupled models). Errors travel in ``error_message`` and
-        the stream stays open, as in Triton."""
+        the stream stays open, as in Triton. ``context``: the call's trace context (its
+        metadata's traceparent), the parent of each request's InferRequest span while
+        OpenTelemetry spans are traced, as in Triton."""
         out = Mailbox()
         tasks: set[asyncio.Task] = set()
         loop = asyncio.get_running_loop()
@@ -166,7 +170,8 @@ class InferenceRpcs:
             try:
                 async for msg in request_iterator:
                     # A fixed name: the default one is formatted for each task.
-                    task = asyncio.Task(self._serve_stream_request(msg, out), loop=loop, name=STREAM_REQUEST_TASK)
+                    task = asyncio.Task(self._serve_stream_request(msg, out, context), loop=loop,
+                                        name=STREAM_REQUEST_TASK)
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
                 if tasks:
@@ -183,9 +188,14 @@ class InferenceRpcs:
             for task in list(tasks):
                 task.cancel()
 
-    async def _serve_stream_request(self, msg: bytes, out: Mailbox) -> None:
+    async def _serve_stream_request(self, msg: bytes, out: Mailbox, context: RequestSpan | None = None) -> None:
         """Puts each reply, already encoded (responses are released as they are encoded)."""
         request: InferRequest | None = None
+        span = None
+        if context is not None and self.service.tracer.spans:  # its message has been read: received now
+            span = context.fresh()
+            span.stamp("GRPC_WAITREAD_START")
+            span.stamp("GRPC_WAITREAD_END")
         try:
             request = parse_infer_request(msg)
             # A non-decoupled model's one response is always flagged final; a decoupled
@@ -193,7 +203,10 @@ class InferenceRpcs:
             model = self.service.model_for(request)  # looked up once, for the flag and the run
             flag_final = (request.parameters.get("triton_enable_empty_final_response") is True
                           or not model.decoupled)
-            async for response, final in self.service.infer_stream(request, model):
+            async for response, final in self.service.infer_stream(request, model, span):
+                if final and span is not None:  # the last reply goes to the stream's writer now
+                    span.stamp("INFER_RESPONSE_COMPLETE")
+                    span.stamp("GRPC_SEND_START")
                 if isinstance(response, TritonShmError):  # an error is a response of its own (final or not)
                     out.put_nowait(_stream_error(response.message, request.id, request.model_name,
                                                  final if flag_final else None))
@@ -211,6 +224,10 @@ class InferenceRpcs:
         except Exception as e:  # noqa: BLE001 - the stream must get an answer
             log.exception("stream request failed")
             out.put_nowait(_stream_error(f"{type(e).__name__}: {e}", "" if request is None else request.id))
+        finally:
+            if span is not None:
+                span.stamp("GRPC_SEND_END")
+                self.service.tracer.end_request(span)
 
     # -- trace and logging extensions -------------------------------------------------------
     async def TraceSetting(self, request: pb.TraceSettingRequest) -> pb.TraceSettingResponse:
@@ -299,7 +316,7 @@ def methods(service: "InferenceService") -> list[Method]:
         if m.name in _SERIALIZERS:
             kwargs["serialize"] = _SERIALIZERS[m.name]
         handler = service.infer if m.name == "ModelInfer" else getattr(rpcs, m.name)
-        if m.name == "ModelInfer":
+        if m.name in ("ModelInfer", "ModelStreamInfer"):
             kwargs["spans"] = service
         out.append(Method(f"/{SERVICE}/{m.name}", handler,
                           streaming=m.client_streaming or m.server_streaming, group=GROUPS[m.name], **kwargs))

@@ -104,22 +104,56 @@ class HttpHandlers:
         info = request.match_info
         return _json(request, self.service.model_statistics(info.get("model", ""), info.get("version", "")))
 
-    async def generate(self, request: web.Request) -> web.Response:
-        infer_request = await self._generate_request(request)
-        response = await self.service.infer(infer_request)
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        span = self._span(request)
         try:
-            doc = encode_generate_response(response)
+            infer_request = await self._generate_request(request, span)
+            response = await self.service.infer(infer_request, span)
+            try:
+                doc = encode_generate_response(response)
+            finally:
+                response.release()
+            if span is None:
+                return _json(request, doc)
+            span.stamp("INFER_RESPONSE_COMPLETE")
+            span.stamp("HTTP_SEND_START")
+            reply = _json(request, doc)
+            await reply.prepare(request)
+            await reply.write_eof()
+            return reply
         finally:
-            response.release()
-        return _json(request, doc)
+            if span is not None:
+                span.stamp("HTTP_SEND_END")
+                self.service.tracer.end_request(span)
+
+    def _span(self, request: web.Request) -> RequestSpan | None:
+        """A generate request's InferRequest span (under the caller's W3C traceparent, as
+        Triton's generate endpoints take it) while OpenTelemetry spans are traced."""
+        if not self.service.tracer.spans:
+            return None
+        span = RequestSpan(request.headers.get("traceparent"))
+        span.stamp("HTTP_RECV_START")
+        return span
 
     async def generate_stream(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events, one per response; an error ends the stream as an event."""
-        infer_request = await self._generate_request(request)
+        span = self._span(request)
+        try:
+            return await self._generate_stream(request, span)
+        finally:
+            if span is not None:
+                span.stamp("HTTP_SEND_END")
+                self.service.tracer.end_request(span)
+
+    async def _generate_stream(self, request: web.Request, span: RequestSpan | None) -> web.StreamResponse:
+        infer_request = await self._generate_request(request, span)
         stream = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await stream.prepare(request)
         try:
-            async for response, _final in self.service.infer_stream(infer_request):
+            async for response, final in self.service.infer_stream(infer_request, span=span):
+                if final and span is not None:  # the last event goes out now
+                    span.stamp("INFER_RESPONSE_COMPLETE")
+                    span.stamp("HTTP_SEND_START")
                 if isinstance(response, TritonShmError):
                     await stream.write(b"data: " + orjson.dumps({"error": response.message}) + b"\n\n")
                     continue
@@ -135,10 +169,13 @@ class HttpHandlers:
         await stream.write_eof()
         return stream
 
-    async def _generate_request(self, request: web.Request) -> InferRequest:
+    async def _generate_request(self, request: web.Request, span: RequestSpan | None = None) -> InferRequest:
         model, version = _model(request)
         metadata = self.service.model_metadata(model, version)
-        return decode_generate_request(model, version, await self._read_body(request), metadata)
+        body = await self._read_body(request)
+        if span is not None:
+            span.stamp("HTTP_RECV_END")
+        return decode_generate_request(model, version, body, metadata)
 
     async def load_model(self, request: web.Request) -> web.Response:
         params = _parameters(_json_object(await self._read_body(request)))

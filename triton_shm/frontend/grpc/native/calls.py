@@ -45,7 +45,9 @@ class Call:
         self.queue: Mailbox | None = None  # streams: messages for the handler
         self.deferred_ack = 0  # stream bytes received but not yet released to the peer
         self.writable: asyncio.Future | None = None  # set while the handler waits on backpressure
-        self.span: RequestSpan | None = None  # ModelInfer's InferRequest span (OpenTelemetry tracing)
+        # ModelInfer's InferRequest span (OpenTelemetry tracing); ModelStreamInfer's trace
+        # context (its requests' spans are made from it)
+        self.span: RequestSpan | None = None
 
 
 class CallRunner:
@@ -150,7 +152,8 @@ class CallRunner:
     async def _run_stream(self, call: Call) -> None:
         method = call.method
         serialize, encoding = method.serialize, call.send_encoding
-        replies = method.handler(self._requests(call))
+        replies = method.handler(self._requests(call)) if method.spans is None else \
+            method.handler(self._requests(call), call.span)
         try:
             async for reply in replies:
                 if call.finished:

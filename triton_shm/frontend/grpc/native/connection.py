@@ -387,7 +387,9 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         rpc_method = target or Method(path.decode("utf-8", "replace"), _unimplemented)
         call = Call(sid, rpc_method, encoding or b"identity", send_encoding)
         self.calls[sid] = call
-        if rpc_method.spans is not None and rpc_method.spans.tracer.spans:
+        if rpc_method.spans is not None and rpc_method.streaming:  # each request decides whether it is traced
+            call.span = RequestSpan(get(b"traceparent"))
+        elif rpc_method.spans is not None and rpc_method.spans.tracer.spans:
             call.span = RequestSpan(get(b"traceparent"))
             call.span.stamp("GRPC_WAITREAD_START")
         if event.end_stream:
