@@ -49,7 +49,7 @@ def run(*cmd: str | Path, cwd: Path | None = None, env: dict[str, str] | None = 
 def clean_env() -> dict[str, str]:
     """The environment without this venv and without the switch that builds no extensions."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "TRITON_SHM_NO_EXTENSIONS")}
+           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "TRITON_SHM_NO_EXTENSIONS", "TRITON_SHM_FALLBACK_TRANSPORTS")}
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != bindir)
     return env

@@ -3,7 +3,7 @@ pipelining across the lean infer path and aiohttp's routes, chunked bodies,
 Expect: 100-continue, HTTP/1.0, Connection: close, malformed and oversize requests,
 slow headers, and a client that stops reading.
 
-With TRITON_SHM_NO_EXTENSIONS=1 the server is pure aiohttp: the same exchanges must
+With TRITON_SHM_FALLBACK_TRANSPORTS=1 the server is pure aiohttp: the same exchanges must
 work; what only the lean path promises (exact 4xx codes for unparseable requests, the
 header timeout) is checked where it runs.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
-import os
 import random
 import socket
 import threading
@@ -22,13 +21,15 @@ import zlib
 import numpy as np
 import pytest
 
+from triton_shm.frontend.transports import default_http_transport
+
 from .harness import ServerProcess, rss_kib
 from .models import add_sub_onnx_model, python_identity
 from .helpers import assert_serving
 
 pytestmark = pytest.mark.timeout(120)
 
-LEAN = os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0")
+LEAN = default_http_transport() == "lean"
 MAX_INPUT = 4_000_000
 A = np.arange(16, dtype=np.float32).reshape(1, 16)
 B = np.full((1, 16), 0.5, dtype=np.float32)
