@@ -85,6 +85,16 @@ def check_installed_package(venv: Path, outside: Path) -> None:
             raise CheckFailed(f"{f} is not inside {venv}: the check ran against the source tree")
 
 
+def check_vendored(venv: Path, outside: Path) -> None:
+    """The wheel carries the vendored llhttp's licence, and needs no httptools (the twins extra)."""
+    probe = ("import importlib.metadata as m, importlib.util as u; "
+             "print(any(f.name == 'LICENSE' and 'llhttp' in str(f) for f in m.files('triton-shm')), "
+             "u.find_spec('httptools') is not None)")
+    out = run(venv / "bin" / "python", "-c", probe, cwd=outside, env=clean_env()).stdout.split()
+    if out != ["True", "False"]:
+        raise CheckFailed(f"llhttp's LICENSE in the wheel, httptools installed: {out}, expected True False")
+
+
 def check_version(venv: Path, outside: Path) -> None:
     out = run(venv / "bin" / "triton-shm", "--version", cwd=outside, env=clean_env()).stdout.strip()
     want = f"triton-shm {__version__} (Triton server protocol {TRITON_PROTOCOL_VERSION})"
@@ -126,6 +136,8 @@ def check_serves(venv: Path, outside: Path, repo: Path) -> None:
         assert result.as_numpy("UPPER").tolist() == [[b"HELLO", b"PIP"]], result.as_numpy("UPPER")
         assert result.as_numpy("LENGTH").tolist() == [[5, 3]], result.as_numpy("LENGTH")
         grpc.close()
+        if "Started HTTPService" not in server.log() or "(lean)" not in server.log():  # the C parser serves
+            raise CheckFailed("HTTP is not served on the lean path")
     except Exception as e:
         raise CheckFailed(f"{venv.name}: {type(e).__name__}: {e}\n{server.log()[-4000:]}") from e
     finally:
@@ -154,6 +166,7 @@ def main() -> int:
             check_installed_package(venv, outside)
             if name == "from-wheel":
                 check_version(venv, outside)
+                check_vendored(venv, outside)
                 check_perf_without_extra(venv, outside)
             check_serves(venv, outside, repo)
             print(f"check_install: {name}: serves HTTP and gRPC", flush=True)

@@ -20,6 +20,7 @@ import zlib
 
 import numpy as np
 import pytest
+import uvloop
 
 from triton_shm.frontend.transports import default_http_transport
 
@@ -565,3 +566,63 @@ def test_idle_and_stalled_connections_time_out():
         conn.check_timeouts(conn.since + 6.0)
         assert t.calls == ["abort"]
     _with_connection(never_reads)
+
+
+@pytest.mark.parametrize("run", [asyncio.run, uvloop.run], ids=["asyncio", "uvloop"])
+def test_a_request_runs_without_a_task_on_asyncio_futures(run):
+    """``LeanConnection._advance`` drives the request's coroutine by hand (no Task per
+    request: about 1.4 µs less each). It relies on asyncio's Future protocol: awaiting a
+    pending future yields the future itself, and sending into the coroutine once it is done
+    returns its result; a bare yield (sleep(0)) yields None; a cancelled future raises
+    CancelledError into the coroutine. This fails if asyncio changes any of it (the request
+    would be answered 500, or never)."""
+    from triton_shm.frontend.http.infer import InferReply
+    from triton_shm.frontend.http.lean import LeanConnection
+    from triton_shm.frontend.http.lean_request import Message
+    from triton_shm.frontend.http.lean_server import LeanContext
+
+    async def serve(first, second):
+        a = await first
+        await asyncio.sleep(0)
+        b = await second
+        return InferReply(body=a + b, content_type="application/octet-stream")
+
+    async def settle():
+        for _ in range(5):
+            await asyncio.sleep(0)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        first, second = loop.create_future(), loop.create_future()
+        probe = serve(first, second)
+        assert probe.send(None) is first
+        probe.close()
+
+        ctx = LeanContext(None, MAX_INPUT, None, header_timeout=1.0, keepalive_timeout=5.0)
+        conn, transport = LeanConnection(ctx), _Transport()
+        conn.connection_made(transport)
+
+        def start(coroutine) -> None:
+            msg = Message()
+            msg.keep_alive = True
+            conn._busy = True
+            conn._infer_run, conn._infer_msg, conn._infer_request = coroutine, msg, None
+            conn._advance()
+
+        first, second = loop.create_future(), loop.create_future()
+        start(serve(first, second))
+        first.set_result(b"ab")
+        await settle()
+        assert transport.written == b""  # past the bare yield, waiting on the second future
+        second.set_result(b"cd")
+        await settle()
+        assert transport.written.startswith(b"HTTP/1.1 200 ") and transport.written.endswith(b"\r\n\r\nabcd")
+        assert not conn._busy and conn._infer_run is None
+
+        transport.written = b""
+        first, second = loop.create_future(), loop.create_future()
+        start(serve(first, second))
+        first.cancel()  # ends it unanswered, as it would end a Task
+        await settle()
+        assert transport.written == b"" and transport.calls == []
+    run(main())
