@@ -12,7 +12,8 @@ import importlib.util
 from ..._twins import pick
 from .lean_request import BODY, HEADERS, IDLE, ParserSink, RequestUpgrade
 
-__all__ = ["AVAILABLE", "BODY", "HEADERS", "IDLE", "USING_EXTENSION", "ParserSink", "RequestParser", "RequestUpgrade"]
+__all__ = ["AVAILABLE", "BODY", "HEADERS", "IDLE", "USING_EXTENSION", "ParserSink", "RequestParser",
+           "RequestUpgrade"]
 
 USING_EXTENSION = pick(globals(), "._request_parser", "RequestParser")
 AVAILABLE = USING_EXTENSION or importlib.util.find_spec("httptools") is not None
