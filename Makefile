@@ -20,6 +20,9 @@ PB7_TESTS ?= tests/test_model_config.py tests/test_models.py tests/test_pipeline
 	tests/test_grpc_native.py tests/test_grpc_infer_wire.py tests/test_http.py tests/test_wire_codecs.py \
 	tests/test_validation.py tests/test_metrics.py tests/test_model_control.py tests/test_cli.py
 
+# The files that concern the transports, run again over the fallbacks (aiohttp alone, grpc.aio).
+FALLBACK_TESTS ?= tests/test_http.py tests/test_http_lean.py tests/test_grpc.py tests/test_hostile.py
+
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -U pip
@@ -54,8 +57,9 @@ serve: $(VENV)/.installed
 # First the static checks (ruff, mypy: pyproject.toml configures both; no import cycle in
 # the package that is not type-only: tools/check_import_cycles.py), then the user's
 # path (sdist and wheel built, installed into clean venvs, the console script serving from
-# outside the checkout), then the whole suite twice: with the C extensions, then with their
-# pure-Python twins; last the suite's core on protobuf 7.
+# outside the checkout), then the whole suite twice: with the C extensions, then the same
+# server with their pure-Python twins; the transport tests over the fallback transports;
+# last the suite's core on protobuf 7.
 test: $(VENV)/.installed $(if $(TORCH_VERSION),$(VENV)/.torch)
 	$(PY) -m ruff check .
 	$(PY) -m mypy
@@ -63,6 +67,7 @@ test: $(VENV)/.installed $(if $(TORCH_VERSION),$(VENV)/.torch)
 	$(PY) tests/check_install.py
 	$(PY) -m pytest tests
 	TRITON_SHM_NO_EXTENSIONS=1 $(PY) -m pytest tests
+	TRITON_SHM_FALLBACK_TRANSPORTS=1 $(PY) -m pytest $(FALLBACK_TESTS)
 	$(MAKE) test-pb7
 
 # The suite's core on protobuf 7: the last step of `make test`, and a target of its own.

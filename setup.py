@@ -1,5 +1,5 @@
 """Build steps that pyproject.toml cannot express: the gRPC stubs from protos/ and the
-C/Cython extensions from csrc/ and the package's .pyx files."""
+C/Cython extensions from csrc/, third_party/ and the package's .pyx files."""
 from __future__ import annotations
 
 import os
@@ -13,6 +13,7 @@ ROOT = Path(__file__).parent.resolve()
 PROTO_DIR = ROOT / "protos"
 PROTO_OUT = ROOT / "triton_shm" / "_proto"
 PROTO_PACKAGE = "triton_shm._proto"
+LLHTTP = "third_party/llhttp"
 
 
 def generate_protos() -> None:
@@ -77,10 +78,11 @@ def extensions() -> list[Extension]:
         Extension("triton_shm.frontend.http._common_shape", ["triton_shm/frontend/http/_common_shape.pyx"],
                   depends=["triton_shm/core/data/_types.pxd"],
                   extra_compile_args=["-O2", "-Wall"]),
+        # llhttp's generated C, vendored (third_party/llhttp/README.md); not built with -Wall
         Extension("triton_shm.frontend.http._request_parser",
-                  ["triton_shm/frontend/http/_request_parser.pyx", "csrc/llhttp/llhttp.c", "csrc/llhttp/api.c",
-                   "csrc/llhttp/http.c"],
-                  include_dirs=["csrc/llhttp"], depends=["csrc/llhttp/llhttp.h"],
+                  ["triton_shm/frontend/http/_request_parser.pyx",
+                   f"{LLHTTP}/llhttp.c", f"{LLHTTP}/api.c", f"{LLHTTP}/http.c"],
+                  include_dirs=[LLHTTP], depends=[f"{LLHTTP}/llhttp.h"],
                   extra_compile_args=["-O2"]),
         Extension("triton_shm.worker._assembler",
                   ["triton_shm/worker/_assembler.pyx", "csrc/assembler.c"],

@@ -15,7 +15,7 @@ For each generator it prints one table: medians of throughput and p50/p99 latenc
 generator reports them, plus each server's CPU-seconds per 1,000 inferences and peak RSS
 (its whole process tree: Triton's stubs, our workers), and the ratios triton-shm / Triton.
 These server-side figures are measured the same way whichever generator drives the load.
-With --servers, triton-shm-aiohttp (TRITON_SHM_LEAN_HTTP=0: HTTP served by aiohttp alone)
+With --servers, triton-shm-aiohttp (--http-transport aiohttp: HTTP served by aiohttp alone)
 and triton-shm-grpcio (--grpc-transport grpcio: gRPC on grpc.aio instead of our native
 server) are measured as well, each variant of ours in its own rows against Triton.
 
@@ -362,7 +362,7 @@ def peak_rss_mib(pids: list[int]) -> float:
 # Our server variants: environment and extra flags of each.
 VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
     "triton-shm": ({}, []),
-    "triton-shm-aiohttp": ({"TRITON_SHM_LEAN_HTTP": "0"}, []),
+    "triton-shm-aiohttp": ({}, ["--http-transport", "aiohttp"]),
     "triton-shm-grpcio": ({}, ["--grpc-transport", "grpcio"]),  # gRPC on grpc.aio instead of native
 }
 

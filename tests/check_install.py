@@ -49,7 +49,7 @@ def run(*cmd: str | Path, cwd: Path | None = None, env: dict[str, str] | None = 
 def clean_env() -> dict[str, str]:
     """The environment without this venv and without the switch that builds no extensions."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "TRITON_SHM_NO_EXTENSIONS")}
+           if k not in ("VIRTUAL_ENV", "PYTHONPATH", "TRITON_SHM_NO_EXTENSIONS", "TRITON_SHM_FALLBACK_TRANSPORTS")}
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p != bindir)
     return env
@@ -84,6 +84,16 @@ def check_installed_package(venv: Path, outside: Path) -> None:
     for f in files:
         if not Path(f).resolve().is_relative_to(venv.resolve()):
             raise CheckFailed(f"{f} is not inside {venv}: the check ran against the source tree")
+
+
+def check_vendored(venv: Path, outside: Path) -> None:
+    """The wheel carries the vendored llhttp's licence, and needs no httptools (the twins extra)."""
+    probe = ("import importlib.metadata as m, importlib.util as u; "
+             "print(any(f.name == 'LICENSE' and 'llhttp' in str(f) for f in m.files('triton-shm')), "
+             "u.find_spec('httptools') is not None)")
+    out = run(venv / "bin" / "python", "-c", probe, cwd=outside, env=clean_env()).stdout.split()
+    if out != ["True", "False"]:
+        raise CheckFailed(f"llhttp's LICENSE in the wheel, httptools installed: {out}, expected True False")
 
 
 def check_version(venv: Path, outside: Path) -> None:
@@ -127,6 +137,8 @@ def check_serves(venv: Path, outside: Path, repo: Path) -> None:
         assert result.as_numpy("UPPER").tolist() == [[b"HELLO", b"PIP"]], result.as_numpy("UPPER")
         assert result.as_numpy("LENGTH").tolist() == [[5, 3]], result.as_numpy("LENGTH")
         grpc.close()
+        if "Started HTTPService" not in server.log() or "(lean)" not in server.log():  # the C parser serves
+            raise CheckFailed("HTTP is not served on the lean path")
     except Exception as e:
         raise CheckFailed(f"{venv.name}: {type(e).__name__}: {e}\n{server.log()[-4000:]}") from e
     finally:
@@ -155,6 +167,7 @@ def main() -> int:
             check_installed_package(venv, outside)
             if name == "from-wheel":
                 check_version(venv, outside)
+                check_vendored(venv, outside)
                 check_perf_without_extra(venv, outside)
             check_serves(venv, outside, repo)
             print(f"check_install: {name}: serves HTTP and gRPC", flush=True)

@@ -303,6 +303,18 @@ def test_incomplete_tls_flags_exit_1(argv, message, capsys):
     assert capsys.readouterr().err.splitlines()[-1] == f"triton-shm: error: {message}"
 
 
+def test_transports_are_chosen_per_protocol(monkeypatch, capsys):
+    options = parse_args(REPO + ["--http-transport", "aiohttp", "--grpc-transport", "grpcio"])
+    assert (options.http_transport, options.grpc_transport) == ("aiohttp", "grpcio")
+    assert (parse_args(REPO).http_transport, parse_args(REPO).grpc_transport) == (None, None)  # the defaults
+    from triton_shm.frontend.http import request_parser
+    monkeypatch.setattr(request_parser, "AVAILABLE", False)  # no C parser built, no httptools
+    with pytest.raises(SystemExit) as exc:
+        parse_args(REPO + ["--http-transport", "lean"])
+    assert exc.value.code == 1
+    assert "--http-transport lean needs the C request parser" in capsys.readouterr().err
+
+
 def test_unambiguous_prefix_is_accepted_as_tritonserver_does():
     # tritonserver's getopt_long takes a unique prefix (--model-repo, --log-verb=1); so does this parser
     options = parse_args(["--model-repo", "/m", "--log-verb=1", "--id=x"])

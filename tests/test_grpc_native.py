@@ -36,6 +36,7 @@ from hyperframe.frame import (
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from triton_shm._twins import NO_EXTENSIONS
 from triton_shm.frontend.grpc.native.server import RECEIVE_BUFFER, NativeServer
 from triton_shm.frontend.grpc.rpc import Mailbox
 
@@ -507,7 +508,7 @@ def test_idle_and_slow_clients_do_not_block_others(server):
     slow = RawH2(server, handshake=False)
     slow.send(PREFACE[:5])  # a preface that never finishes
     assert_serving(server)
-    if os.environ.get("TRITON_SHM_NO_EXTENSIONS") != "1":  # once is enough: it waits for the timeout
+    if not NO_EXTENSIONS:  # once is enough: it waits for the timeout
         list(idle.frames(15))
         assert idle.eof, "a client that never sent its preface was kept open"
     idle.close()
@@ -841,10 +842,19 @@ def test_tls_requires_alpn_h2(tmp_path):
     asyncio.run(main())
 
 
-@pytest.mark.parametrize("no_extensions, expected", [("0", "native"), ("1", "grpcio")])
-def test_default_transport(no_extensions, expected):
-    """Native by default; grpc.aio for the pure-Python run of the suite."""
-    out = subprocess.run([sys.executable, "-c", "from triton_shm.frontend.grpc.server import default_transport; "
-                          "print(default_transport())"], capture_output=True, text=True, check=True,
-                         env={**os.environ, "TRITON_SHM_NO_EXTENSIONS": no_extensions})
+@pytest.mark.parametrize("switches, expected", [
+    ({}, "lean native"), ({"TRITON_SHM_NO_EXTENSIONS": "1"}, "lean native"),
+    ({"TRITON_SHM_FALLBACK_TRANSPORTS": "1"}, "aiohttp grpcio"),
+    ({"TRITON_SHM_FALLBACK_TRANSPORTS": "0"}, "lean native"),
+])
+def test_default_transports(switches, expected):
+    """The lean HTTP path and the native gRPC server by default, the twins' run included;
+    the fallbacks only under their own switch."""
+    code = ("from triton_shm.frontend.transports import default_grpc_transport; "
+            "from triton_shm.frontend.http.app import default_http_transport; "
+            "print(default_http_transport(), default_grpc_transport())")
+    switch_names = ("TRITON_SHM_NO_EXTENSIONS", "TRITON_SHM_FALLBACK_TRANSPORTS")
+    env = {k: v for k, v in os.environ.items() if k not in switch_names}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**env, **switches})
     assert out.stdout.strip() == expected

@@ -29,13 +29,15 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
+from triton_shm.frontend.http.app import default_http_transport
+
 from .harness import ServerProcess, children
 from .helpers import assert_serving
 from .models import python_identity, write_model
 
 pytestmark = pytest.mark.timeout(180)
 
-NO_EXTENSIONS = os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") not in ("", "0")
+LEAN = default_http_transport() == "lean"  # else aiohttp alone serves HTTP
 MAX_INPUT = 1 << 20          # --http-max-input-size for this server
 HEADER_TIMEOUT, IDLE_TIMEOUT = 2, 3  # seconds: short, so the tests see them act
 DEPTH_ERROR = "JSON nesting depth exceeds the limit of 100"
@@ -48,8 +50,6 @@ SERVICE = "/inference.GRPCInferenceService"
 
 @pytest.fixture(scope="module", params=["native", "grpcio"])
 def srv(request, tmp_path_factory) -> ServerProcess:
-    if request.param == "native" and NO_EXTENSIONS:
-        pytest.skip("the native gRPC transport is a C extension")
     root = tmp_path_factory.mktemp(f"hostile_{request.param}")
     repo = root / "models"
     python_identity(repo, MODEL, "FP32")
@@ -208,7 +208,7 @@ def test_64_kib_header(srv):
     with socket.create_connection(("127.0.0.1", srv.http_port), timeout=30) as sock:
         sock.sendall(f"GET /v2/health/ready HTTP/1.1\r\nHost: x\r\nX-Big: {'a' * 65536}\r\n\r\n".encode())
         status, body = read_response(sock)
-    if NO_EXTENSIONS:  # aiohttp alone: its parser's answer to an over-long field
+    if not LEAN:  # aiohttp alone: its parser's answer to an over-long field
         assert status == 400, body
     else:
         assert (status, json.loads(body)) == (431, {"error": "a header field is longer than 8190 bytes"})
@@ -241,7 +241,7 @@ def test_idle_connections_and_slowloris_while_a_client_is_served(srv):
         # the header timeout ends the slow-drip client (408 where the protocol can still say so)
         slow.settimeout(HEADER_TIMEOUT + 10)
         status, body = read_response(slow)
-        if not NO_EXTENSIONS:
+        if LEAN:
             assert (status, json.loads(body)) == (408, {"error": "timed out waiting for the request headers"})
         assert closed_by_server(slow, HEADER_TIMEOUT + 10)
         # and the idle timeouts every idle connection (gRPC: no preface within 10 s)

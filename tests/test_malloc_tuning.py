@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 import tritonclient.http as http
 
+from triton_shm._twins import NO_EXTENSIONS
+
 from .harness import ServerProcess
 from .models import python_identity
 
@@ -56,7 +58,7 @@ def test_large_requests_reuse_heap_memory(tmp_path, monkeypatch):
     assert faults_of_16mib_requests(tmp_path, {}) < 4 * PAGES_16MIB
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_SHM_NO_EXTENSIONS") == "1",
+@pytest.mark.skipif(NO_EXTENSIONS,
                     reason="the pure-Python parser's allocations sometimes let glibc's own dynamic "
                            "threshold keep the buffers, so the faults have no lower bound there")
 def test_malloc_defaults_switch_turns_it_off(tmp_path, monkeypatch):

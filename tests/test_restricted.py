@@ -5,7 +5,6 @@ the start-up errors."""
 from __future__ import annotations
 
 import http.client
-import os
 import signal
 import socket
 import subprocess
@@ -118,18 +117,14 @@ def start(tmp_path_factory):
     _servers.clear()
 
 
-def _transports() -> list[str]:
-    return ["grpcio"] if os.environ.get("TRITON_SHM_NO_EXTENSIONS") == "1" else ["native", "grpcio"]
-
-
-@pytest.fixture(scope="module", params=_transports())
+@pytest.fixture(scope="module", params=["native", "grpcio"])
 def restricted(request, start) -> ServerProcess:
     return start(request.param)
 
 
 @pytest.fixture(scope="module")
 def http_restricted(start) -> ServerProcess:
-    return start(_transports()[0])
+    return start("native")
 
 
 def _http(server: ServerProcess, method: str, path: str, headers: dict[str, str] | None = None,

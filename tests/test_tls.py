@@ -64,8 +64,6 @@ def _start(tmp_path_factory, pki: Pki, transport: str, mutual: bool, metrics_por
 
 @pytest.fixture(scope="module", params=["native", "grpcio"])
 def tls_server(request, tmp_path_factory, pki):
-    if request.param == "native" and _no_extensions():
-        pytest.skip("the native gRPC transport needs the C extensions")
     metrics_port = free_port()
     server = _start(tmp_path_factory, pki, request.param, mutual=False, metrics_port=metrics_port)
     server.metrics_port = metrics_port
@@ -75,16 +73,9 @@ def tls_server(request, tmp_path_factory, pki):
 
 @pytest.fixture(scope="module", params=["native", "grpcio"])
 def mutual_server(request, tmp_path_factory, pki):
-    if request.param == "native" and _no_extensions():
-        pytest.skip("the native gRPC transport needs the C extensions")
     server = _start(tmp_path_factory, pki, request.param, mutual=True)
     yield server
     server.stop_cleanly()
-
-
-def _no_extensions() -> bool:
-    import os
-    return os.environ.get("TRITON_SHM_NO_EXTENSIONS") == "1"
 
 
 def _inputs(module, data: np.ndarray):
@@ -328,8 +319,6 @@ def test_perf_analyzer_with_a_client_certificate(mutual_server, pki, perf_analyz
 # -- reload on SIGHUP -----------------------------------------------------------------------------
 @pytest.mark.parametrize("transport", ["native", "grpcio"])
 def test_sighup_reloads_certificates_and_keeps_open_connections(tmp_path_factory, pki, transport):
-    if transport == "native" and _no_extensions():
-        pytest.skip("the native gRPC transport needs the C extensions")
     live = tmp_path_factory.mktemp("live-cert")
     cert, key = live / "server.pem", live / "server.key"
     shutil.copy(pki.server_cert, cert)

@@ -19,6 +19,7 @@ from .core.scheduling.rate_limiter import parse_resource
 from .core.data.response_cache import parse_cache_config
 from .frontend.grpc.keepalive import Keepalive
 from .frontend.restricted import RestrictionError, parse_restrictions
+from .frontend.transports import GRPC_TRANSPORTS, HTTP_TRANSPORTS
 from .options import ServerOptions
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -259,9 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--allow-external-model-links", type=parse_bool, default=False, metavar="BOOL",
         help="load models whose directory is, or holds, a symbolic link leading outside the model "
              "repository (default false: such a model fails to load)")
-    add("--grpc-transport", choices=["native", "grpcio"], default=None,
+    add("--grpc-transport", choices=GRPC_TRANSPORTS, default=None,
         help="gRPC server: native (our HTTP/2 server on libnghttp2; the default) or grpcio (grpc.aio; "
-             "the default with TRITON_SHM_NO_EXTENSIONS=1)")
+             "the default with TRITON_SHM_FALLBACK_TRANSPORTS=1)")
+    add("--http-transport", choices=HTTP_TRANSPORTS, default=None,
+        help="HTTP server: lean (the infer route parsed in C, aiohttp serving the other routes on the same "
+             "port; the default) or aiohttp (all of it; the default with TRITON_SHM_FALLBACK_TRANSPORTS=1, or "
+             "without the C extensions and httptools)")
     add("--gpus", default=None, metavar="IDS",
         help="comma-separated GPU ids to serve, one worker each (default: all visible GPUs; 'none' for none)")
     _add_implemented(p)
@@ -311,6 +316,16 @@ def _load_model_error(options: ServerOptions) -> str:
         return "Use of '--load-model' requires setting '--model-control-mode=explicit' as well."
     if "*" in options.load_model and len(set(options.load_model)) > 1:
         return "Wildcard model name '*' must be the ONLY startup model if specified at all."
+    return ""
+
+
+def _transport_error(options: ServerOptions) -> str:
+    """Why the HTTP transport asked for cannot serve, or ''."""
+    if options.http_transport == "lean":
+        from .frontend.http.request_parser import AVAILABLE
+        if not AVAILABLE:
+            return ("--http-transport lean needs the C request parser (built with the package) or httptools "
+                    "(pip install 'triton-shm[twins]')")
     return ""
 
 
@@ -445,7 +460,7 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
     else:
         warnings.append("--strict-model-config is deprecated: use --disable-auto-complete-config")
     options = ServerOptions(**values, inert=inert, startup_warnings=warnings)
-    error = _load_model_error(options) or _security_error(options)
+    error = _load_model_error(options) or _security_error(options) or _transport_error(options)
     if error:  # tritonserver exits 1 for these
         parser.print_usage(sys.stderr)
         parser.exit(1, f"{parser.prog}: error: {error}\n")

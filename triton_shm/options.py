@@ -64,7 +64,8 @@ class ServerOptions:
     grpc_max_connection_age: int | None = _KEEPALIVE.max_connection_age_ms
     grpc_max_connection_age_grace: int | None = _KEEPALIVE.max_connection_age_grace_ms
     grpc_max_connection_idle: int | None = _KEEPALIVE.max_connection_idle_ms
-    grpc_transport: str | None = None  # None: native, or grpcio without C extensions
+    grpc_transport: str | None = None  # None: frontend.transports' default (native)
+    http_transport: str | None = None  # None: frontend.transports' default (lean)
     cache_size: int | None = None      # --cache-config local,size=N / --response-cache-byte-size; None: no cache
     rate_limit: str = "off"            # --rate-limit: execution_count or off
     rate_limit_resources: list[ResourceLimit] = field(default_factory=list)

@@ -67,8 +67,9 @@ async def serve(options: ServerOptions) -> int:
                 restrictions=security.http_restrictions, cache=cache)))
             log.info("Started Metrics Service at %s:%d", address, options.metrics_port)
         if options.allow_grpc:  # before HTTP, as tritonserver: HTTP ready means both answer
-            from .frontend.grpc.server import default_transport, start_grpc
-            transport = options.grpc_transport or default_transport()
+            from .frontend.grpc.server import start_grpc
+            from .frontend.transports import default_grpc_transport
+            transport = options.grpc_transport or default_grpc_transport()
             runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
                                                      keepalive=grpc_keepalive(options), transport=transport,
                                                      restrictions=security.grpc_restrictions,
@@ -76,15 +77,17 @@ async def serve(options: ServerOptions) -> int:
             log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
                      transport)
         if options.allow_http:
-            from .frontend.http.app import start_http
+            from .frontend.http.app import default_http_transport, start_http
+            http_transport = options.http_transport or default_http_transport()
             runners.append(("HTTP", await start_http(service, options.http_address, options.http_port,
+                                                     transport=http_transport,
                                                      max_input_size=options.http_max_input_size,
                                                      shutdown_timeout=options.exit_timeout_secs,
                                                      header_timeout=options.http_header_timeout_secs,
                                                      idle_timeout=options.http_idle_timeout_secs,
                                                      restrictions=security.http_restrictions,
                                                      ssl=security.context("http"))))
-            log.info("Started HTTPService at %s:%d", options.http_address, options.http_port)
+            log.info("Started HTTPService at %s:%d (%s)", options.http_address, options.http_port, http_transport)
         await shutdown.drain(service, options.drain_secs)
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
     finally:

@@ -7,24 +7,18 @@ sockets or protocol details.
 """
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .._twins import pick
 from .types_py import WorkerRequest, WorkerResponse
 
 # The request and response a backend gets and returns: C classes when built (the worker
 # builds one of each per request: a C call, not a Python __init__ frame), else the
-# dataclass twins. ``TRITON_SHM_NO_EXTENSIONS=1`` forces the twins (the tests run both).
-USING_EXTENSION = False
-if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
-    try:
-        from ._types import WorkerRequest, WorkerResponse  # type: ignore  # noqa: F811
-        USING_EXTENSION = True
-    except ImportError:  # not built: the pure-Python twins serve
-        pass
+# dataclass twins (``_twins``).
+USING_EXTENSION = pick(globals(), "._types", "WorkerRequest", "WorkerResponse")
 
 __all__ = ["Backend", "InstanceSpec", "ModelContext", "ModelInstance", "USING_EXTENSION", "WorkerRequest",
            "WorkerResponse"]

@@ -17,19 +17,14 @@ import secrets
 import threading
 from typing import Callable
 
+from .._twins import pick
 from ..errors import Internal, Unavailable
 
 INTERNAL_PREFIX = "triton_shm_internal_"
 
 from .arena_py import ALIGN, Block, BlockAllocator, SegmentViews, reserved  # noqa: E402
 
-USING_EXTENSION = False
-if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
-    try:
-        from ._arena import Block, BlockAllocator, SegmentViews, reserved  # type: ignore  # noqa: F811
-        USING_EXTENSION = True
-    except ImportError:  # not built: the pure-Python twin serves
-        pass
+USING_EXTENSION = pick(globals(), "._arena", "Block", "BlockAllocator", "SegmentViews", "reserved")
 
 
 def _align(n: int) -> int:

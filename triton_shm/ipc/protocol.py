@@ -91,31 +91,18 @@ record as a dict, ``Status.DECOUPLED``: None); ``encode_reply`` takes the worker
 (``{"outputs": ...}``, ``{"error": ...}``, ``{"decoupled": True}``). Other bodies are dicts.
 
 The C implementation (``_protocol.pyx``) and its pure-Python twin (``protocol_py.py``)
-have the same API and errors; ``TRITON_SHM_NO_EXTENSIONS=1`` selects the twin.
+have the same API and errors; ``_twins`` picks one.
 """
 from __future__ import annotations
 
-import os
-
+from .._twins import pick
 from .protocol_py import (  # noqa: F401
     DATATYPES, HEADER_SIZE, MAX_DIMS, MAX_ID, Message, Op, PLACE_ARENA, PLACE_NONE, PLACE_REGION, ProtocolError,
-    SEQ_END, SEQ_NUMERIC_ID, SEQ_START, SEQ_STRING_ID, TRACED, Status)
+    SEQ_END, SEQ_NUMERIC_ID, SEQ_START, SEQ_STRING_ID, TRACED, Status, decode, encode_control, encode_fail, encode_free,
+    encode_infer, encode_ping, encode_pong, encode_reply, encode_stream)
 
-NO_EXTENSIONS = os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") not in ("", "0")
-
-from .protocol_py import (  # noqa: E402
-    decode, encode_control, encode_fail, encode_free, encode_infer, encode_ping, encode_pong, encode_reply,
-    encode_stream)
-
-USING_EXTENSION = False
-if not NO_EXTENSIONS:
-    try:
-        from ._protocol import (  # type: ignore  # noqa: F811
-            decode, encode_control, encode_fail, encode_free, encode_infer, encode_ping, encode_pong, encode_reply,
-            encode_stream)
-        USING_EXTENSION = True
-    except ImportError:  # not built: the pure-Python twin serves
-        pass
+USING_EXTENSION = pick(globals(), "._protocol", "decode", "encode_control", "encode_fail", "encode_free",
+                       "encode_infer", "encode_ping", "encode_pong", "encode_reply", "encode_stream")
 
 __all__ = ["DATATYPES", "HEADER_SIZE", "MAX_DIMS", "MAX_ID", "Message", "Op", "PLACE_ARENA", "PLACE_NONE",
            "PLACE_REGION", "ProtocolError", "Status", "decode", "encode_control", "encode_fail", "encode_free",

@@ -294,7 +294,7 @@ class WorkerPool:
                 requests = [self._request_record(worker, arena, batch[0], blocks)]
             else:
                 requests = []
-                for p in batch:  # a loop, not a comprehension: no frame of its own
+                for p in batch:  # a loop, not a comprehension: no frame of its own (before 3.12's PEP 709)
                     requests.append(self._request_record(worker, arena, p, blocks))
             if on_stream is None:
                 i = 0
@@ -453,7 +453,7 @@ class WorkerPool:
         descriptors: list[list[int]] = []
         outputs: list[OutputTensor] = []
         names = []
-        for e in encoded:  # a loop, not a comprehension: no frame of its own
+        for e in encoded:  # a loop, not a comprehension: no frame of its own (before 3.12's PEP 709)
             names.append(e[0])
         state_outputs, shm_outputs = plan.state_outputs, plan.shm_outputs
         # Exactly the outputs asked, in their order (the common answer), are unique too:

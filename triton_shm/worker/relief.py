@@ -7,7 +7,7 @@ the link: this thread then takes the reader's role (``Worker.relieve``) until th
 execution ends.
 
 It watches without costing the control thread a wake-up: its clock (``Watch``: C, ticking
-without the GIL, or its Python twin under ``TRITON_SHM_NO_EXTENSIONS=1``) ticks every
+without the GIL, or its Python twin: ``_twins``) ticks every
 ``TICK_MS`` while inline executions happen and reports one that is still the same a tick
 later (it has run at least a tick); ``call`` (BLS) rings it at once. After ``PARK_AFTER``
 quiet ticks the clock parks, and the next inline execution rings it.
@@ -19,14 +19,10 @@ import os
 import threading
 from typing import Callable
 
-from ..core.data.codec import NO_EXTENSIONS
+from .._twins import pick
 from .watch_py import Watch
 
-if not NO_EXTENSIONS:
-    try:
-        from ._watch import Watch  # type: ignore[no-redef]  # noqa: F811
-    except ImportError:  # not built: the twin serves
-        pass
+pick(globals(), "._watch", "Watch")
 
 log = logging.getLogger("triton_shm.worker")
 

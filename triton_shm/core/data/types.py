@@ -8,25 +8,18 @@ Tensor payloads are kept in their wire encoding (little-endian, row-major, BYTES
 from __future__ import annotations
 
 import asyncio
-import os
 from dataclasses import dataclass
 from typing import Callable
 
+from ..._twins import pick
 from .types_py import (RESERVED_PARAMETERS, BatchRequest, Buffer, InferRequest, InferResponse, InputTensor,
                        OutputTensor, ParamValue, Pending, RequestedOutput)
 
 # The request/response types and a request's scheduler entry: C classes when built (a
 # construction costs a C call, not a Python __init__ frame: several per request), else
-# the dataclass twins.
-# Set ``TRITON_SHM_NO_EXTENSIONS=1`` to force the twins (the tests run both).
-USING_EXTENSION = False
-if os.environ.get("TRITON_SHM_NO_EXTENSIONS", "") in ("", "0"):
-    try:
-        from ._types import (  # type: ignore  # noqa: F811
-            BatchRequest, InferRequest, InferResponse, InputTensor, OutputTensor, Pending, RequestedOutput)
-        USING_EXTENSION = True
-    except ImportError:  # not built: the pure-Python twins serve
-        pass
+# the dataclass twins (``_twins``).
+USING_EXTENSION = pick(globals(), "._types", "BatchRequest", "InferRequest", "InferResponse", "InputTensor",
+                       "OutputTensor", "Pending", "RequestedOutput")
 
 __all__ = ["Buffer", "BatchRequest", "InferRequest", "InferResponse", "InputTensor", "OutputTensor", "ParamValue",
            "Pending", "RESERVED_PARAMETERS", "RequestedOutput", "ResponseStream", "SHM_PARAMETERS", "USING_EXTENSION",

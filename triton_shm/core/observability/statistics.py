@@ -154,7 +154,9 @@ class ModelStats:
                       output_ns: int) -> None:
         """``record_execution(samples, ...)`` then ``record_success(samples, ...)``: a batch of
         one request that succeeded (most are), in one call. Their bodies are repeated here on
-        purpose: calling the two costs ~2k instructions per request (1.4 % of the HTTP front-end's)."""
+        purpose (timeit, CPython 3.11: 0.61 µs a call; calling the two, 0.65). It stays Python:
+        the same body compiled by Cython measured 0.91 µs, its generic attribute access on these
+        Python objects slower than the interpreter's specialised bytecode."""
         self.execution_count += 1
         b = self.batches.get(samples)
         if b is None:

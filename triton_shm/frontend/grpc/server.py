@@ -1,9 +1,9 @@
 """Start the gRPC server for GRPCInferenceService and health Check, on either transport."""
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING, Any
 
+from ..transports import default_grpc_transport
 from .keepalive import HANDSHAKE_TIMEOUT_MS, Keepalive
 from .servicer import methods
 
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 # Triton's MAX_GRPC_MESSAGE_SIZE; tritonclient sends up to this too.
 MAX_GRPC_MESSAGE_BYTES = 2**31 - 1
 
-__all__ = ["Keepalive", "MAX_GRPC_MESSAGE_BYTES", "default_transport", "server_options", "start_grpc"]
+__all__ = ["Keepalive", "MAX_GRPC_MESSAGE_BYTES", "server_options", "start_grpc"]
 
 
 def server_options(keepalive: Keepalive, max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES) -> list[tuple[str, int]]:
@@ -32,19 +32,13 @@ def server_options(keepalive: Keepalive, max_message_bytes: int = MAX_GRPC_MESSA
     ]
 
 
-def default_transport() -> str:
-    # The native transport's protocol engine is a C extension: the pure-Python run of
-    # the suite (TRITON_SHM_NO_EXTENSIONS=1) serves grpc.aio.
-    return "grpcio" if os.environ.get("TRITON_SHM_NO_EXTENSIONS") == "1" else "native"
-
-
 async def start_grpc(service: "InferenceService", host: str, port: int, *, transport: str | None = None,
                      max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES, keepalive: Keepalive = Keepalive(),
                      restrictions: "Restrictions | None" = None, tls: "ServerTls | None" = None) -> Any:
     """Bind ``host:port`` and start serving; the caller stops the returned server with
     ``await server.stop(grace)``. Raises OSError when the address cannot be bound.
     ``restrictions``: --grpc-restricted-protocol; ``tls``: serve over TLS (built with ALPN h2)."""
-    transport = transport or default_transport()
+    transport = transport or default_grpc_transport()
     table = methods(service)
     if transport == "native":
         from .native.server import start_native

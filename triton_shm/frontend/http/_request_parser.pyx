@@ -10,8 +10,8 @@ from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 from libc.string cimport memset
 
-from .lean_request import MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit, infer_route, too_large_message
-from .request_parser_py import BODY, HEADERS, IDLE, RequestUpgrade
+from .lean_request import (BODY, HEADERS, IDLE, MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit,
+                           RequestUpgrade, infer_route, too_large_message)
 
 cdef extern from "llhttp.h":
     ctypedef struct llhttp_t:

@@ -3,19 +3,17 @@ serves it alone or behind the lean infer path."""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
-import os
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from ...core.data.codec import NO_EXTENSIONS
 from ...errors import TritonShmError
 from ..listeners import retrieve_failures, stop_listening
 from ..restricted import Restrictions
+from ..transports import FALLBACK_TRANSPORTS
 from .api_groups import restriction_middleware
 from .handlers import HttpHandlers, build_routes
 from .timeouts import HEADER_TIMEOUT, KEEPALIVE_TIMEOUT, STOP_GRACE
@@ -99,12 +97,13 @@ def create_app(
     return app
 
 
-def lean_available() -> bool:
-    """The lean infer path needs httptools; TRITON_SHM_NO_EXTENSIONS=1 turns it off (pure
-    aiohttp), and so does TRITON_SHM_LEAN_HTTP=0 alone (to compare the two)."""
-    if NO_EXTENSIONS or os.environ.get("TRITON_SHM_LEAN_HTTP", "") in ("0", "false"):
-        return False
-    return importlib.util.find_spec("httptools") is not None
+def default_http_transport() -> str:
+    """``aiohttp`` under the fallback switch (``..transports``), or where no request parser
+    can serve (the C extension not built and httptools not installed); else ``lean``."""
+    if FALLBACK_TRANSPORTS:
+        return "aiohttp"
+    from .request_parser import AVAILABLE
+    return "lean" if AVAILABLE else "aiohttp"
 
 
 async def start_http(
@@ -116,22 +115,21 @@ async def start_http(
     shutdown_timeout: float = 30.0,
     header_timeout: float | None = None,
     idle_timeout: float | None = None,
-    lean: bool | None = None,
+    transport: str | None = None,
     restrictions: Restrictions | None = None,
     ssl: "ssl.SSLContext | None" = None,
 ) -> Any:
     """Serve on ``host:port``; the caller stops it with ``await server.cleanup()``, which
     lets in-flight requests finish for up to ``shutdown_timeout`` seconds.
 
-    With ``lean`` (default: when available) the infer route runs on the lean path
-    (:mod:`.lean_server`) and aiohttp serves the rest on the same port; else all of it is
-    aiohttp's. ``header_timeout`` bounds the wait for a request's headers (lean path only);
+    With ``transport`` ``lean`` (default: when a request parser can serve; see
+    :func:`default_http_transport`) the infer route runs on the lean path (:mod:`.lean_server`) and
+    aiohttp serves the rest on the same port; with ``aiohttp`` all of it is aiohttp's.
+    ``header_timeout`` bounds the wait for a request's headers (lean path only);
     ``idle_timeout`` an idle connection (both). ``restrictions``: the restricted APIs (on both
     paths); ``ssl``: serve HTTPS.
     """
-    if lean is None:
-        lean = lean_available()
-    if not lean:
+    if (transport or default_http_transport()) == "aiohttp":
         app = create_app(service, max_input_size=max_input_size, restrictions=restrictions)
         return await serve_app(app, host, port, ssl=ssl, auto_decompress=False, shutdown_timeout=shutdown_timeout,
                                keepalive_timeout=KEEPALIVE_TIMEOUT if idle_timeout is None else idle_timeout)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import re
 from http import HTTPStatus
+from typing import Protocol
 
 import orjson
 
@@ -49,6 +50,22 @@ class HttpLimit(Exception):
 
     def __init__(self, status: int, message: str):
         self.status, self.message = status, message
+
+
+# A parser's ``state``, what the timeouts read: between messages, in the headers, in the body.
+IDLE, HEADERS, BODY = 0, 1, 2
+
+
+class RequestUpgrade(Exception):
+    """The message parsed last asks for a protocol upgrade (or is a CONNECT)."""
+
+
+class ParserSink(Protocol):
+    """What a request parser (``request_parser``: C, or the httptools twin) tells the connection."""
+
+    def headers_complete(self, msg: "Message") -> None: ...
+    def body_too_large(self, msg: "Message") -> None: ...
+    def message_complete(self, msg: "Message") -> None: ...
 
 
 class Message:

@@ -18,27 +18,13 @@ upgrade; any other exception is a bug of the sink's. ``state`` (IDLE, HEADERS, B
 """
 from __future__ import annotations
 
-from typing import Protocol
+import httptools  # the [twins] extra: the C parser needs no httptools
 
-import httptools
-
-from .lean_request import (FIELDS, MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit, Message,
-                           infer_route, too_large_message)
-
-IDLE, HEADERS, BODY = 0, 1, 2
+from .lean_request import (BODY, FIELDS, HEADERS, IDLE, MAX_FIELD, MAX_HEADERS, MAX_URL, ROUTES, Field, HttpLimit,
+                           Message, ParserSink, RequestUpgrade, infer_route, too_large_message)
 
 _OTHER, _HEADER_LENGTH, _CONTENT_LENGTH = Field.OTHER, Field.HEADER_LENGTH, Field.CONTENT_LENGTH
 _CONTENT_ENCODING, _ACCEPT_ENCODING = Field.CONTENT_ENCODING, Field.ACCEPT_ENCODING
-
-
-class RequestUpgrade(Exception):
-    """The message parsed last asks for a protocol upgrade (or is a CONNECT)."""
-
-
-class ParserSink(Protocol):
-    def headers_complete(self, msg: Message) -> None: ...
-    def body_too_large(self, msg: Message) -> None: ...
-    def message_complete(self, msg: Message) -> None: ...
 
 
 class RequestParser:

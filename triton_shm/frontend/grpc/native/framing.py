@@ -8,14 +8,10 @@ from __future__ import annotations
 import zlib
 from typing import Iterable
 
-from ....core.data.codec import NO_EXTENSIONS
-from .frames_py import whole_frames_end
+from ...._twins import pick
+from .frames_py import whole_frames_end  # noqa: F401 - the connection imports it from here
 
-if not NO_EXTENSIONS:
-    try:
-        from ._frames import whole_frames_end  # type: ignore  # noqa: F401, F811
-    except ImportError:  # not built: the pure-Python twin serves
-        pass
+pick(globals(), "._frames", "whole_frames_end")
 
 # grpc status codes (the wire values of grpc-status).
 OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED = 0, 1, 2, 3, 4
