@@ -561,6 +561,7 @@ def main() -> None:
             parser.error(f"--generators: unknown {g!r} (known: {', '.join(GENERATORS)})")
     ref = ensure_reference()
     results: dict[tuple[str, str, str], list[dict[str, float]]] = {}
+    failures: list[str] = []  # runs that failed: named at the end, left out of the medians
     sink = OtlpSink() if any(c.tracing for c in cases) else None
     # the cases each server start serves: those without tracing, then those with it
     groups = [(t, [c for c in cases if c.tracing == t]) for t in (False, True)]
@@ -573,12 +574,25 @@ def main() -> None:
                 for traced, group in groups:
                     if not group:
                         continue
-                    server = Server(kind, repo, ref, log, tracing_args(sink.url) if traced and sink else [])
+                    extra = tracing_args(sink.url) if traced and sink else []
+                    server = Server(kind, repo, ref, log, extra)
                     try:
                         for case in group:
                             for gen in generators:
                                 posts = sink.posts if sink else 0
-                                r = run_case(ref, server, case, args.interval_ms, gen)
+                                try:
+                                    r = run_case(ref, server, case, args.interval_ms, gen)
+                                except RuntimeError as e:  # one failed run is reported, not the end of all
+                                    died = server.proc.poll() is not None
+                                    failures.append(f"{kind} {gen} {case.label}: "
+                                                    f"{'the server died; ' if died else ''}{str(e)[-300:]}")
+                                    print(f"  {kind:10s} {gen:15s} {case.label}: FAILED"
+                                          f"{' (the server died: restarted)' if died else ''}",
+                                          file=sys.stderr, flush=True)
+                                    if died:
+                                        server.stop()
+                                        server = Server(kind, repo, ref, log, extra)
+                                    continue
                                 results.setdefault((kind, gen, case.label), []).append(r)
                                 exported = f", {sink.posts - posts} OTLP posts" if sink and traced else ""
                                 print(f"  {kind:10s} {gen:15s} {case.label}: {r['throughput']:.0f}/s "
@@ -588,6 +602,8 @@ def main() -> None:
     if sink is not None:
         sink.close()
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in results.items()}
+    # a case with no run left on either side has no row
+    cases = [c for c in cases if all((k, g, c.label) in med for k in kinds for g in generators)]
     print("\n\n".join(f"#### driven by {GENERATORS[g]}\n\n{table(cases, med, g, ours)}" for g in generators))
     gains = batching_gains(cases, med, generators, ours)
     if gains:
@@ -598,6 +614,8 @@ def main() -> None:
     cost = tracing_cost(cases, med, generators, ours)
     if cost:
         print(f"\n{cost}")
+    if failures:
+        print("\n#### failed runs (left out of the medians)\n\n" + "\n".join(f"- {f}" for f in failures))
 
 
 if __name__ == "__main__":
