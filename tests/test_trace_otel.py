@@ -8,6 +8,7 @@ import http.server
 import json
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -354,6 +355,41 @@ def test_rate_and_count_through_the_settings_api(server, spans):
     finally:
         _settings(server, changes={"trace_rate": None, "trace_count": None})
     assert _settings(server)["trace_rate"] == "1"
+
+
+def test_a_caller_context_is_traced_whatever_rate_and_count_say(repo, tmp_path, collector):
+    """tritonserver traces every request that carries a caller's OpenTelemetry context,
+    whatever rate and count say, without counting it; `--trace-config rate=0` (refused by
+    the settings API) then traces only those."""
+    collector.clear()
+    srv = ServerProcess(repo, tmp_path / "forced.out",
+                        extra_args=_otel_args(collector.url, "rate=0", "count=1")).start()
+    try:
+        assert (_settings(srv)["trace_rate"], _settings(srv)["trace_count"]) == ("0", "1")
+        for _ in range(2):
+            _http_infer(srv)
+        ids = [f"{TRACE_ID[:-1]}{k}" for k in range(3)]
+        for trace_id in ids:
+            _http_infer(srv, headers={"traceparent": f"00-{trace_id}-{PARENT}-01"})
+        got = _by_name(collector.wait_spans(9), "InferRequest")
+        time.sleep(0.3)  # nothing more comes: the plain requests were not traced
+        assert sorted(s["traceId"] for s in _by_name(collector.spans(), "InferRequest")) == ids
+        assert all(s["parentSpanId"] == PARENT for s in got)
+        assert _settings(srv)["trace_count"] == "1"  # forced traces are not counted
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            _settings(srv, changes={"trace_rate": "0"})
+        assert refused.value.code == 400
+        _settings(srv, changes={"trace_rate": "1"})
+        collector.clear()
+        for _ in range(2):
+            _http_infer(srv)  # the first takes the count's last trace
+        _http_infer(srv, headers={"traceparent": TRACEPARENT})  # count 0: traced all the same
+        collector.wait_spans(6)
+        time.sleep(0.3)
+        assert len(_by_name(collector.spans(), "InferRequest")) == 2
+        assert _settings(srv)["trace_count"] == "0"
+    finally:
+        srv.stop_cleanly()
 
 
 def test_model_settings_turn_its_spans_off(server, spans):

@@ -47,7 +47,10 @@ _STREAM_CHUNK = 256  # log_frequency 0: traces buffered before an append to the 
 
 
 # -- values ---------------------------------------------------------------------------------
-def _parse_int(key: str, value: Any) -> int:
+def _parse_int(key: str, value: Any, startup: bool = False) -> int:
+    """``startup``: a ``--trace-config`` value, where rate 0 is allowed (only requests that
+    carry a caller's OpenTelemetry context are traced, as tritonserver does); the settings
+    API refuses it."""
     if not isinstance(value, str):
         raise InvalidArgument(f"'{key}' must be a string, got: {orjson.dumps(value).decode()}")
     text = value.strip()
@@ -60,7 +63,7 @@ def _parse_int(key: str, value: Any) -> int:
             raise InvalidArgument(f"Unable to parse 'trace_count'. Expecting value >= -1, got: {value}")
     elif number < 0:
         raise InvalidArgument(f"Unable to parse '{key}', got: {value}")
-    if key == "trace_rate" and number == 0:
+    if key == "trace_rate" and number == 0 and not startup:
         raise InvalidArgument("Attempting to set invalid trace setting :sample rate must be non-zero")
     if number >= 2**32:
         raise InvalidArgument(f"Unable to parse '{key}', got: {value}")
@@ -123,8 +126,15 @@ class TraceSetting:
         return {"trace_level": self.level, "trace_rate": self.rate, "trace_count": self.count,
                 "log_frequency": self.log_frequency}
 
-    def sample(self) -> bool:
-        if not self.timestamps or self.count == 0:
+    def sample(self, forced: bool = False) -> bool:
+        """Whether to trace the next request. ``forced``: it carries a caller's
+        OpenTelemetry context, traced whatever ``rate`` and ``count`` say (and not counted
+        against them), as tritonserver traces such requests."""
+        if not self.timestamps:
+            return False
+        if forced:
+            return True
+        if self.count == 0 or self.rate == 0:
             return False
         self._seen += 1
         if self._seen % self.rate:
@@ -329,7 +339,7 @@ class Tracer:
         """A Trace if this request is to be traced (call only while ``active``).
         ``request_span``: the front-end's InferRequest span (OpenTelemetry mode)."""
         setting = self._models.get(model_name) or self._global
-        if not setting.sample():
+        if not setting.sample(request_span is not None and request_span.parent_id is not None):
             return None
         trace_id, self._next_id = self._next_id, self._next_id + 1
         trace: Trace
@@ -469,7 +479,7 @@ def parse_trace_config(items: Iterable[str]) -> tuple[dict[str, Any], str, str, 
             levels.append(value.upper())
         elif key in _CLI_KEYS:
             try:
-                startup[_CLI_KEYS[key]] = _parse_int(_CLI_KEYS[key], value)
+                startup[_CLI_KEYS[key]] = _parse_int(_CLI_KEYS[key], value, startup=True)
             except InvalidArgument as e:
                 raise ValueError(f"--trace-config {item}: {e.message}") from None
         else:
