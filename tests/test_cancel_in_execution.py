@@ -58,11 +58,18 @@ class TritonPythonModel:
         return responses
 """
 
+# The same model under the sequence batcher: two slots, so a second sequence's request
+# batches beside the held one or runs after it.
+SEQUENCE_CONFIG = CONFIG.replace('name: "cancellable"', 'name: "seq_cancellable"').replace(
+    "dynamic_batching { max_queue_delay_microseconds: 2000000 }",
+    "sequence_batching { max_sequence_idle_microseconds: 60000000 }")
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("cancel_models")
     write_model(repo, "cancellable", config=CONFIG, model_py=MODEL_PY)
+    write_model(repo, "seq_cancellable", config=SEQUENCE_CONFIG, model_py=MODEL_PY)
     metrics_port = free_port()
     srv = ServerProcess(repo, tmp_path_factory.mktemp("cancel") / "server.out",
                         extra_args=["--allow-metrics=true", "--metrics-port", str(metrics_port)]).start()
@@ -77,8 +84,8 @@ def _inputs(value: float) -> list[grpcclient.InferInput]:
     return [x]
 
 
-def _stats(srv: ServerProcess) -> dict:
-    with urllib.request.urlopen(f"http://{srv.http_url}/v2/models/cancellable/stats", timeout=10) as r:
+def _stats(srv: ServerProcess, model: str = "cancellable") -> dict:
+    with urllib.request.urlopen(f"http://{srv.http_url}/v2/models/{model}/stats", timeout=10) as r:
         return json.load(r)["model_stats"][0]
 
 
@@ -103,8 +110,8 @@ def _wait(results: dict, key: object, timeout: float) -> object:
     return results.get(key)
 
 
-def _counts(srv: ServerProcess) -> tuple[int, int, int]:
-    stats = _stats(srv)
+def _counts(srv: ServerProcess, model: str = "cancellable") -> tuple[int, int, int]:
+    stats = _stats(srv, model)
     return (stats["execution_count"], stats["inference_stats"]["success"]["count"],
             stats["inference_stats"]["fail"]["count"])
 
@@ -151,3 +158,34 @@ def test_a_client_gone_mid_execute_is_seen_by_the_model_and_spares_the_batch(ser
         c.close()
         leaving.close()
     assert _counts(server)[0] == before[0] + 2
+
+
+def test_a_sequence_request_gone_mid_execute_is_seen_by_the_model(server):
+    """The sequence batcher's requests reach the model with their caller's cancellation too:
+    the held batch ends at the cancel, and another sequence's request runs after it."""
+    results: dict = {}
+    before = _counts(server, "seq_cancellable")
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    leaving = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        gone = leaving.async_infer("seq_cancellable", _inputs(2.0), _keep(results, "gone"), sequence_id=7001,
+                                   sequence_start=True)
+        time.sleep(1.0)  # executing alone: the model holds it
+        assert not results
+        t0 = time.monotonic()
+        gone.cancel()
+        c.async_infer("seq_cancellable", _inputs(-1.0), _keep(results, "next"), sequence_id=7002,
+                      sequence_start=True, sequence_end=True)
+        result = _wait(results, "next", WAIT_S / 2)
+        assert isinstance(result, grpcclient.InferResult), result
+        assert time.monotonic() - t0 < WAIT_S / 2  # the held batch ended at the cancel, not its deadline
+        np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), np.full((1, 4), -1.0, dtype=np.float32))
+        assert not isinstance(results.get("gone"), grpcclient.InferResult)
+        deadline = time.monotonic() + 5
+        while _counts(server, "seq_cancellable")[2] == before[2] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # the cancelled one a failure (the model answered CANCELLED), the next a success
+        assert _counts(server, "seq_cancellable")[1:] == (before[1] + 1, before[2] + 1)
+    finally:
+        c.close()
+        leaving.close()

@@ -47,6 +47,7 @@ from ..models.validation import RequestPlan
 from ..observability.statistics import ModelStats
 from .interface import Instance
 from .pending import Pending, resolve
+from .request_future import RequestFuture
 from .rate_limiter import IDLE, Claim, RateLimiter, bind_claims
 
 if TYPE_CHECKING:
@@ -444,6 +445,16 @@ class SequencePending(Pending):
         self.key, self.entry = key, entry
 
 
+class SequenceBatchItem(BatchRequest):
+    """A sequence request as its model sees it (``_expand``), with what the worker pool
+    reads of the queued request: its caller's future (a client that goes away is told to
+    the worker holding the batch: ``request.is_cancelled()``) and its trace (BLS calls
+    traced as its children)."""
+    __slots__ = ("future", "trace")
+    future: asyncio.Future
+    trace: Any
+
+
 class SequenceScheduler:
     """The sequence batcher of one model version (an ``interface.Scheduler``)."""
 
@@ -475,7 +486,8 @@ class SequenceScheduler:
             raise InvalidArgument(f"inference request to model '{name}' must specify batch-size 1 due to "
                                   "requirements of sequence batcher")
         now = self.clock.now()
-        pending = SequencePending(request, plan, regions, stream, 1, 0, now, None, False, trace=trace, key=key)
+        pending = SequencePending(request, plan, regions, stream, 1, 0, now, None, False,
+                                  RequestFuture(loop=asyncio.get_running_loop()), trace=trace, key=key)
         pending.entry = self.book.admit(key, start, end, pending, now, name)
         if trace is not None:
             trace.stamp("QUEUE_START", now)
@@ -561,7 +573,11 @@ class SequenceScheduler:
         request = InferRequest(r.model_name, r.model_version, r.id, r.parameters, [*r.inputs, *extra], r.outputs)
         sequence = None if entry is None or seq is None else (seq.key, entry.start, entry.end)
         plan = dataclasses.replace(base.plan, state_outputs=self.state_outputs, sequence=sequence)
-        return BatchRequest(request, plan, base.regions, base.stream)
+        if entry is None:
+            return BatchRequest(request, plan, base.regions, base.stream)
+        item = SequenceBatchItem(request, plan, base.regions, base.stream)
+        item.future, item.trace = p.future, p.trace
+        return item
 
     def _start(self, instance: Instance, rows: list[tuple[Sequence | None, Entry | None]]) -> None:
         start = self.clock.now()
