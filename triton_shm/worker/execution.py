@@ -81,6 +81,7 @@ class InstanceRunner:
         # bound methods and maps, looked up once: the per-batch path calls them directly
         self._reply, self._stream_body, self._reply_failed = host.reply, host.stream, host.reply_failed
         self._cancelled = host.cancelled
+        self._is_cancelled = host.cancelled.__contains__  # bound once: a request's check is a partial of it
         self._arena, self._regions = memory.arena, memory.regions
         self._free = memory.arena.free_blocks  # one call per batch (a C loop when built)
         self._keep_held, self._view = memory.keep_held, memory.view
@@ -189,7 +190,7 @@ class InstanceRunner:
             try:
                 wr = self._decode(r, scratch, held, lent[i] if lent is not None else None)
                 # the client may go away meanwhile: the model sees it in request.is_cancelled()
-                wr.is_cancelled = functools.partial(self._cancelled.__contains__, (msg_id, i))
+                wr.is_cancelled = functools.partial(self._is_cancelled, (msg_id, i))
                 if model.decoupled:
                     wr.sender = functools.partial(self._stream, msg_id, i, r)
                 decoded.append(wr)
