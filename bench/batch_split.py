@@ -15,18 +15,16 @@ which tells the split queue's cost from that of a second front-end process.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from compare_triton import MATMUL_PY, free_port, matmul_config  # noqa: E402
+from compare_triton import MATMUL_PY, Case, Server, matmul_config, run_generator  # noqa: E402
 from reference import ensure_reference  # noqa: E402
 
 
@@ -41,60 +39,24 @@ def build(root: Path, count: int, models: tuple[str, ...] = ("m",)) -> Path:
     return repo
 
 
-class Server:
-    def __init__(self, repo: Path):
-        self.port = free_port()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "triton_shm", "--model-repository", str(repo), "--http-port", str(self.port),
-             "--grpc-port", str(self.port + 1), "--allow-metrics", "false", "--http-address", "127.0.0.1",
-             "--grpc-address", "127.0.0.1"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "OPENBLAS_NUM_THREADS": "1"})
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/models/m/ready", timeout=2):
-                    return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("the server did not start") from None
-                time.sleep(0.1)
-
-    def counts(self, model: str = "m") -> tuple[int, int]:
-        """(inferences, executions) of ``model`` so far."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v2/models/{model}/stats", timeout=10) as r:
-            stats = json.load(r)["model_stats"][0]
-        return stats["inference_count"], stats["execution_count"]
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(60)
+def counts(server: Server, model: str) -> tuple[int, int]:
+    """(inferences, executions) of ``model`` so far, from the statistics extension."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/v2/models/{model}/stats", timeout=10) as r:
+        stats = json.load(r)["model_stats"][0]
+    return stats["inference_count"], stats["execution_count"]
 
 
-def load(ref, server: Server, concurrency: int, seconds: int, model: str = "m") -> subprocess.Popen:
-    return subprocess.Popen(
-        [str(ref.perf_analyzer), "-m", model, "-u", f"127.0.0.1:{server.port + 1}", "-i", "grpc",
-         "--concurrency-range", str(concurrency), "--measurement-interval", str(seconds * 1000),
-         "--stability-percentage", "50", "--max-trials", "3"],
-        env=ref.pa_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def throughput(run: subprocess.Popen) -> float:
-    out = run.communicate(timeout=600)[0]
-    for line in out.splitlines():
-        if "Throughput:" in line:
-            return float(line.split("Throughput:")[1].split()[0])
-    raise RuntimeError(f"perf_analyzer failed:\n{out[-2000:]}")
-
-
-def measure(ref, targets: list[tuple[Server, str]], concurrency: int, seconds: int) -> tuple[float, float]:
+def measure(ref, targets: list[tuple[Server, str]], concurrency: int, interval_ms: int) -> tuple[float, float]:
     """Total throughput and mean batch size of the (server, model) ``targets`` loaded at the same time."""
-    before = [s.counts(m) for s, m in targets]
-    runs = [load(ref, s, concurrency, seconds, m) for s, m in targets]
-    total = sum(throughput(r) for r in runs)
-    after = [s.counts(m) for s, m in targets]
+    before = [counts(s, m) for s, m in targets]
+    with concurrent.futures.ThreadPoolExecutor(len(targets)) as pool:
+        rows = list(pool.map(lambda t: run_generator(ref, "perf_analyzer", t[0].url("grpc"),
+                                                     Case(t[1], t[1], ["--concurrency-range", str(concurrency)]),
+                                                     interval_ms), targets))
+    after = [counts(s, m) for s, m in targets]
     inferences = sum(a[0] - b[0] for a, b in zip(after, before))
     executions = sum(a[1] - b[1] for a, b in zip(after, before))
-    return total, inferences / max(executions, 1)
+    return sum(float(row["Inferences/Second"]) for row in rows), inferences / max(executions, 1)
 
 
 def main() -> None:
@@ -105,24 +67,29 @@ def main() -> None:
     ref = ensure_reference()
     with tempfile.TemporaryDirectory() as tmp:
         one_queue, split, two_models = build(Path(tmp), 2), build(Path(tmp), 1), build(Path(tmp), 1, ("m", "m2"))
+        log = open(Path(tmp) / "servers.log", "wb")
+        window = args.seconds * 1000
+
+        def start(repo: Path) -> Server:
+            return Server("triton-shm", repo, ref, log)
         for r in range(args.rounds):
-            server = Server(one_queue)
+            server = start(one_queue)
             try:
-                total, batch = measure(ref, [(server, "m")], 16, args.seconds)
+                total, batch = measure(ref, [(server, "m")], 16, window)
             finally:
                 server.stop()
             print(f"round {r}: one queue, count 2, concurrency 16: {total:,.0f} infer/s, mean batch {batch:.2f}")
-            servers = [Server(split), Server(split)]
+            servers = [start(split), start(split)]
             try:
-                total, batch = measure(ref, [(s, "m") for s in servers], 8, args.seconds)
+                total, batch = measure(ref, [(s, "m") for s in servers], 8, window)
             finally:
                 for s in servers:
                     s.stop()
             print(f"round {r}: two servers, count 1 each, concurrency 8 each: {total:,.0f} infer/s, "
                   f"mean batch {batch:.2f}", flush=True)
-            server = Server(two_models)
+            server = start(two_models)
             try:
-                total, batch = measure(ref, [(server, "m"), (server, "m2")], 8, args.seconds)
+                total, batch = measure(ref, [(server, "m"), (server, "m2")], 8, window)
             finally:
                 server.stop()
             print(f"round {r}: one server, two copies of the model, count 1 each, concurrency 8 each: "
