@@ -81,8 +81,7 @@ class HttpHandlers:
         sent here, between HTTP_SEND_START and HTTP_SEND_END."""
         model, version = _model(request)
         headers = request.headers
-        span = RequestSpan(headers.get("traceparent"))
-        span.stamp("HTTP_RECV_START")
+        span = _open_span(request)
         try:
             body = await request.read()
             span.stamp("HTTP_RECV_END")
@@ -90,12 +89,8 @@ class HttpHandlers:
                 self.service, model, version, body, header_length=headers.get(HEADER_LENGTH),
                 content_encoding=headers.get("Content-Encoding"), accept_encoding=headers.get("Accept-Encoding"),
                 max_input_size=self.max_input_size, span=span)
-            span.stamp("INFER_RESPONSE_COMPLETE")
-            span.stamp("HTTP_SEND_START")
-            response = web.Response(body=reply.body, content_type=reply.content_type, headers=reply.headers)
-            await response.prepare(request)
-            await response.write_eof()
-            return response
+            return await _send_traced(
+                request, web.Response(body=reply.body, content_type=reply.content_type, headers=reply.headers), span)
         finally:
             span.stamp("HTTP_SEND_END")
             self.service.tracer.end_request(span)
@@ -113,27 +108,16 @@ class HttpHandlers:
                 doc = encode_generate_response(response)
             finally:
                 response.release()
-            if span is None:
-                return _json(request, doc)
-            span.stamp("INFER_RESPONSE_COMPLETE")
-            span.stamp("HTTP_SEND_START")
-            reply = _json(request, doc)
-            await reply.prepare(request)
-            await reply.write_eof()
-            return reply
+            return _json(request, doc) if span is None else await _send_traced(request, _json(request, doc), span)
         finally:
             if span is not None:
                 span.stamp("HTTP_SEND_END")
                 self.service.tracer.end_request(span)
 
     def _span(self, request: web.Request) -> RequestSpan | None:
-        """A generate request's InferRequest span (under the caller's W3C traceparent, as
-        Triton's generate endpoints take it) while OpenTelemetry spans are traced."""
-        if not self.service.tracer.spans:
-            return None
-        span = RequestSpan(request.headers.get("traceparent"))
-        span.stamp("HTTP_RECV_START")
-        return span
+        """A generate request's InferRequest span (Triton's generate endpoints take the
+        caller's traceparent too) while OpenTelemetry spans are traced."""
+        return _open_span(request) if self.service.tracer.spans else None
 
     async def generate_stream(self, request: web.Request) -> web.StreamResponse:
         """Server-sent events, one per response; an error ends the stream as an event."""
@@ -297,6 +281,23 @@ def _parameters(doc: dict[str, Any]) -> dict[str, Any]:
 def _shm_kind(request: web.Request) -> str:
     return "system" if request.path.startswith("/v2/systemsharedmemory") else "cuda"
 
+
+
+def _open_span(request: web.Request) -> RequestSpan:
+    """The request's InferRequest span, under the caller's W3C traceparent, from its arrival."""
+    span = RequestSpan(request.headers.get("traceparent"))
+    span.stamp("HTTP_RECV_START")
+    return span
+
+
+async def _send_traced(request: web.Request, response: web.StreamResponse, span: RequestSpan) -> web.StreamResponse:
+    """Send ``response`` now, between the span's response events (the caller stamps
+    HTTP_SEND_END and ends the span, also when this fails)."""
+    span.stamp("INFER_RESPONSE_COMPLETE")
+    span.stamp("HTTP_SEND_START")
+    await response.prepare(request)
+    await response.write_eof()
+    return response
 
 def _model(request: web.Request) -> tuple[str, str]:
     info = request.match_info
