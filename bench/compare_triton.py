@@ -2,7 +2,7 @@
 
     python bench/compare_triton.py [--scenarios small,large,batching] [--rounds 2] [--interval-ms 3000]
                                    [--generators perf_analyzer,triton-shm-perf] [--protocols grpc,http]
-                                   [--servers triton-shm,triton-shm-aiohttp,triton-shm-grpcio,triton]
+                                   [--servers triton-shm,triton-shm-aiohttp,triton-shm-grpcio,triton-shm-2fe,triton]
                                    [--max-trials 5]
 
 Both servers serve the same repository of python-backend models (the only kind the
@@ -17,7 +17,8 @@ generator reports them, plus each server's CPU-seconds per 1,000 inferences and 
 These server-side figures are measured the same way whichever generator drives the load.
 With --servers, triton-shm-aiohttp (--http-transport aiohttp: HTTP served by aiohttp alone)
 and triton-shm-grpcio (--grpc-transport grpcio: gRPC on grpc.aio instead of our native
-server) are measured as well, each variant of ours in its own rows against Triton.
+server) and triton-shm-2fe (--frontend-processes 2) are measured as well, each variant of
+ours in its own rows against Triton.
 
 The server-side time per request comes from each server's own statistics extension
 (success ns / count over the run); so does the request count that CPU-seconds are divided by.
@@ -46,6 +47,9 @@ Scenarios:
             discards what arrives: Triton 2.51 posts protobuf, triton-shm JSON); the batch
             span processor's settings are both servers' defaults. Besides the tables, the
             throughput and the CPU per inference with tracing on / off, per server.
+  frontends add_sub with two instances (add_sub_2), gRPC and HTTP at concurrency 8: the
+            small requests a server with --frontend-processes 2 serves in both processes
+            (measure with --servers triton,triton-shm,triton-shm-2fe)
 """
 from __future__ import annotations
 
@@ -231,6 +235,9 @@ SCENARIOS: dict[str, list[Case]] = {
                       ["--concurrency-range", "16"], protocol)
                  for protocol, name in (("grpc", "gRPC"), ("http", "HTTP"))
                  for state, model in (("off", "matmul_nobatch"), ("on", "matmul_batch"))],
+    # small requests to a model with two instances: what a second front-end process serves
+    "frontends": [Case(f"add_sub FP32[16], 2 instances, {p}, concurrency 8", "add_sub_2",
+                       ["--concurrency-range", "8"], p) for p in ("grpc", "http")],
     # one instance of a 1 ms model, no batching: the time between two executions shows
     "gap": [Case("sleep 1 ms, one instance, gRPC, concurrency 16", "sleep_1ms", ["--concurrency-range", "16"])],
     # ~3 ms of GIL-holding Python per request, one instance vs two: does count 2 scale?
@@ -295,6 +302,8 @@ def build_repository(repo: Path) -> None:
         (repo / name / "config.pbtxt").write_text(textwrap.dedent(config))
         (repo / name / "1" / "model.py").write_text(textwrap.dedent(code))
     write("add_sub", *ADD_SUB)
+    write("add_sub_2", ADD_SUB[0].replace('name: "add_sub"', 'name: "add_sub_2"')
+          + '    instance_group [ { count: 2 kind: KIND_CPU } ]\n', ADD_SUB[1])
     write("identity", *IDENTITY)
     write("identity_in_place", *IDENTITY_IN_PLACE)
     write("sleep_1ms", *SLEEP_1MS)
@@ -364,6 +373,7 @@ VARIANTS: dict[str, tuple[dict[str, str], list[str]]] = {
     "triton-shm": ({}, []),
     "triton-shm-aiohttp": ({}, ["--http-transport", "aiohttp"]),
     "triton-shm-grpcio": ({}, ["--grpc-transport", "grpcio"]),  # gRPC on grpc.aio instead of native
+    "triton-shm-2fe": ({}, ["--frontend-processes", "2"]),  # two front-end processes as one server
 }
 
 

@@ -80,6 +80,16 @@ RESOURCE = _form("<string>:<integer>[:<integer>]",
                  lambda v: _fields(v, ":", (str, int, int), optional=1) and bool(v.split(":")[0]))
 
 
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got '{value}'") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got '{value}'")
+    return number
+
+
 def _seconds(value: str) -> float:
     try:
         seconds = float(value)
@@ -267,6 +277,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP server: lean (the infer route parsed in C, aiohttp serving the other routes on the same "
              "port; the default) or aiohttp (all of it; the default with TRITON_SHM_FALLBACK_TRANSPORTS=1, or "
              "without the C extensions and httptools)")
+    add("--frontend-processes", type=_positive_int, default=1, metavar="N",
+        help="front-end processes serving the ports as one server, each on a core of its own; models "
+             "without a batcher, sequences or cache and with at least N instances are served where a request "
+             "arrives, the others by one process (default 1; docs/deployment.md says how to size it)")
     add("--gpus", default=None, metavar="IDS",
         help="comma-separated GPU ids to serve, one worker each (default: all visible GPUs; 'none' for none)")
     _add_implemented(p)
@@ -326,6 +340,11 @@ def _transport_error(options: ServerOptions) -> str:
         if not AVAILABLE:
             return ("--http-transport lean needs the C request parser (built with the package) or httptools "
                     "(pip install 'triton-shm[twins]')")
+    if options.frontend_processes > 1 and options.allow_grpc:
+        from .frontend.transports import default_grpc_transport
+        if (options.grpc_transport or default_grpc_transport()) == "grpcio":
+            return ("--frontend-processes above 1 serves gRPC on the native transport only (grpcio can not "
+                    "serve a listening socket it did not bind): use --grpc-transport native")
     return ""
 
 
@@ -459,7 +478,8 @@ def parse_args(argv: list[str] | None = None) -> ServerOptions:
         values["strict_model_config"] = False
     else:
         warnings.append("--strict-model-config is deprecated: use --disable-auto-complete-config")
-    options = ServerOptions(**values, inert=inert, startup_warnings=warnings)
+    options = ServerOptions(**values, inert=inert, startup_warnings=warnings,
+                            command_line=list(sys.argv[1:] if argv is None else argv))
     error = _load_model_error(options) or _security_error(options) or _transport_error(options)
     if error:  # tritonserver exits 1 for these
         parser.print_usage(sys.stderr)

@@ -88,6 +88,8 @@ class ServerOptions:
     # restricted APIs: "<group>[,<group>...]:<header>=<value>" each (frontend/restricted.py)
     http_restricted_api: list[str] = field(default_factory=list)
     grpc_restricted_protocol: list[str] = field(default_factory=list)
+    frontend_processes: int = 1        # --frontend-processes: front-end processes serving as one server
+    command_line: list[str] = field(default_factory=list)  # the arguments, for the other front-end processes
     # compatibility flags that were given: flag -> value, and the warnings to log at start
     inert: dict[str, Any] = field(default_factory=dict)
     startup_warnings: list[str] = field(default_factory=list)

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from .cluster.processes import FrontendProcesses, Place, place_from_environment, watch_parent
 from .options import ServerOptions
 from .core.models.manager import ModelManager
 from .core.scheduling.rate_limiter import RateLimiter
@@ -27,6 +28,13 @@ log = logging.getLogger("triton_shm.server")
 
 
 async def serve(options: ServerOptions) -> int:
+    place = place_from_environment(options.frontend_processes)
+    processes = _bind_for_children(place, options) if place.several and place.index == 0 else None
+    peers = None
+    if place.several:
+        from .cluster.peers import Peers
+        assert place.directory is not None
+        peers = Peers(place.index, place.count, place.directory)
     gpus = parse_gpus(options.gpus)
     pool = WorkerPool(gpus, options.log_verbose)
     repository = ModelRepository(options.model_repositories, gpus=gpus)
@@ -37,34 +45,59 @@ async def serve(options: ServerOptions) -> int:
                           load_threads=options.model_load_thread_count,
                           latency_summaries=options.allow_metrics and metrics_config.summary_latencies,
                           auto_complete=options.auto_complete_config, config_name=options.model_config_name,
-                          external_links=options.allow_external_model_links, limiter=limiter)
+                          external_links=options.allow_external_model_links, limiter=limiter,
+                          **_cluster_arguments(place, peers))
     service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
                                strict_readiness=options.strict_readiness, server_id=options.server_id, cache=cache)
     service.tracer = Tracer.from_config(options.trace_config)
+    cluster = None
+    if peers is not None:
+        from .cluster.control import Cluster
+        from .cluster.share import FrontendShare
+        cluster = service.cluster = Cluster(FrontendShare(place.index, place.count), peers, service)
+        if place.index == 0:
+            models.after_poll = cluster.after_poll
+        else:
+            models.polls = False  # process 0 polls, then has the others apply what changed
     security = Security.from_options(options)  # unusable files or values: exit 1 before anything starts
     shutdown = ShutdownSignals()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, shutdown.received, sig)
+        loop.add_signal_handler(sig, _on_stop_signal, shutdown, processes, sig)
     loop.add_signal_handler(signal.SIGHUP, security.reload)
+    watch_parent(place, lambda: shutdown.received(signal.SIGINT))  # process 0 is gone: stop now
 
-    await pool.start()
     runners = []
     try:
+        if peers is not None and cluster is not None:
+            await peers.start(cluster.handlers(), service)
+        if processes is not None:
+            await processes.start()  # they load their models while this one does
+        await pool.start()
         await models.start(options.load_model)
-        print(repository.status_table(), flush=True)
         failed = models.failed_models()
-        if failed and options.exit_on_error:
+        if cluster is not None:
+            cluster.loaded.set()
+            if place.index == 0:
+                failed = await cluster.startup()  # every process has loaded; then all serve
+            elif place.restarted:
+                await cluster.rejoin()
+            else:
+                await cluster.serving.wait()
+        if place.index == 0:
+            print(repository.status_table(), flush=True)
+        if failed and options.exit_on_error and place.index == 0:
             log.error("failed to load all models (start with --exit-on-error=false to serve the others): %s",
                       "; ".join(failed))
             return 1
-        if options.allow_metrics:  # first, so it answers once HTTP reports ready
+        if options.allow_metrics and place.index == 0:  # first, so it answers once HTTP reports ready
             address = options.metrics_address or options.http_address
             runners.append(("Metrics", await start_metrics(
                 repository, address, options.metrics_port, cpu=options.allow_cpu_metrics,
                 gpu=options.allow_gpu_metrics, interval_ms=options.metrics_interval_ms, gpus=gpus,
                 config=metrics_config, ssl=security.context("metrics"),
-                restrictions=security.http_restrictions, cache=cache)))
+                restrictions=security.http_restrictions, cache=cache,
+                peer_snapshots=None if cluster is None else cluster.metrics_snapshots)))
             log.info("Started Metrics Service at %s:%d", address, options.metrics_port)
         if options.allow_grpc:  # before HTTP, as tritonserver: HTTP ready means both answer
             from .frontend.grpc.server import start_grpc
@@ -73,7 +106,7 @@ async def serve(options: ServerOptions) -> int:
             runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
                                                      keepalive=grpc_keepalive(options), transport=transport,
                                                      restrictions=security.grpc_restrictions,
-                                                     tls=security.tls.get("grpc"))))
+                                                     tls=security.tls.get("grpc"), sock=place.listeners.get("grpc"))))
             log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
                      transport)
         if options.allow_http:
@@ -86,7 +119,7 @@ async def serve(options: ServerOptions) -> int:
                                                      header_timeout=options.http_header_timeout_secs,
                                                      idle_timeout=options.http_idle_timeout_secs,
                                                      restrictions=security.http_restrictions,
-                                                     ssl=security.context("http"))))
+                                                     ssl=security.context("http"), sock=place.listeners.get("http"))))
             log.info("Started HTTPService at %s:%d (%s)", options.http_address, options.http_port, http_transport)
         await shutdown.drain(service, options.drain_secs)
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
@@ -103,7 +136,38 @@ async def serve(options: ServerOptions) -> int:
         await pool.stop(timeout=max(deadline - loop.time(), 1.0))  # then workers are killed
         service.shm.close()
         await service.tracer.close()
+        if processes is not None:  # they drain since the signal reached them
+            await processes.stop(timeout=max(deadline - loop.time(), 1.0))
+        if peers is not None:
+            await peers.close()
     return 0
+
+
+def _bind_for_children(place: Place, options: ServerOptions) -> FrontendProcesses:
+    """Process 0 of several: bind the HTTP and gRPC ports once, for every process, and make
+    the peer sockets' directory."""
+    from .frontend.listeners import bind_listener
+    if options.allow_http:
+        place.listeners["http"] = bind_listener(options.http_address, options.http_port)
+    if options.allow_grpc:
+        place.listeners["grpc"] = bind_listener(options.grpc_address, options.grpc_port)
+    place.directory = FrontendProcesses.make_directory()
+    return FrontendProcesses(place, options.command_line)
+
+
+def _cluster_arguments(place: Place, peers) -> dict:
+    """The model manager's share of the models, and how it forwards the others."""
+    if peers is None:
+        return {}
+    from .cluster.control import forwarding_to
+    from .cluster.share import FrontendShare
+    return {"share": FrontendShare(place.index, place.count), "forwarding": forwarding_to(peers)}
+
+
+def _on_stop_signal(shutdown: "ShutdownSignals", processes: FrontendProcesses | None, sig: int) -> None:
+    shutdown.received(sig)
+    if processes is not None:
+        processes.signal(sig)  # the other front-end processes drain (or stop) alike
 
 
 class ShutdownSignals:

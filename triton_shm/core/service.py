@@ -6,6 +6,7 @@ adapters map those to HTTP/gRPC status once.
 from __future__ import annotations
 
 import asyncio
+import base64
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable
 
@@ -24,7 +25,9 @@ from .models.validation import RequestPlan, checked_plan, plain_plan, validate_r
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
+    from ..cluster.control import Cluster
     from ..supervisor.handle import WorkerHandle
+    from .data.shm_registry import Region
     from .models.version import ModelVersion
 
 SERVER_NAME = "triton"
@@ -54,6 +57,9 @@ class InferenceService:
         self.accepting = True  # False once the front-ends have stopped
         self.tracer = Tracer()  # the server replaces it with one built from --trace-config
         self.log_settings = log_settings.current()
+        # --frontend-processes above 1: the other front-end processes, which every change of
+        # the server's state reaches before it is answered (None: this process is the server)
+        self.cluster: "Cluster | None" = None
         # Names validate_model_name accepted that name a model: checked once, not per
         # request (only repository names are kept, so clients cannot grow it).
         self._checked_names: set[str] = set()
@@ -78,13 +84,36 @@ class InferenceService:
         return {"name": self.server_id, "version": TRITON_PROTOCOL_VERSION, "extensions": extensions}
 
     # -- shared memory -------------------------------------------------------------------
-    def register_system_shm(self, name: str, key: object, offset: object, byte_size: object) -> None:
+    async def register_system_shm(self, name: str, key: object, offset: object, byte_size: object) -> None:
         """The values as the wire carried them: the registry checks their types and ranges."""
         self.shm.register_system(name, key, offset, byte_size)
+        if self.cluster is not None:
+            await self._everywhere_or_undo("register_system_shm", {
+                "name": name, "key": key, "offset": offset, "byte_size": byte_size}, "system", name)
 
     async def register_cuda_shm(self, name: str, raw_handle: bytes | str, device_id: object, byte_size: object) -> None:
         """Checked here, opened by the worker of ``device_id`` (its error is the client's),
         listed once open."""
+        region = await self.open_cuda_shm(name, raw_handle, device_id, byte_size)
+        if self.cluster is not None:
+            await self._everywhere_or_undo("register_cuda_shm", {
+                "name": name, "raw_handle": base64.b64encode(region.raw_handle).decode(),
+                "device_id": region.device_id, "byte_size": region.byte_size}, "cuda", name)
+
+    async def _everywhere_or_undo(self, op: str, body: dict[str, Any], kind: str, name: str) -> None:
+        """A registration made here, made in the other front-end processes too; undone
+        everywhere when one of them refuses it."""
+        assert self.cluster is not None
+        try:
+            await self.cluster.everywhere(op, body)
+        except BaseException:
+            self.shm.unregister(kind, name)
+            await self.cluster.everywhere("unregister_shm", {"kind": kind, "name": name})
+            raise
+
+    async def open_cuda_shm(self, name: str, raw_handle: bytes | str, device_id: object,
+                            byte_size: object) -> "Region":
+        """A CUDA region registered in this process (its GPU's worker opened the handle)."""
         region = self.shm.prepare_cuda(name, raw_handle, device_id, byte_size)
         await self.workers.open_cuda_region(region)
         try:
@@ -92,14 +121,17 @@ class InferenceService:
         except BaseException:
             self.workers.drop_region(region)
             raise
+        return region
 
     def shm_status(self, kind: str, name: str = "") -> list[dict[str, Any]]:
         """kind "system" → ``[{"name","key","offset","byte_size"}]``;
         "cuda" → ``[{"name","device_id","byte_size"}]``."""
         return self.shm.status(kind, name)
 
-    def unregister_shm(self, kind: str, name: str = "") -> None:
+    async def unregister_shm(self, kind: str, name: str = "") -> None:
         self.shm.unregister(kind, name)
+        if self.cluster is not None:
+            await self.cluster.everywhere("unregister_shm", {"kind": kind, "name": name})
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -118,24 +150,34 @@ class InferenceService:
     def model_config_json(self, name: str, version: str = "") -> dict[str, Any]:
         return config_to_json(self.model_config(name, version))
 
-    def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        """``{"model_stats": [...]}`` as Triton's statistics extension reports it."""
+    async def model_statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        """``{"model_stats": [...]}`` as Triton's statistics extension reports it (with
+        several front-end processes: every process's counts, summed)."""
         if name:
             validate_model_name(name)
-        return {"model_stats": self.repository.statistics(name, version)}
+        stats = self.repository.statistics(name, version)
+        if self.cluster is not None:
+            stats = await self.cluster.statistics(stats, name, version)
+        return {"model_stats": stats}
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         """Explicit mode only: (re)load ``name``; ``parameters`` may carry ``config`` (a JSON
         model config that overrides config.pbtxt) and ``file:<version>/<file>`` contents."""
         self.models.check_api_allowed()
         config, files = decode_load_parameters(parameters or {})
-        await self.models.load(name, config, files)
+        if self.cluster is not None:
+            await self.cluster.load(name, config, files)
+        else:
+            await self.models.load(name, config, files)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Explicit mode only: waits for the model's in-flight requests, then frees it;
         with ``unload_dependents`` the ensembles that use it are unloaded first."""
         self.models.check_api_allowed()
-        await self.models.unload(name, unload_dependents)
+        if self.cluster is not None:
+            await self.cluster.unload(name, unload_dependents)
+        else:
+            await self.models.unload(name, unload_dependents)
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """``[{"name", "version", "state", "reason"?}]`` sorted by name and version."""
@@ -153,18 +195,24 @@ class InferenceService:
         self._check_trace_model(model)
         return self.tracer.settings(model)
 
-    def update_trace_settings(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
+    async def update_trace_settings(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
         """Values are strings (``trace_level``: a list of strings); null clears a setting."""
         self._check_trace_model(model)
-        return self.tracer.update(model, changes)
+        settings = self.tracer.update(model, changes)
+        if self.cluster is not None:
+            await self.cluster.everywhere("trace_update", {"model": model, "changes": changes})
+        return settings
 
     def get_log_settings(self) -> dict[str, Any]:
         """``{"log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format"}``."""
         return self.log_settings.to_dict()
 
-    def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
+    async def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Null leaves a setting as it is; ``log_file`` can not be set (501)."""
-        return self.log_settings.update(changes)
+        settings = self.log_settings.update(changes)
+        if self.cluster is not None:
+            await self.cluster.everywhere("log_update", {"changes": changes})
+        return settings
 
     # -- inference -----------------------------------------------------------------------
     async def infer(self, request: InferRequest, span: RequestSpan | None = None) -> InferResponse:

@@ -42,7 +42,7 @@ RESTART_BACKOFF = (0.1, 0.5, 1.0, 2.0, 5.0)
 PROCESS_PER_INSTANCE = "PROCESS_PER_INSTANCE"
 
 
-def _instance_kind(group) -> str:
+def instance_kind(group) -> str:
     return mc.ModelInstanceGroup.Kind.Name(group.kind)
 
 
@@ -179,11 +179,16 @@ class WorkerPool:
         processes start beside the old ones); a shared worker hosts them all."""
         by_worker: dict[str, list[Any]] = {}
         own = process_per_instance(mv.config)
+        mine, processes = mv.instance_slice  # several front-end processes: this one's share
+        ordinal = -1
         for group in mv.config.instance_group:
-            kind = _instance_kind(group)
+            kind = instance_kind(group)
             devices = list(group.gpus) if kind == "KIND_GPU" else [None]
             for device in devices:
                 for i in range(group.count):
+                    ordinal += 1
+                    if ordinal % processes != mine:
+                        continue
                     suffix = f"_{device}" if device is not None else ""
                     spec = {"name": f"{group.name}_{i}{suffix}", "kind": kind,
                             "device_id": device if device is not None else 0}

@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..data.response_cache import check_cache_config
@@ -32,7 +32,9 @@ from .repository import (NOT_REQUESTED, UNLOADED, ModelEntry, ModelRepository, c
 from .version import LOADING, READY, UNAVAILABLE, UNLOADING, ModelVersion
 
 if TYPE_CHECKING:
+    from ...cluster.share import FrontendShare
     from ...supervisor.pool import WorkerPool
+    from ..scheduling.interface import Scheduler
 
 log = logging.getLogger("triton_shm.models")
 
@@ -124,7 +126,8 @@ class ModelManager:
     def __init__(self, repository: ModelRepository, pool: "WorkerPool", *, mode: str = "none",
                  poll_secs: float = 15.0, load_threads: int = 4, latency_summaries: bool = False,
                  auto_complete: bool = True, config_name: str = "", limiter: RateLimiter | None = None,
-                 external_links: bool = False):
+                 external_links: bool = False, share: "FrontendShare | None" = None,
+                 forwarding: "Callable[[ModelVersion, int], Scheduler] | None" = None):
         if mode not in MODES:
             raise ValueError(f"--model-control-mode must be one of {', '.join(MODES)}, got '{mode}'")
         self.repository, self.pool, self.mode = repository, pool, mode
@@ -135,6 +138,12 @@ class ModelManager:
         self.config_name = config_name      # --model-config-name: configs/<name>.pbtxt before config.pbtxt
         self.limiter = limiter              # --rate-limit execution_count (None: off)
         self.external_links = external_links  # --allow-external-model-links: follow links out of the repository
+        # --frontend-processes: this process's share of the models, and the scheduler of a
+        # model another process owns (cluster/share.py, cluster/forwarding.py)
+        self.share, self.forwarding = share, forwarding
+        # the other front-end processes re-scan after this one's poll (several processes only)
+        self.after_poll: Callable[[], Awaitable[None]] | None = None
+        self.polls = True  # this process watches the repository in poll mode (only one of several does)
         self._load_slots = asyncio.Semaphore(max(load_threads, 1))
         self._generations = itertools.count(1)
         self._poll_task: asyncio.Task | None = None
@@ -195,7 +204,7 @@ class ModelManager:
         ensembles = {n for n in names if n in found and _is_ensemble(found[n], self.config_name)}
         await asyncio.gather(*(self._load_reporting(n) for n in names if n not in ensembles))
         await asyncio.gather(*(self._load_reporting(n) for n in ensembles))
-        if self.mode == "poll":
+        if self.mode == "poll" and self.polls:
             self._poll_task = asyncio.get_running_loop().create_task(self._poll())
 
     async def _load_reporting(self, name: str) -> None:
@@ -418,9 +427,19 @@ class ModelManager:
             mv.stats = ModelStats(mv.name, str(mv.version))
             if self.latency_summaries:
                 mv.stats.enable_summaries()
+            owner = None if ensemble or self.share is None else \
+                self.share.owner_of(mv.name, config, rate_limited=self.limiter is not None)
             if ensemble:
                 mv.scheduler = EnsembleScheduler(mv, self.repository, mv.stats)
+            elif owner is not None and self.share is not None and owner != self.share.index:
+                if self.forwarding is None:
+                    raise Internal(f"model '{mv.name}' belongs to front-end process {owner}, and this one "
+                                   "has no link to it")
+                mv.owner, mv.caches_responses = owner, False  # the owner caches its responses
+                mv.scheduler = self.forwarding(mv, owner)
             else:
+                if owner is None and self.share is not None:
+                    mv.instance_slice = self.share.instance_slice()
                 claims = self._claims(mv)
                 try:
                     await self.pool.load(mv)
@@ -497,6 +516,8 @@ class ModelManager:
             await asyncio.sleep(self.poll_secs)
             try:
                 await self.poll_once()
+                if self.after_poll is not None:
+                    await self.after_poll()
             except Exception:  # keep polling whatever one pass met
                 log.exception("model repository poll failed")
 

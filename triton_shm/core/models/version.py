@@ -59,6 +59,12 @@ class ModelVersion:
     scheduler: "Scheduler | None" = None
 
     generation: int = 0   # distinguishes a reload from the version it replaces
+    # (index, count): with several front-end processes, a partitioned model's instances this
+    # process starts (ordinal k with k % count == index; cluster/share.py); (0, 1): all of them
+    instance_slice: tuple[int, int] = (0, 1)
+    # the front-end process that owns the model when that is another one (its requests are
+    # forwarded there; cluster/share.py), else None
+    owner: int | None = None
     # its worker died and is being restarted: requests get UNAVAILABLE (retryable), not NOT_FOUND
     recovering: bool = False
 

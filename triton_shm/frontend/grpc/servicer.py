@@ -98,7 +98,7 @@ class InferenceRpcs:
     # ModelInfer has no body here: it is the service's infer, between its codecs (see methods()).
 
     async def ModelStatistics(self, request: pb.ModelStatisticsRequest) -> pb.ModelStatisticsResponse:
-        stats = self.service.model_statistics(request.name, request.version)
+        stats = await self.service.model_statistics(request.name, request.version)
         return encode_model_statistics(stats)
 
     async def RepositoryModelLoad(self, request: pb.RepositoryModelLoadRequest) -> pb.RepositoryModelLoadResponse:
@@ -128,13 +128,13 @@ class InferenceRpcs:
     async def SystemSharedMemoryRegister(
         self, request: pb.SystemSharedMemoryRegisterRequest
     ) -> pb.SystemSharedMemoryRegisterResponse:
-        self.service.register_system_shm(request.name, request.key, request.offset, request.byte_size)
+        await self.service.register_system_shm(request.name, request.key, request.offset, request.byte_size)
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(
         self, request: pb.SystemSharedMemoryUnregisterRequest
     ) -> pb.SystemSharedMemoryUnregisterResponse:
-        self.service.unregister_shm("system", request.name)
+        await self.service.unregister_shm("system", request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(
@@ -151,7 +151,7 @@ class InferenceRpcs:
     async def CudaSharedMemoryUnregister(
         self, request: pb.CudaSharedMemoryUnregisterRequest
     ) -> pb.CudaSharedMemoryUnregisterResponse:
-        self.service.unregister_shm("cuda", request.name)
+        await self.service.unregister_shm("cuda", request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- streaming -------------------------------------------------------------------------
@@ -238,7 +238,7 @@ class InferenceRpcs:
                 values = list(setting.value)  # no value: clear the setting (tritonclient's None)
                 changes[key] = (None if not values else values if key == "trace_level"
                                 else values[0] if len(values) == 1 else values)
-            current = self.service.update_trace_settings(request.model_name, changes)
+            current = await self.service.update_trace_settings(request.model_name, changes)
         else:
             current = self.service.trace_settings(request.model_name)
         resp = pb.TraceSettingResponse()
@@ -251,7 +251,7 @@ class InferenceRpcs:
         if request.settings:
             changes = {key: (getattr(setting, which) if (which := setting.WhichOneof("parameter_choice")) else None)
                        for key, setting in request.settings.items()}
-            current = self.service.update_log_settings(changes)
+            current = await self.service.update_log_settings(changes)
         else:
             current = self.service.get_log_settings()
         resp = pb.LogSettingsResponse()

@@ -97,7 +97,7 @@ class HttpHandlers:
 
     async def model_stats(self, request: web.Request) -> web.Response:
         info = request.match_info
-        return _json(request, self.service.model_statistics(info.get("model", ""), info.get("version", "")))
+        return _json(request, await self.service.model_statistics(info.get("model", ""), info.get("version", "")))
 
     async def generate(self, request: web.Request) -> web.StreamResponse:
         span = self._span(request)
@@ -183,7 +183,7 @@ class HttpHandlers:
         doc = _json_object(await self._read_body(request))
         name = request.match_info["region"]
         if _shm_kind(request) == "system":
-            self.service.register_system_shm(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+            await self.service.register_system_shm(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
         else:
             handle = doc.get("raw_handle")
             b64 = handle.get("b64") if isinstance(handle, dict) else None
@@ -193,7 +193,7 @@ class HttpHandlers:
         return web.Response(status=200)
 
     async def shm_unregister(self, request: web.Request) -> web.Response:
-        self.service.unregister_shm(_shm_kind(request), request.match_info.get("region", ""))
+        await self.service.unregister_shm(_shm_kind(request), request.match_info.get("region", ""))
         return web.Response(status=200)
 
     # -- trace and logging extensions -------------------------------------------------------
@@ -203,14 +203,14 @@ class HttpHandlers:
         if request.method == "GET":
             return _json(request, self.service.trace_settings(model))
         changes = _json_object(await self._read_body(request))
-        return _json(request, self.service.update_trace_settings(model, changes))
+        return _json(request, await self.service.update_trace_settings(model, changes))
 
     async def log_settings(self, request: web.Request) -> web.Response:
         log.debug("HTTP request: %s %s", request.method, request.path)
         if request.method == "GET":
             return _json(request, self.service.get_log_settings())
         changes = _json_object(await self._read_body(request))
-        return _json(request, self.service.update_log_settings(changes))
+        return _json(request, await self.service.update_log_settings(changes))
 
     # -- helpers -------------------------------------------------------------------------
     async def _read_body(self, request: web.Request) -> bytes:

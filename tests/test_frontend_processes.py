@@ -1,0 +1,403 @@
+"""``--frontend-processes 2``: two front-end processes on the same ports, one server to every
+client, whichever process each of its connections reaches.
+
+Each test finds a connection to each process (``whoami``, a partitioned model, answers the
+pid of the front-end process that ran it: its instance process's parent) and does a thing
+through one and checks it through the other: shared memory registered on one connection and
+used on another, model control, statistics and metrics summed, a batch gathered from both
+processes, a sequence alternating between them, a decoupled stream, a process killed and
+restarted, and the drain on SIGTERM.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from tritonclient.utils import InferenceServerException
+
+from .harness import ServerProcess, children, free_port
+from .helpers import connect, expect_error
+from .models import python_identity, sequence_model, write_model
+
+PROCESSES = 2
+
+WHOAMI_PY = """
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        pid = np.array([os.getppid()], dtype=np.int64)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy()),
+                                            pb_utils.Tensor("PID", pid)]) for r in requests]
+"""
+
+
+def whoami(repo, name: str = "whoami", count: int = PROCESSES) -> None:
+    """Partitioned (no batcher, ``count`` >= the processes): served where it arrives."""
+    write_model(repo, name, model_py=WHOAMI_PY, config=f"""
+        name: "{name}"
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }},
+                 {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+        instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+        """)
+
+
+# Dynamic batching with a long delay and preferred size 2: two requests make one batch,
+# whichever processes they came through; each answers the batch size it was part of.
+BATCH_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        size = np.array([[len(requests)]], dtype=np.int32)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("SIZE", size)]) for r in requests]
+"""
+
+# Decoupled: one response per element of IN, then the final flag alone.
+STREAM_PY = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            for v in request.inputs()[0].as_numpy().reshape(-1).tolist():
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([v], dtype=np.int32))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def build_repository(repo) -> None:
+    whoami(repo)
+    python_identity(repo, "identity_fp32", "FP32")  # count 1: one process owns it, the other forwards
+    write_model(repo, "batched", model_py=BATCH_PY, config="""
+        name: "batched"
+        backend: "python"
+        max_batch_size: 8
+        dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 3000000 }
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+        output [ { name: "SIZE" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        """)
+    write_model(repo, "stream", model_py=STREAM_PY, config="""
+        name: "stream"
+        backend: "python"
+        max_batch_size: 0
+        model_transaction_policy { decoupled: true }
+        input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        """)
+    sequence_model(repo, "seq")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("frontends")
+    repo = root / "models"
+    build_repository(repo)
+    srv = ServerProcess(repo, root / "server.log", extra_args=[
+        "--frontend-processes", str(PROCESSES), "--allow-client-shm", "true", "--model-control-mode", "explicit",
+        "--load-model", "*"])
+    srv.start()
+    yield srv
+    srv.stop_cleanly()
+
+
+def ask_pid(client, mod) -> int:
+    inp = mod.InferInput("INPUT0", [1], "FP32")
+    inp.set_data_from_numpy(np.zeros(1, dtype=np.float32))
+    return int(client.infer("whoami", [inp]).as_numpy("PID")[0])
+
+
+def by_process(srv: ServerProcess, proto: str, want: int = PROCESSES, tries: int = 80) -> dict[int, object]:
+    """One client connected to each front-end process: pid -> client."""
+    mod = httpclient if proto == "http" else grpcclient
+    found: dict[int, object] = {}
+    for _ in range(tries):
+        client = connect(srv, proto)
+        pid = ask_pid(client, mod)
+        if pid in found:
+            client.close()
+        else:
+            found[pid] = client
+        if len(found) == want:
+            return found
+    raise AssertionError(f"{tries} connections reached only the front-end processes {sorted(found)}")
+
+
+def frontend_pids(srv: ServerProcess) -> set[int]:
+    """The front-end processes: process 0 and its children that run the server itself."""
+    pids = {srv.proc.pid}
+    for pid in children(srv.proc.pid):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        if b"triton_shm" in args and b"triton_shm.worker" not in args:
+            pids.add(pid)
+    return pids
+
+
+def descendants(pid: int) -> set[int]:
+    found = set(children(pid))
+    for child in list(found):
+        found |= descendants(child)
+    return found
+
+
+def fp32(mod, name: str, values) -> object:
+    data = np.asarray(values, dtype=np.float32)
+    inp = mod.InferInput(name, list(data.shape), "FP32")
+    inp.set_data_from_numpy(data)
+    return inp
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_both_processes_serve_and_forward(server, proto):
+    mod = httpclient if proto == "http" else grpcclient
+    clients = by_process(server, proto)
+    assert set(clients) <= frontend_pids(server)
+    for client in clients.values():
+        assert client.is_server_ready() and client.is_model_ready("identity_fp32")
+        out = client.infer("identity_fp32", [fp32(mod, "INPUT0", [1.5, 2.5])]).as_numpy("OUTPUT0")
+        assert out.tolist() == [1.5, 2.5]  # one process runs it, the other forwards to it
+        meta = client.get_model_metadata("identity_fp32")
+        name = meta["name"] if proto == "http" else meta.name
+        assert name == "identity_fp32"
+        expect_error(proto, lambda c=client: c.infer("identity_fp32", [fp32(mod, "WRONG", [1.0])]),
+                     "INVALID_ARGUMENT", "WRONG")
+
+
+def _regions(client, proto: str) -> list[str]:
+    status = client.get_system_shared_memory_status()
+    return [r["name"] for r in status] if proto == "http" else list(status.regions)
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_shm_registered_through_one_process_serves_through_the_other(server, proto):
+    mod = httpclient if proto == "http" else grpcclient
+    (pid_a, a), (pid_b, b) = by_process(server, proto).items()
+    key = f"/frontends_{proto}_{os.getpid()}"
+    handle = shm.create_shared_memory_region(f"r_{proto}", key, 64)
+    try:
+        shm.set_shared_memory_region(handle, [np.arange(4, dtype=np.float32)])
+        a.register_system_shared_memory(f"r_{proto}", key, 64)
+        assert f"r_{proto}" in _regions(b, proto)
+        for model in ("whoami", "identity_fp32"):  # served where it arrives; forwarded
+            inp = mod.InferInput("INPUT0", [4], "FP32")
+            inp.set_shared_memory(f"r_{proto}", 16)
+            out = mod.InferRequestedOutput("OUTPUT0")
+            out.set_shared_memory(f"r_{proto}", 16, offset=32)
+            for client in (a, b):
+                client.infer(model, [inp], outputs=[out])
+                got = shm.get_contents_as_numpy(handle, np.float32, [4], offset=32)
+                assert got.tolist() == [0.0, 1.0, 2.0, 3.0]
+                shm.set_shared_memory_region(handle, [np.zeros(4, dtype=np.float32)], offset=32)
+        b.unregister_system_shared_memory(f"r_{proto}")
+        assert not _regions(a, proto)
+        inp = mod.InferInput("INPUT0", [4], "FP32")
+        inp.set_shared_memory(f"r_{proto}", 16)
+        expect_error(proto, lambda: a.infer("whoami", [inp]), "INVALID_ARGUMENT", f"r_{proto}")
+    finally:
+        shm.destroy_shared_memory_region(handle)
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_model_control_through_one_process_applies_to_both(server, proto):
+    mod = httpclient if proto == "http" else grpcclient
+    (_, a), (_, b) = by_process(server, proto).items()
+    a.unload_model("identity_fp32")
+    for client in (a, b):
+        assert not client.is_model_ready("identity_fp32")
+        expect_error(proto, lambda c=client: c.infer("identity_fp32", [fp32(mod, "INPUT0", [1.0])]),
+                     "UNAVAILABLE")
+    b.load_model("identity_fp32")
+    for client in (a, b):
+        assert client.is_model_ready("identity_fp32")
+        assert client.infer("identity_fp32", [fp32(mod, "INPUT0", [3.0])]).as_numpy("OUTPUT0").tolist() == [3.0]
+    # a config override through one process: both serve the new config
+    config = ('{"name": "identity_fp32", "backend": "python", "max_batch_size": 0, '
+              '"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}], '
+              '"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [2]}]}')
+    a.load_model("identity_fp32", config=config)
+    for client in (a, b):
+        meta = client.get_model_metadata("identity_fp32")
+        dims = meta["inputs"][0]["shape"] if proto == "http" else list(meta.inputs[0].shape)
+        assert [int(d) for d in dims] == [2]
+        expect_error(proto, lambda c=client: c.infer("identity_fp32", [fp32(mod, "INPUT0", [1.0, 2.0, 3.0])]),
+                     "INVALID_ARGUMENT")
+    b.load_model("identity_fp32")  # back as on disk
+    index_a = a.get_model_repository_index()
+    index_b = b.get_model_repository_index()
+    assert index_a == index_b
+
+
+def _inference_count(client, proto: str, model: str) -> int:
+    stats = client.get_inference_statistics(model)
+    if proto == "http":
+        return sum(int(s["inference_count"]) for s in stats["model_stats"])
+    return sum(s.inference_count for s in stats.model_stats)
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_statistics_count_the_whole_server_once(server, proto):
+    mod = httpclient if proto == "http" else grpcclient
+    (_, a), (_, b) = by_process(server, proto).items()
+    before = _inference_count(a, proto, "whoami")
+    assert _inference_count(b, proto, "whoami") == before
+    for _ in range(3):
+        a.infer("whoami", [fp32(mod, "INPUT0", [1.0])])
+    for _ in range(5):
+        b.infer("whoami", [fp32(mod, "INPUT0", [1.0])])
+    # by_process asked each process once more per connection it tried: count from here
+    assert _inference_count(a, proto, "whoami") == before + 8
+    assert _inference_count(b, proto, "whoami") == before + 8
+
+
+def test_dynamic_batching_batches_requests_from_both_processes(server):
+    (_, a), (_, b) = by_process(server, "grpc").items()
+    sizes: list[int] = []
+
+    def send(client) -> None:
+        result = client.infer("batched", [fp32(grpcclient, "INPUT0", [[1.0]])])
+        sizes.append(int(result.as_numpy("SIZE").reshape(-1)[0]))
+
+    threads = [threading.Thread(target=send, args=(c,)) for c in (a, b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sizes == [2, 2]  # one batch of the two, though they came through different processes
+
+
+def _seq_inputs(value: int) -> list:
+    inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+    inp.set_data_from_numpy(np.full([1, 1], value, dtype=np.int32))
+    return [inp]
+
+
+def test_sequence_alternating_between_processes_keeps_its_slot(server):
+    (_, a), (_, b) = by_process(server, "grpc").items()
+    total, instances = 0, set()
+    for step, client in enumerate([a, b, a, b, a]):
+        value = step + 1
+        result = client.infer("seq", _seq_inputs(value), sequence_id=4242, sequence_start=step == 0,
+                              sequence_end=step == 4)
+        total += value
+        assert int(result.as_numpy("OUTPUT").reshape(-1)[0]) == total  # the state went on
+        instances.add(result.as_numpy("WHERE").reshape(-1)[0].decode().split(":")[0])
+    assert len(instances) == 1
+
+
+def test_decoupled_stream_through_either_process(server):
+    clients = by_process(server, "grpc")
+    for client in clients.values():
+        got: list = []
+        done = threading.Event()
+
+        def callback(result, error, got=got, done=done):
+            if error is not None:
+                got.append(error)
+            elif result.get_response().parameters.get("triton_final_response") and \
+                    result.get_response().parameters["triton_final_response"].bool_param and \
+                    not result.get_response().outputs:
+                done.set()
+            else:
+                got.append(int(result.as_numpy("OUT")[0]))
+        client.start_stream(callback=callback)
+        inp = grpcclient.InferInput("IN", [3], "INT32")
+        inp.set_data_from_numpy(np.array([7, 8, 9], dtype=np.int32))
+        client.async_stream_infer("stream", [inp], enable_empty_final_response=True)
+        assert done.wait(30), got
+        client.stop_stream()
+        assert got == [7, 8, 9]
+
+
+def test_metrics_sum_every_process(tmp_path):
+    repo = tmp_path / "models"
+    whoami(repo)
+    metrics_port = free_port()
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
+        "--frontend-processes", "2", "--allow-metrics", "true", "--metrics-port", str(metrics_port),
+        "--allow-cpu-metrics", "false", "--allow-gpu-metrics", "false"]).start()
+    try:
+        clients = by_process(srv, "http")
+        for client in clients.values():
+            for _ in range(2):
+                client.infer("whoami", [fp32(httpclient, "INPUT0", [1.0])])
+        expected = _inference_count(next(iter(clients.values())), "http", "whoami")
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+        line = next(x for x in text.splitlines() if x.startswith("nv_inference_count{") and "whoami" in x)
+        assert int(float(line.rsplit(" ", 1)[1])) == expected
+        assert expected >= 4 + PROCESSES
+    finally:
+        srv.stop_cleanly()
+
+
+def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):
+    repo = tmp_path / "models"
+    build_repository(repo)
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=["--frontend-processes", "2"]).start()
+    try:
+        clients = by_process(srv, "http")
+        victim = next(pid for pid in clients if pid != srv.proc.pid)
+        survivor = clients[srv.proc.pid]
+        os.kill(victim, signal.SIGKILL)
+        # the other process serves on, its own models and the ones it forwards or owns
+        for model in ("whoami", "identity_fp32"):
+            deadline = time.monotonic() + 30
+            while True:  # a model the killed process owned answers once it is back
+                try:
+                    survivor.infer(model, [fp32(httpclient, "INPUT0", [1.0])])
+                    break
+                except InferenceServerException as e:
+                    assert e.status() == "503", e.message()
+                    assert time.monotonic() < deadline, e.message()
+                    time.sleep(0.2)
+        deadline = time.monotonic() + 60
+        while len(frontend_pids(srv) - {victim}) < 2:
+            assert time.monotonic() < deadline, srv.log()[-3000:]
+            time.sleep(0.2)
+        by_process(srv, "http")  # both processes serve again
+        assert "front-end process 1 exited" in srv.log()
+    finally:
+        srv.stop_cleanly()
+
+
+def test_sigterm_drains_and_stops_every_process(tmp_path):
+    repo = tmp_path / "models"
+    whoami(repo)
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=["--frontend-processes", "2"]).start()
+    pids = frontend_pids(srv)
+    assert len(pids) == 2
+    everything = descendants(srv.proc.pid) | {srv.proc.pid}
+    assert len(everything) >= 2 + PROCESSES  # the front-ends, their CPU workers, whoami's instances
+    srv.stop_cleanly()
+    deadline = time.monotonic() + 10
+    while any(os.path.exists(f"/proc/{pid}") for pid in everything):
+        assert time.monotonic() < deadline, "a process of the server is still running"
+        time.sleep(0.1)
+
+
+def test_grpcio_transport_is_refused_with_several_processes(tmp_path):
+    srv = ServerProcess(tmp_path, tmp_path / "server.log",
+                        extra_args=["--frontend-processes", "2", "--grpc-transport", "grpcio"])
+    with pytest.raises(RuntimeError, match="native transport only"):
+        srv.start(timeout=30)

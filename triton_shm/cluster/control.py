@@ -1,0 +1,261 @@
+"""The control plane of several front-end processes: what makes them one server.
+
+Every process holds the whole server's state, and what changes it goes everywhere before
+the client is answered:
+
+- model control (load, unload; a poll's changes) goes to process 0, which applies it in
+  every process at once and answers when all have; then the owners' outcome is copied
+  into the processes that only forward a model (``sync_states``), so readiness, the index
+  and the metadata agree wherever a client asks;
+- a shared-memory registration (or unregistration) is made where it arrives, then in every
+  other process; trace and log settings likewise;
+- statistics and the metrics page sum every process's counters.
+
+A process that cannot be reached (it died and is being started again) is skipped: when it
+comes back it takes the current state from process 0 (``current_state``).
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
+
+from ..core.models.version import ModelVersion
+from ..errors import NotFound, TritonShmError, Unavailable
+
+if TYPE_CHECKING:
+    from ..core.service import InferenceService
+    from .peers import Peers
+    from .share import FrontendShare
+
+log = logging.getLogger("triton_shm.frontends")
+
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+FAST_CONNECT_S = 2.0  # after start-up: a peer that does not answer by then is down (skipped)
+
+
+class Cluster:
+    def __init__(self, share: "FrontendShare", peers: "Peers", service: "InferenceService"):
+        self.share, self.peers, self.service = share, peers, service
+        self._control_lock = asyncio.Lock()  # process 0: one model-control change at a time
+        # process 0: the loads the API asked for (name -> parameters), replayed by a restarted process
+        self.api_loads: dict[str, dict[str, Any]] = {}
+        self.loaded = asyncio.Event()   # this process has loaded its start-up models
+        self.serving = asyncio.Event()  # process 0 said every process has: start serving
+
+    @property
+    def others(self) -> list[int]:
+        return [i for i in range(self.share.count) if i != self.share.index]
+
+    def handlers(self) -> dict[str, Handler]:
+        return {
+            "model_control": self._model_control, "apply_load": self._apply_load,
+            "apply_unload": self._apply_unload, "poll": self._poll, "owned_states": self._owned_states,
+            "adopt_states": self._adopt_states, "startup_done": self._startup_done,
+            "start_serving": self._start_serving, "current_state": self._current_state,
+            "register_system_shm": self._register_system_shm, "register_cuda_shm": self._register_cuda_shm,
+            "unregister_shm": self._unregister_shm, "trace_update": self._trace_update,
+            "log_update": self._log_update, "statistics": self._statistics,
+            "metrics_snapshots": self._metrics_snapshots,
+        }
+
+    # -- calls to the other processes ------------------------------------------------------
+    async def everywhere(self, op: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """``op`` in every other process; one that cannot be reached is skipped (it takes
+        the state from process 0 when it starts again); raises the first other error."""
+        results = await asyncio.gather(*(self.peers.call(i, op, body) for i in self.others), return_exceptions=True)
+        replies = []
+        for peer, result in zip(self.others, results):
+            if isinstance(result, Unavailable):
+                log.warning("front-end process %d missed '%s': %s", peer, op, result.message)
+                continue
+            if isinstance(result, BaseException):
+                raise result
+            replies.append(result)
+        return replies
+
+    # -- model control: through process 0 -----------------------------------------------
+    async def load(self, name: str, config: str | None, files: dict[str, bytes]) -> None:
+        body = {"op": "load", "name": name, "config": config,
+                "files": {k: base64.b64encode(v).decode() for k, v in files.items()}}
+        await self._to_process_0(body)
+
+    async def unload(self, name: str, dependents: bool) -> None:
+        await self._to_process_0({"op": "unload", "name": name, "dependents": dependents})
+
+    async def _to_process_0(self, body: dict[str, Any]) -> None:
+        if self.share.index == 0:
+            await self._model_control(body)
+        else:
+            await self.peers.call(0, "model_control", body)
+
+    async def _model_control(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Process 0: apply a load or unload in every process at once, then settle the
+        forwarding processes' states; answer with the first error."""
+        op = "apply_load" if body["op"] == "load" else "apply_unload"
+        async with self._control_lock:
+            handler = self._apply_load if op == "apply_load" else self._apply_unload
+            results = await asyncio.gather(handler(body), self.everywhere(op, body), return_exceptions=True)
+            await self.sync_states()
+            if op == "apply_load" and not isinstance(results[0], BaseException):
+                self.api_loads[body["name"]] = body
+            elif op == "apply_unload":
+                self.api_loads.pop(body["name"], None)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+        return {}
+
+    async def _apply_load(self, body: dict[str, Any]) -> dict[str, Any]:
+        files = {k: base64.b64decode(v) for k, v in (body.get("files") or {}).items()}
+        await self.service.models.load(body["name"], body.get("config"), files)
+        return {}
+
+    async def _apply_unload(self, body: dict[str, Any]) -> dict[str, Any]:
+        await self.service.models.unload(body["name"], bool(body.get("dependents")))
+        return {}
+
+    async def after_poll(self) -> None:
+        """Process 0, after its own poll: the others apply the same changes, then settle."""
+        await self.everywhere("poll", {})
+        await self.sync_states()
+
+    async def _poll(self, _body: dict[str, Any]) -> dict[str, Any]:
+        await self.service.models.poll_once()
+        return {}
+
+    # -- the owners' states, copied where a model is only forwarded -------------------------
+    def owned_states(self) -> dict[str, Any]:
+        """The state of every model this process runs itself (not only forwards)."""
+        states = {}
+        for name, entry in self.service.repository.models.items():
+            versions = list(entry.versions.values())
+            if versions and all(mv.owner is None for mv in versions):
+                states[name] = {"state": entry.state, "reason": entry.reason,
+                                "versions": {str(mv.version): [mv.state, mv.reason] for mv in versions}}
+        return states
+
+    def adopt_states(self, states: dict[str, Any]) -> None:
+        """Models this process forwards take their owner's state (a load that failed there
+        is UNAVAILABLE here too, with its reason)."""
+        for name, entry in self.service.repository.models.items():
+            owned = states.get(name)
+            versions = list(entry.versions.values())
+            if owned is None or not versions or any(mv.owner is None for mv in versions):
+                continue
+            entry.state, entry.reason = owned["state"], owned["reason"]
+            for mv in versions:
+                state = owned["versions"].get(str(mv.version))
+                if state is not None:
+                    mv.state, mv.reason = state
+
+    async def sync_states(self) -> dict[str, Any]:
+        """Process 0: gather the owners' states and have every process adopt them."""
+        states: dict[str, Any] = {}
+        for reply in await self.everywhere("owned_states", {}):
+            states.update(reply["states"])
+        states.update(self.owned_states())
+        self.adopt_states(states)
+        await self.everywhere("adopt_states", {"states": states})
+        return states
+
+    async def _owned_states(self, _body: dict[str, Any]) -> dict[str, Any]:
+        return {"states": self.owned_states()}
+
+    async def _adopt_states(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.adopt_states(body["states"])
+        return {}
+
+    # -- start-up ---------------------------------------------------------------------------
+    async def startup(self) -> list[str]:
+        """Process 0, once its own models are loaded: wait for the others', settle the
+        states, let every process serve; returns every process's failed models."""
+        replies = await asyncio.gather(*(self.peers.call(i, "startup_done", {}) for i in self.others))
+        self.peers.connect_timeout = FAST_CONNECT_S
+        await self.sync_states()
+        await asyncio.gather(*(self.peers.call(i, "start_serving", {}) for i in self.others))
+        failed = self.service.models.failed_models()
+        return failed + [f for r in replies for f in r["failed"] if f not in failed]
+
+    async def _startup_done(self, _body: dict[str, Any]) -> dict[str, Any]:
+        await self.loaded.wait()
+        return {"failed": self.service.models.failed_models()}
+
+    async def _start_serving(self, _body: dict[str, Any]) -> dict[str, Any]:
+        self.peers.connect_timeout = FAST_CONNECT_S
+        self.serving.set()
+        return {}
+
+    async def _current_state(self, _body: dict[str, Any]) -> dict[str, Any]:
+        """Process 0: what a restarted process needs to be the same server again."""
+        service = self.service
+        return {"loads": list(self.api_loads.values()),
+                "system_shm": service.shm.status("system") if service.shm.enabled else [],
+                "log": service.log_settings.to_dict()}
+
+    async def rejoin(self) -> None:
+        """A restarted process: take the server's current state from process 0."""
+        state = await self.peers.call(0, "current_state", {})
+        for body in state["loads"]:
+            try:
+                await self._apply_load(body)
+            except TritonShmError as e:
+                log.error("reloading '%s' as the server has it: %s", body["name"], e.message)
+        for region in state["system_shm"]:
+            try:
+                self.service.shm.register_system(region["name"], region["key"], region["offset"],
+                                                 region["byte_size"])
+            except TritonShmError as e:
+                log.error("registering shared memory region '%s' again: %s", region["name"], e.message)
+        log_state = {k: v for k, v in state["log"].items() if k != "log_file"}
+        self.service.log_settings.update(log_state)
+        self.peers.connect_timeout = FAST_CONNECT_S
+        self.serving.set()
+
+    # -- shared memory, settings ----------------------------------------------------------
+    async def _register_system_shm(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.service.shm.register_system(body["name"], body["key"], body["offset"], body["byte_size"])
+        return {}
+
+    async def _register_cuda_shm(self, body: dict[str, Any]) -> dict[str, Any]:
+        await self.service.open_cuda_shm(body["name"], base64.b64decode(body["raw_handle"]), body["device_id"],
+                                         body["byte_size"])
+        return {}
+
+    async def _unregister_shm(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.service.shm.unregister(body["kind"], body["name"])
+        return {}
+
+    async def _trace_update(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.service.tracer.update(body["model"], body["changes"])
+        return {}
+
+    async def _log_update(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.service.log_settings.update(body["changes"])
+        return {}
+
+    # -- statistics ---------------------------------------------------------------------------
+    async def statistics(self, local: list[dict[str, Any]], name: str, version: str) -> list[dict[str, Any]]:
+        from ..core.observability.statistics import merge_statistics
+        replies = await self.everywhere("statistics", {"name": name, "version": version})
+        return merge_statistics(local, [r["model_stats"] for r in replies])
+
+    async def _statistics(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return {"model_stats": self.service.repository.statistics(body["name"], body["version"])}
+        except NotFound:
+            return {"model_stats": []}
+
+    async def metrics_snapshots(self) -> list[dict[str, Any]]:
+        return [r["snapshots"] for r in await self.everywhere("metrics_snapshots", {})]
+
+    async def _metrics_snapshots(self, _body: dict[str, Any]) -> dict[str, Any]:
+        from ..frontend.metrics.collect import local_snapshots
+        return {"snapshots": local_snapshots(self.service.repository)}
+
+
+def forwarding_to(peers: "Peers") -> Callable[[ModelVersion, int], Any]:
+    """The model manager's factory of schedulers for models another process owns."""
+    from .forwarding import ForwardingScheduler
+    return lambda mv, owner: ForwardingScheduler(peers, owner, mv.name)
