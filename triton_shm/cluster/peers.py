@@ -1,0 +1,456 @@
+"""The links between the front-end processes of one server.
+
+Process ``i`` listens on ``directory/frontend-{i}.sock`` (a Unix stream socket) and opens
+one connection to each peer it talks to, lazily, reused by every request; a connection
+that breaks fails what is pending on it and the next use reconnects (a restarted process
+listens on the same path). Two kinds of traffic, as ``wire`` frames:
+
+- control calls (``call``, ``broadcast``): an op and a JSON body, answered by the peer's
+  handler for that op; a TritonShmError it raises comes back as the same class;
+- forwarded inference (``forward``): a request for a model another process owns, served
+  there by its ``InferenceService.infer_stream``; every response comes back in order, and a
+  caller that goes away sends a ``cancel`` that cancels the serving task (the model sees
+  ``is_cancelled()``).
+
+Frame kinds (header ``k``, request id ``i``, a counter per connection): to the owner
+``call`` / ``infer`` / ``cancel``; back ``reply`` (``b`` a body or ``e`` an error),
+``item`` (``f`` final, ``r`` a response or ``e`` an error or neither) and ``refused`` (the
+request failed before it ran).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, cast
+
+from ..core.data.types import Buffer, InferRequest, InferResponse, ResponseStream
+from ..errors import Internal, TritonShmError, Unavailable, Unsupported
+from .wire import (FrameDecoder, FrameError, encode_frame, request_from_wire, request_to_wire, response_from_wire,
+                   response_to_wire)
+
+if TYPE_CHECKING:
+    from ..core.service import InferenceService
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
+CONNECT_RETRY_S = 0.05  # between tries to reach a peer that is not listening yet
+
+
+class Peers:
+    """This process's end of the links to the ``count`` front-end processes (it is ``index``)."""
+
+    def __init__(self, index: int, count: int, directory: str | os.PathLike, connect_timeout: float = 60.0):
+        if not 0 <= index < count:
+            raise ValueError(f"front-end process {index} of {count}")
+        self.index, self.count = index, count
+        self.directory = Path(directory)
+        self.connect_timeout = connect_timeout
+        self.handlers: dict[str, Handler] = {}
+        self.service: InferenceService | None = None
+        self._server: asyncio.AbstractServer | None = None
+        self._listening: tuple[int, int] | None = None  # (device, inode) of our socket file
+        self._links: dict[int, _Link] = {}  # connected, to the peers we call
+        self._connecting: dict[int, asyncio.Future[_Link]] = {}
+        self._served: set[_Served] = set()  # connections from the peers that call us
+        self._closed = False
+
+    def path_of(self, i: int) -> Path:
+        return self.directory / f"frontend-{i}.sock"
+
+    async def start(self, handlers: dict[str, Handler], service: InferenceService) -> None:
+        """Listen for the peers: control ops go to ``handlers[op]``, forwarded requests to
+        ``service``."""
+        self.handlers, self.service = handlers, service
+        path = self.path_of(self.index)
+        path.unlink(missing_ok=True)  # a previous run's (this process restarted)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(partial(_Served, self), str(path))
+        st = path.stat()
+        self._listening = (st.st_dev, st.st_ino)
+
+    async def call(self, peer: int, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``op`` run by ``peer``'s handler: its reply body, or its error raised here."""
+        link = self._links.get(peer) or await self._connect(peer)
+        return await link.call(op, body)
+
+    async def broadcast(self, op: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """``op`` on every other process at once; once all have answered, the first error
+        (in process order) is raised, else the replies in process order."""
+        others = [i for i in range(self.count) if i != self.index]
+        results = await asyncio.gather(*(self.call(i, op, body) for i in others), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        return results  # type: ignore[return-value]  # no exception among them
+
+    def forward(self, peer: int, request: InferRequest, stream: ResponseStream | None = None,
+                on_done: Callable[[], None] | None = None) -> Awaitable[InferResponse | None]:
+        """Have ``peer`` serve ``request``: resolves to its response, or with ``stream`` (a
+        decoupled model) to None once its first response is on ``stream.queue``; raises
+        what refused it. ``on_done`` is called once the request is over, however it ends
+        (the last response, an error, a cancel, a lost peer)."""
+        link = self._links.get(peer)
+        if link is not None:
+            return link.forward(request, stream, on_done)
+        return self._forward_once_connected(peer, request, stream, on_done)
+
+    async def _forward_once_connected(self, peer: int, request: InferRequest, stream: ResponseStream | None,
+                                      on_done: Callable[[], None] | None) -> InferResponse | None:
+        try:
+            link = await self._connect(peer)
+        except BaseException:
+            if on_done is not None:
+                on_done()
+            raise
+        return await link.forward(request, stream, on_done)
+
+    async def _connect(self, peer: int) -> _Link:
+        if self._closed:
+            raise Unavailable("the front-end process is shutting down")
+        if not 0 <= peer < self.count or peer == self.index:
+            raise ValueError(f"front-end process {peer} is not a peer of process {self.index} (of {self.count})")
+        connecting = self._connecting.get(peer)
+        if connecting is None:  # one attempt per peer, whoever waits for it
+            connecting = asyncio.ensure_future(self._open(peer))
+            self._connecting[peer] = connecting
+            connecting.add_done_callback(partial(self._connected, peer))
+        return await asyncio.shield(connecting)
+
+    async def _open(self, peer: int) -> _Link:
+        loop = asyncio.get_running_loop()
+        path = str(self.path_of(peer))
+        deadline = time.monotonic() + self.connect_timeout
+        while True:  # peers start in parallel: its socket may not be there yet
+            try:
+                _, link = await loop.create_unix_connection(partial(_Link, self, peer), path)
+                break
+            except OSError as e:
+                if self._closed or time.monotonic() >= deadline:
+                    raise Unavailable(f"front-end process {peer} is not reachable") from e
+                await asyncio.sleep(CONNECT_RETRY_S)
+        if self._closed:
+            link.transport.close()
+            raise Unavailable("the front-end process is shutting down")
+        self._links[peer] = link
+        return link
+
+    def _connected(self, peer: int, attempt: asyncio.Future) -> None:
+        self._connecting.pop(peer, None)
+        if not attempt.cancelled():
+            attempt.exception()  # its waiters have it; none may be left to read it
+
+    def _lost(self, link: _Link) -> None:
+        if self._links.get(link.peer) is link:
+            del self._links[link.peer]
+
+    async def close(self) -> None:
+        """Stop listening, close every link; what is pending on them fails UNAVAILABLE."""
+        self._closed = True
+        if self._server is not None:
+            self._server.close()
+            self._unlink_own_socket()
+        for link in list(self._links.values()):
+            link.fail(f"front-end process {link.peer} is unreachable: this process is shutting down")
+            link.transport.close()
+        self._links.clear()
+        tasks: list[asyncio.Task] = []
+        for served in list(self._served):
+            tasks.extend(served.tasks.values())
+            served.transport.close()
+            served.stop()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _unlink_own_socket(self) -> None:
+        """Remove our socket file, unless a restarted process already listens on that path."""
+        path = self.path_of(self.index)
+        with contextlib.suppress(OSError):
+            st = path.stat()
+            if (st.st_dev, st.st_ino) == self._listening:
+                path.unlink()
+
+
+class _Waiter(asyncio.Future):
+    """The answer to a request sent on a link, while it is pending there. A caller that
+    cancels it (its task was cancelled) withdraws the request: the owner is told to cancel
+    it. A future of its own rather than a done-callback per request: no extra callback
+    scheduled when the answer comes."""
+
+    def __init__(self, link: _Link, rid: int, stream: ResponseStream | None, on_done: Callable[[], None] | None):
+        super().__init__(loop=link.loop)
+        self.link, self.rid, self.stream, self.on_done = link, rid, stream, on_done
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if self.done():
+            return False
+        self.link.withdraw(self.rid)
+        return super().cancel(msg)
+
+    def fail(self, error: TritonShmError) -> None:
+        if not self.done():
+            self.set_exception(error)
+        elif self.stream is not None:  # responses came already: the stream ends with the error
+            self.stream.queue.put_nowait((error, True))
+        self.finish()
+
+    def finish(self) -> None:
+        if self.on_done is not None:
+            on_done, self.on_done = self.on_done, None
+            on_done()
+
+
+class _Link(asyncio.Protocol):
+    """Our connection to a peer: we send calls and requests, it answers."""
+
+    def __init__(self, peers: Peers, peer: int):
+        self.peers, self.peer = peers, peer
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connection_made
+        self.decoder = FrameDecoder()
+        self.pending: dict[int, _Waiter] = {}
+        self.last_id = 0
+        self.lost = False
+        self.loop = asyncio.get_running_loop()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def _send(self, header: dict[str, Any], buffers: list[Buffer] | tuple = ()) -> None:
+        self.transport.writelines(encode_frame(header, buffers))
+
+    def _waiter(self, stream: ResponseStream | None = None, on_done: Callable[[], None] | None = None) -> _Waiter:
+        if self.lost:  # seen lost between the lookup and here: no frame would be answered
+            raise Unavailable(f"front-end process {self.peer} exited")
+        self.last_id = rid = self.last_id + 1
+        waiter = self.pending[rid] = _Waiter(self, rid, stream, on_done)
+        return waiter
+
+    async def call(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        waiter = self._waiter()
+        self._send({"k": "call", "i": waiter.rid, "op": op, "b": body})
+        return await waiter
+
+    def forward(self, request: InferRequest, stream: ResponseStream | None,
+                on_done: Callable[[], None] | None) -> _Waiter:
+        try:
+            waiter = self._waiter(stream, on_done)
+        except Unavailable:
+            if on_done is not None:
+                on_done()
+            raise
+        header, buffers = request_to_wire(request)
+        header["k"], header["i"] = "infer", waiter.rid
+        try:
+            frame = encode_frame(header, buffers)
+        except Exception:  # noqa: BLE001 - e.g. a parameter JSON can not carry: the caller's error
+            del self.pending[waiter.rid]
+            waiter.finish()
+            raise
+        self.transport.writelines(frame)
+        if stream is not None:
+            stream.cancel = partial(self.withdraw, waiter.rid)
+        return waiter
+
+    def withdraw(self, rid: int) -> None:
+        """The caller went away: the owner cancels the request; what it still sends is dropped."""
+        waiter = self.pending.pop(rid, None)
+        if waiter is None:
+            return
+        if not self.lost:
+            self._send({"k": "cancel", "i": rid})
+        if not waiter.done():
+            asyncio.Future.cancel(waiter)  # not its own cancel(): that withdraws
+        waiter.finish()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for header, buffers in self.decoder.feed(data):
+                self._answer(header, buffers)
+        except FrameError as e:
+            log.error("front-end process %d sent a bad frame, closing its link: %s", self.peer, e)
+            self.fail(f"front-end process {self.peer} broke the peer protocol: {e}")
+            self.transport.close()
+
+    def _answer(self, header: dict[str, Any], buffers: list[Buffer]) -> None:
+        kind, rid = header.get("k"), header.get("i")
+        if type(rid) is not int:
+            raise FrameError(f"a peer frame's request id is {rid!r}, not an integer")
+        waiter = self.pending.get(rid)
+        if waiter is None:
+            return  # withdrawn: its answers are dropped
+        if kind == "item":
+            final = header.get("f") is True
+            item: InferResponse | TritonShmError | None = None
+            if "r" in header:
+                item = response_from_wire(header["r"], buffers)
+            elif "e" in header:
+                item = _error(header["e"])
+            stream = waiter.stream
+            if stream is None:  # one response: the answer
+                del self.pending[rid]
+                if isinstance(item, TritonShmError):
+                    waiter.set_exception(item)
+                else:
+                    waiter.set_result(item)
+                waiter.finish()
+                return
+            stream.queue.put_nowait((item, final))
+            if not waiter.done():
+                waiter.set_result(None)
+            if final:
+                del self.pending[rid]
+                waiter.finish()
+        elif kind == "reply":
+            del self.pending[rid]
+            if "e" in header:
+                waiter.set_exception(_error(header["e"]))
+            else:
+                body = header.get("b")
+                if not isinstance(body, dict):
+                    raise FrameError(f"a reply's body is a {type(body).__name__}, not an object")
+                waiter.set_result(body)
+        elif kind == "refused":
+            del self.pending[rid]
+            waiter.fail(_error(header.get("e")))
+        else:
+            raise FrameError(f"unknown frame kind {kind!r} from the owner")
+
+    def fail(self, reason: str) -> None:
+        self.lost = True
+        self.peers._lost(self)
+        pending, self.pending = self.pending, {}
+        for waiter in pending.values():
+            waiter.fail(Unavailable(reason))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost:
+            cause = f": {exc}" if exc is not None else ""
+            self.fail(f"front-end process {self.peer} exited or closed its link{cause}")
+
+
+class _Served(asyncio.Protocol):
+    """A peer's connection to us: it sends calls and requests, we answer."""
+
+    def __init__(self, peers: Peers):
+        self.peers = peers
+        self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connection_made
+        self.decoder = FrameDecoder()
+        self.tasks: dict[int, asyncio.Task] = {}  # by request id: what serves it
+        self.calls: set[asyncio.Task] = set()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.peers._served.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """The caller is gone: what it asked for is cancelled."""
+        self.peers._served.discard(self)
+        for task in (*self.tasks.values(), *self.calls):
+            task.cancel()
+
+    def _send(self, header: dict[str, Any], buffers: list[Buffer] | tuple = ()) -> None:
+        if not self.transport.is_closing():
+            self.transport.writelines(encode_frame(header, buffers))
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for header, buffers in self.decoder.feed(data):
+                self._take(header, buffers)
+        except FrameError as e:
+            log.error("a front-end process sent a bad frame, closing its link: %s", e)
+            self.transport.close()
+
+    def _take(self, header: dict[str, Any], buffers: list[Buffer]) -> None:
+        kind, rid = header.get("k"), header.get("i")
+        if type(rid) is not int:
+            raise FrameError(f"a peer frame's request id is {rid!r}, not an integer")
+        if kind == "infer":
+            if rid in self.tasks:
+                raise FrameError(f"request id {rid} is in use")
+            request = request_from_wire(header, buffers)
+            self.tasks[rid] = asyncio.ensure_future(self._serve(rid, request))
+        elif kind == "cancel":
+            task = self.tasks.pop(rid, None)  # here: a task cancelled before it starts runs no finally
+            if task is not None:
+                task.cancel()
+        elif kind == "call":
+            op, body = header.get("op"), header.get("b")
+            if not isinstance(op, str) or not isinstance(body, dict):
+                raise FrameError("a peer call needs an op (string) and a body (object)")
+            task = asyncio.ensure_future(self._call(rid, op, body))
+            self.calls.add(task)
+            task.add_done_callback(self.calls.discard)
+        else:
+            raise FrameError(f"unknown frame kind {kind!r} from a peer")
+
+    async def _call(self, rid: int, op: str, body: dict[str, Any]) -> None:
+        handler = self.peers.handlers.get(op)
+        try:
+            if handler is None:
+                raise Unsupported(f"unknown peer operation '{op}'")
+            reply = await handler(body)
+        except TritonShmError as e:
+            self._send({"k": "reply", "i": rid, "e": e.to_wire()})
+        except asyncio.CancelledError:
+            return  # the caller is gone
+        except Exception as e:  # noqa: BLE001 - the caller gets it as INTERNAL
+            log.exception("peer operation '%s' failed", op)
+            self._send({"k": "reply", "i": rid, "e": Internal(str(e)).to_wire()})
+        else:
+            self._send({"k": "reply", "i": rid, "b": reply})
+
+    async def _serve(self, rid: int, request: InferRequest) -> None:
+        """Run a forwarded request; send each response, or what refused it."""
+        service = self.peers.service
+        started = False
+        try:
+            if service is None:
+                raise Unavailable("the front-end process is not serving yet")
+            # closed here whatever happens (its finally tells the model when we stop early)
+            items = cast("AsyncGenerator[tuple[InferResponse | None, bool], None]",
+                         service.infer_stream(request, sample=False))
+            async with contextlib.aclosing(items):
+                async for item, final in items:
+                    started = True
+                    self._send_item(rid, item, final)
+        except asyncio.CancelledError:
+            return  # the caller cancelled it, or went away
+        except Exception as e:  # noqa: BLE001 - every failure is the caller's answer
+            error = e if isinstance(e, TritonShmError) else Internal(str(e))
+            if not isinstance(e, TritonShmError):
+                log.exception("forwarded request for model '%s' failed", request.model_name)
+            if started:
+                self._send({"k": "item", "i": rid, "f": True, "e": error.to_wire()})
+            else:
+                self._send({"k": "refused", "i": rid, "e": error.to_wire()})
+        finally:
+            self.tasks.pop(rid, None)
+
+    def _send_item(self, rid: int, item: InferResponse | TritonShmError | None, final: bool) -> None:
+        if item is None:
+            self._send({"k": "item", "i": rid, "f": final})
+        elif isinstance(item, TritonShmError):
+            self._send({"k": "item", "i": rid, "f": final, "e": item.to_wire()})
+        else:
+            try:
+                header, buffers = response_to_wire(item)
+            finally:
+                item.release()  # the bytes are copied out of its arena
+            self._send({"k": "item", "i": rid, "f": final, "r": header}, buffers)
+
+
+def _error(wire: Any) -> TritonShmError:
+    if not isinstance(wire, dict):
+        raise FrameError(f"a peer error is a {type(wire).__name__}, not an object")
+    try:
+        return TritonShmError.from_wire(wire)
+    except ValueError as e:  # an unknown code
+        raise FrameError(f"a peer error does not carry a known code: {e}") from None

@@ -1,0 +1,215 @@
+"""Frames between front-end processes, and the inference types in them.
+
+A frame is a JSON header (orjson) and zero or more raw byte buffers, laid out as
+``<u32 header_len><u32 n_buffers><u64 len>*n_buffers``, the header, then the buffers. No
+pickle: a peer can only send data. Tensor bytes travel as buffers, never in the JSON. The
+peer is another process of the same server (trusted) but its frames are checked
+(verified): a frame that breaks the layout or the limits raises ``FrameError``.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, Iterator, Sequence
+
+import orjson
+
+from ..core.data.types import Buffer, InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
+
+MAX_HEADER = 16 << 20        # bytes of a frame's JSON header
+MAX_BUFFERS = 1 << 16        # buffers in one frame (a request's inputs, a response's outputs)
+MAX_FRAME = 1 << 36          # bytes of a whole frame: far above any request the protocols accept
+SMALL_FRAME = 64 << 10       # a frame up to this is joined into one piece (one copy, cheaper than a list)
+_PREFIX = struct.Struct("<II")
+_LEN = struct.Struct("<Q")
+_JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # a backend's shape may hold numpy integers
+
+Frame = tuple[dict[str, Any], list[Buffer]]
+
+
+class FrameError(ValueError):
+    """A peer sent bytes that are not a frame (the connection can not be read further)."""
+
+
+def _nbytes(buffer: Buffer) -> int:
+    return buffer.nbytes if isinstance(buffer, memoryview) else len(buffer)
+
+
+def encode_frame(header: dict[str, Any], buffers: Sequence[Buffer] = ()) -> list[Buffer]:
+    """The pieces of one frame, for ``transport.writelines``: a small frame is one piece, a
+    large one keeps its buffers as they are (no copy of big tensors here)."""
+    head = orjson.dumps(header, option=_JSON_OPTIONS)
+    sizes = [_nbytes(b) for b in buffers]
+    prefix = _PREFIX.pack(len(head), len(sizes)) + (struct.pack(f"<{len(sizes)}Q", *sizes) if sizes else b"")
+    if sum(sizes) <= SMALL_FRAME:
+        return [b"".join((prefix, head, *buffers))]
+    return [prefix + head, *buffers]
+
+
+class FrameDecoder:
+    """Frames out of a byte stream, fed the chunks ``data_received`` gets. Buffers are
+    memoryviews of the received bytes or of a frame's own storage (nothing else writes to
+    either), so they stay valid as long as they are held."""
+
+    # a frame whose rest is larger than this is read into storage of its own (one copy per
+    # byte), instead of joining the pending bytes to each chunk
+    BIG = 256 << 10
+
+    def __init__(self) -> None:
+        self._pending = b""                  # the start of a frame not complete yet
+        self._big: bytearray | None = None    # a big frame's header and buffers, being filled
+        self._big_filled = 0
+        self._big_layout: tuple[int, list[int]] = (0, [])
+
+    def feed(self, data: Buffer) -> Iterator[Frame]:
+        if self._big is not None:
+            data = self._fill_big(data)
+            if self._big is not None:
+                return
+            yield self._finish_big()
+        if self._pending:
+            data = self._pending + data
+            self._pending = b""
+        view = memoryview(data)
+        end = len(data)
+        at = 0
+        while end - at >= 8:
+            header_len, count = _PREFIX.unpack_from(data, at)
+            if header_len > MAX_HEADER:
+                raise FrameError(f"peer frame header of {header_len} bytes exceeds the limit of {MAX_HEADER}")
+            if count > MAX_BUFFERS:
+                raise FrameError(f"peer frame of {count} buffers exceeds the limit of {MAX_BUFFERS}")
+            body = at + 8 + 8 * count
+            if body > end:
+                break
+            sizes = list(struct.unpack_from(f"<{count}Q", data, at + 8)) if count else []
+            total = header_len + sum(sizes)
+            if total > MAX_FRAME:
+                raise FrameError(f"peer frame of {total} bytes exceeds the limit of {MAX_FRAME}")
+            if body + total > end:
+                if total - (end - body) > self.BIG:  # much more to come: give it its own storage
+                    self._big = bytearray(total)
+                    self._big_filled = 0
+                    self._big_layout = (header_len, sizes)
+                    rest = self._fill_big(view[body:])
+                    assert not rest and self._big is not None
+                    return
+                break
+            yield _frame(view, body, header_len, sizes)
+            at = body + total
+        if at < end:
+            self._pending = bytes(view[at:])
+
+    def _fill_big(self, data: Buffer) -> Buffer:
+        """Copy what belongs to the big frame; what follows it."""
+        assert self._big is not None
+        take = min(len(self._big) - self._big_filled, len(data))
+        self._big[self._big_filled:self._big_filled + take] = data[:take]
+        self._big_filled += take
+        if self._big_filled < len(self._big):
+            return b""
+        return data[take:]
+
+    def _finish_big(self) -> Frame:
+        assert self._big is not None
+        storage, self._big = self._big, None
+        header_len, sizes = self._big_layout
+        return _frame(memoryview(storage), 0, header_len, sizes)
+
+
+def _frame(view: memoryview, at: int, header_len: int, sizes: list[int]) -> Frame:
+    try:
+        header = orjson.loads(view[at:at + header_len])
+    except orjson.JSONDecodeError as e:
+        raise FrameError(f"peer frame header is not JSON: {e}") from None
+    if not isinstance(header, dict):
+        raise FrameError(f"peer frame header is a {type(header).__name__}, not an object")
+    at += header_len
+    buffers: list[Buffer] = []
+    for size in sizes:
+        buffers.append(view[at:at + size])
+        at += size
+    return header, buffers
+
+
+# Requests and responses: the header's fields by short keys, each tensor's bytes as the
+# buffer whose index the tensor names (-1: no data).
+
+def request_to_wire(request: InferRequest) -> tuple[dict[str, Any], list[Buffer]]:
+    """The request's header fields and its input buffers, as they are (no copy): the
+    caller keeps them alive and unchanged until the request is answered."""
+    buffers: list[Buffer] = []
+    inputs = []
+    for tensor in request.inputs:
+        data = tensor.data
+        if data is None:
+            index = -1
+        else:
+            index = len(buffers)
+            buffers.append(data)
+        inputs.append((tensor.name, tensor.datatype, tensor.shape, tensor.parameters, index))
+    header = {"m": request.model_name, "v": request.model_version, "id": request.id, "p": request.parameters,
+              "in": inputs, "out": [(o.name, o.parameters) for o in request.outputs]}
+    return header, buffers
+
+
+def request_from_wire(header: dict[str, Any], buffers: Sequence[Buffer]) -> InferRequest:
+    """The request ``request_to_wire`` described; a header that does not describe one
+    raises FrameError."""
+    try:
+        inputs = [InputTensor(str(name), str(datatype), [int(d) for d in shape], _buffer(buffers, index),
+                              _parameters(parameters))
+                  for name, datatype, shape, parameters, index in header["in"]]
+        outputs = [RequestedOutput(str(name), _parameters(parameters)) for name, parameters in header["out"]]
+        return InferRequest(str(header["m"]), str(header["v"]), str(header["id"]), _parameters(header["p"]),
+                            inputs, outputs)
+    except (KeyError, TypeError, ValueError) as e:
+        raise FrameError(f"peer frame does not describe an inference request: {e!r}") from None
+
+
+def response_to_wire(response: InferResponse) -> tuple[dict[str, Any], list[Buffer]]:
+    """The response's header fields and its output bytes, copied where they are views
+    (a worker's arena, freed by ``release()``): the caller may release it at once."""
+    buffers: list[Buffer] = []
+    outputs = []
+    for tensor in response.outputs:
+        data = tensor.data
+        if _nbytes(data):
+            index = len(buffers)
+            buffers.append(data if type(data) is bytes else bytes(data))
+        else:
+            index = -1
+        outputs.append((tensor.name, tensor.datatype, tensor.shape, tensor.parameters, tensor.in_shared_memory,
+                        tensor.shm_byte_size, index))
+    header = {"m": response.model_name, "v": response.model_version, "id": response.id, "p": response.parameters,
+              "out": outputs}
+    return header, buffers
+
+
+def response_from_wire(header: dict[str, Any], buffers: Sequence[Buffer]) -> InferResponse:
+    """The response ``response_to_wire`` described (its ``release()`` has nothing to free:
+    the bytes are the frame's); a header that does not describe one raises FrameError."""
+    try:
+        outputs = [OutputTensor(str(name), str(datatype), [int(d) for d in shape], _buffer(buffers, index) or b"",
+                                _parameters(parameters), bool(in_shm), int(shm_size))
+                   for name, datatype, shape, parameters, in_shm, shm_size, index in header["out"]]
+        return InferResponse(str(header["m"]), str(header["v"]), str(header["id"]), _parameters(header["p"]),
+                             outputs)
+    except (KeyError, TypeError, ValueError) as e:
+        raise FrameError(f"peer frame does not describe an inference response: {e!r}") from None
+
+
+def _buffer(buffers: Sequence[Buffer], index: Any) -> Buffer | None:
+    if index == -1:
+        return None
+    if type(index) is not int or not 0 <= index < len(buffers):
+        raise ValueError(f"buffer index {index!r} of a frame with {len(buffers)} buffers")
+    return buffers[index]
+
+
+def _parameters(parameters: Any) -> dict[str, Any]:
+    if not isinstance(parameters, dict):
+        raise TypeError(f"parameters are a {type(parameters).__name__}, not an object")
+    for value in parameters.values():
+        if not isinstance(value, (bool, int, float, str)):
+            raise TypeError(f"parameter value {value!r} is not a bool, int, float or string")
+    return parameters
