@@ -22,7 +22,7 @@ from triton_shm.cli import parse_args
 from triton_shm.core.models.config import ModelConfig
 from triton_shm.frontend.metrics.system_metrics import CpuSampler, NvmlSampler
 from triton_shm.core.observability.statistics import ModelStats
-from triton_shm.frontend.metrics import MetricsCollector
+from triton_shm.frontend.metrics import MetricsCollector, MetricsConfig
 
 from .harness import ServerProcess, free_port
 from .models import onnx_add_sub, python_identity, write_model
@@ -223,6 +223,88 @@ def test_render_is_derived_from_model_stats():
 
     mv.ready = False  # unloaded/unavailable versions have no series, as in Triton
     assert collector.render() == ""
+
+
+def fake_repository(versions: dict[str, ModelStats], queued: int = 0) -> SimpleNamespace:
+    """A repository holding ``versions`` (model name -> its version 1's stats), each with
+    ``queued`` requests in its scheduler's queue."""
+    def version(name: str, stats: ModelStats) -> SimpleNamespace:
+        return SimpleNamespace(name=name, version=1, stats=stats, ready=True, config=ModelConfig(),
+                               scheduler=SimpleNamespace(queues={0: [object()] * queued}))
+    return SimpleNamespace(models={n: SimpleNamespace(versions={1: version(n, s)}) for n, s in versions.items()})
+
+
+def test_metrics_sum_the_peer_processes_statistics():
+    """A front-end process's page adds the peers' snapshots to each loaded version's
+    counters and pending gauge; summaries stay its own; no hook: today's page."""
+    import asyncio
+    from triton_shm.frontend.metrics.collect import local_snapshots
+
+    def stats(name: str, singles: int, failures: int) -> ModelStats:
+        s = ModelStats(name, "1")
+        for _ in range(singles):
+            s.record_single(1, 10_000_000, 1_000_000, 0, 8_000_000, 0)
+        for _ in range(failures):
+            s.record_failure(1_000, "BACKEND")
+        return s
+
+    local = stats("a", 2, 0)
+    local.enable_summaries()
+    local.record_single(1, 2_000_000, 0, 0, 2_000_000, 0)
+    repo = fake_repository({"a": local, "b": stats("b", 1, 0)}, queued=1)
+    peers = [local_snapshots(fake_repository({"a": stats("a", 5, 1), "c": stats("c", 9, 0)}, queued=2)),
+             local_snapshots(fake_repository({"a": stats("a", 1, 2)}, queued=3))]
+    calls = []
+
+    async def peer_snapshots():
+        calls.append(1)
+        return peers
+
+    alone = MetricsCollector(repo, cpu=False, gpu=False, config=MetricsConfig.parse(["summary_latencies=true"]))
+    assert asyncio.run(alone.render_async()) == alone.render()
+    served = MetricsCollector(repo, cpu=False, gpu=False, config=MetricsConfig.parse(["summary_latencies=true"]),
+                              peer_snapshots=peer_snapshots)
+    samples = parse(asyncio.run(served.render_async()))
+    assert calls == [1]
+    assert model_value(samples, "nv_inference_count", "a") == 3 + 5 + 1
+    assert model_value(samples, "nv_inference_request_success", "a") == 9
+    assert model_value(samples, "nv_inference_compute_infer_duration_us", "a") == 2_000 + 8 * 8_000
+    assert model_value(samples, "nv_inference_request_failure", "a", reason="BACKEND") == 3
+    assert model_value(samples, "nv_inference_pending_request_count", "a") == 1 + 2 + 3
+    assert model_value(samples, "nv_inference_count", "b") == 1  # no peer has it: its own
+    assert model_value(samples, "nv_inference_pending_request_count", "b") == 1
+    assert key("nv_inference_count", model="c", version="1") not in samples  # not loaded here
+    assert model_value(samples, "nv_inference_request_summary_us_count", "a") == 1  # this process's only
+    assert local.inference_count == 3 and local.failures == {}  # the local stats are not changed
+
+
+def test_metrics_port_serves_the_summed_page():
+    """start_metrics takes the hook and its GET /metrics awaits it."""
+    import asyncio
+    from triton_shm.frontend.metrics import start_metrics
+
+    own = ModelStats("a", "1")
+    own.record_single(1, 1_000, 0, 0, 1_000, 0)
+    peer = ModelStats("a", "1")
+    for _ in range(4):
+        peer.record_single(2, 1_000, 0, 0, 1_000, 0)
+
+    async def peer_snapshots():
+        await asyncio.sleep(0)
+        return [{"a/1": peer.snapshot()}]
+
+    async def serve_and_scrape() -> dict:
+        port = free_port()
+        server = await start_metrics(fake_repository({"a": own}), "127.0.0.1", port, cpu=False, gpu=False,
+                                     peer_snapshots=peer_snapshots)
+        try:
+            return await asyncio.to_thread(scrape, port)
+        finally:
+            await server.cleanup()
+
+    samples = asyncio.run(serve_and_scrape())
+    assert model_value(samples, "nv_inference_count", "a") == 1 + 8
+    assert model_value(samples, "nv_inference_exec_count", "a") == 5
 
 
 def test_cpu_sampler_reads_proc(tmp_path):

@@ -1,4 +1,9 @@
-"""Closing a listening socket without resetting a connection the kernel has accepted for it.
+"""Listening sockets: binding one to share with other processes, and closing one without
+resetting a connection the kernel has accepted for it.
+
+:func:`bind_listener` makes a listening socket that child processes inherit (several
+front-end processes accept on one socket, one accept queue: a process that dies leaves its
+share of the queue to the others, which SO_REUSEPORT's per-socket queues would reset).
 
 A TCP handshake completes in the kernel before the server accepts the connection: the
 client may already have sent its request when the listening socket closes, and closing it
@@ -14,6 +19,11 @@ a client only a refused connection or one the server takes and answers:
 
 The filter is Linux's (``SO_ATTACH_FILTER``, classic BPF: no privilege needed); elsewhere
 step 1 is skipped, and only a handshake completing between steps 2 and 3 can be reset.
+
+A socket shared by several processes is one socket: the filter makes it deaf for all of
+them, and the process that takes the queue serves what it took. That is right when the
+whole server stops (every process drains); a process that stops alone while the others
+serve on must not use :func:`stop_listening`.
 """
 from __future__ import annotations
 
@@ -39,6 +49,37 @@ _DROP_SYN = b"".join(struct.pack("HBBI", code, jt, jf, k) for code, jt, jf, k in
     (0x06, 0, 0, 0),           # ret #0: drop
     (0x06, 0, 0, 0xFFFFFFFF),  # ret #-1: keep all of it
 ))
+
+
+LISTEN_BACKLOG = 1024
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A non-blocking TCP socket listening on ``host:port`` (backlog ``LISTEN_BACKLOG``),
+    inheritable, for child processes to serve on (``subprocess``'s ``pass_fds``). The address
+    is resolved as ``loop.create_server`` does (IPv6 hosts, names; the first address found),
+    with SO_REUSEADDR and, for IPv6, IPV6_V6ONLY as it sets them; not SO_REUSEPORT: no other
+    process can bind the port beside it. Raises OSError when it cannot be bound."""
+    infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
+    if not infos:
+        raise OSError(f"cannot resolve {host!r}")
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            raise OSError(e.errno, f"could not bind {host}:{port} ({e.strerror})") from None
+        sock.listen(LISTEN_BACKLOG)
+        sock.setblocking(False)
+        sock.set_inheritable(True)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def refuse_new_connections(sock: socket.socket) -> bool:
@@ -79,7 +120,10 @@ async def stop_listening(server: asyncio.AbstractServer, accept: Callable[[socke
     """Close ``server``'s listening sockets as the module says, handing each connection
     taken from their queues to ``accept``; returns how many were taken. The event loop turns
     first, so the connections it has accepted already get their protocols while the server is
-    still open (asyncio makes no transport for a closed server: it would drop them)."""
+    still open (asyncio makes no transport for a closed server: it would drop them).
+    Its listening sockets may be shared with other processes (:func:`bind_listener`): the
+    filter then applies to all of them, which is meant only when they all stop (see the
+    module's note); each closes only its own descriptor."""
     loop = asyncio.get_running_loop()
     listeners = list(getattr(server, "sockets", None) or ())  # asyncio.Server's and uvloop's have them
     sockets = [socket.socket(fileno=os.dup(s.fileno())) for s in listeners]

@@ -3,6 +3,11 @@
 One :class:`ModelStats` per loaded model version is the single source of truth: the
 statistics endpoints read it, and so do the Prometheus metrics (which are derived from
 it at scrape time, so the two always agree).
+
+With several front-end processes each counts what it served; the server's figures are
+their sums: :meth:`ModelStats.snapshot` is what a process sends, :meth:`ModelStats.add_snapshot`
+adds one in, and :func:`merge_statistics` sums the statistics extension's lists. Latency
+summaries are not carried: quantiles over windows cannot be summed, so they stay per process.
 """
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import collections
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -212,6 +217,49 @@ class ModelStats:
         self.phases["fail"].add(total_ns)
         self.failures[reason] = self.failures.get(reason, 0) + 1
 
+    def snapshot(self) -> dict[str, Any]:
+        """Everything additive, JSON-able (string keys, plain ints): what one process sends
+        for the server's sums. No latency summaries (see the module's note)."""
+        return {
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "last_inference": self.last_inference_ms,  # merged as the latest, not summed
+            "pending": self.pending,
+            "phases": {p: [d.count, d.ns] for p, d in self.phases.items()},
+            "batches": {str(size): [[b.compute_input.count, b.compute_input.ns],
+                                    [b.compute_infer.count, b.compute_infer.ns],
+                                    [b.compute_output.count, b.compute_output.ns]]
+                        for size, b in self.batches.items()},
+            "failures": dict(self.failures),
+        }
+
+    def add_snapshot(self, snap: dict[str, Any]) -> None:
+        """Add another process's :meth:`snapshot` into these statistics."""
+        self.inference_count += snap["inference_count"]
+        self.execution_count += snap["execution_count"]
+        self.last_inference_ms = max(self.last_inference_ms, snap["last_inference"])
+        self.pending += snap["pending"]
+        for phase, (count, ns) in snap["phases"].items():
+            self.phases[phase].add(ns, count)
+        for size, parts in snap["batches"].items():
+            b = self.batches.get(int(size))
+            if b is None:
+                b = self.batches[int(size)] = BatchStats()
+            for d, (count, ns) in zip((b.compute_input, b.compute_infer, b.compute_output), parts):
+                d.add(ns, count)
+        for reason, count in snap["failures"].items():
+            self.failures[reason] = self.failures.get(reason, 0) + count
+
+    def merged_with(self, snapshots: Iterable[dict[str, Any]]) -> "ModelStats":
+        """A copy of these statistics with ``snapshots`` added; it shares this process's
+        latency summaries (read only), which cannot be summed."""
+        merged = ModelStats(self.name, self.version)
+        merged.add_snapshot(self.snapshot())
+        for snap in snapshots:
+            merged.add_snapshot(snap)
+        merged.summaries = self.summaries
+        return merged
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -227,3 +275,53 @@ class ModelStats:
                 for size, b in sorted(self.batches.items())],
             "memory_usage": [],
         }
+
+
+def merge_statistics(local: list[dict[str, Any]], peers: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The statistics extension's ``model_stats`` of the whole server: this process's list
+    (:meth:`ModelStats.as_dict` entries) and each peer process's, the same model version's
+    entries summed field by field (``last_inference`` the latest, ``batch_stats`` per
+    batch size). A version only some processes list appears; the order is by name, then
+    version, as one process lists them. The inputs are not changed."""
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for entries in (local, *peers):
+        for entry in entries:
+            into = merged.get((entry["name"], entry["version"]))
+            if into is None:
+                into = merged[(entry["name"], entry["version"])] = _empty_like(entry)
+            _add_entry(into, entry)
+    return sorted(merged.values(), key=lambda e: (e["name"], _version_order(e["version"])))
+
+
+def _version_order(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (-1, version)
+
+
+def _empty_like(entry: dict[str, Any]) -> dict[str, Any]:
+    return {"name": entry["name"], "version": entry["version"], "last_inference": 0, "inference_count": 0,
+            "execution_count": 0, "inference_stats": {}, "response_stats": {}, "batch_stats": [],
+            "memory_usage": list(entry.get("memory_usage", []))}  # the loaded model's, not a count
+
+
+def _add_entry(into: dict[str, Any], entry: dict[str, Any]) -> None:
+    into["last_inference"] = max(into["last_inference"], entry["last_inference"])
+    into["inference_count"] += entry["inference_count"]
+    into["execution_count"] += entry["execution_count"]
+    _add_durations(into["inference_stats"], entry["inference_stats"])
+    for key, phases in entry.get("response_stats", {}).items():
+        _add_durations(into["response_stats"].setdefault(key, {}), phases)
+    by_size = {b["batch_size"]: b for b in into["batch_stats"]}
+    for batch in entry["batch_stats"]:
+        target = by_size.get(batch["batch_size"])
+        if target is None:
+            target = by_size[batch["batch_size"]] = {"batch_size": batch["batch_size"]}
+        _add_durations(target, {k: v for k, v in batch.items() if k != "batch_size"})
+    into["batch_stats"] = [by_size[size] for size in sorted(by_size)]
+
+
+def _add_durations(into: dict[str, dict[str, int]], durations: dict[str, dict[str, int]]) -> None:
+    """Add ``{phase: {"count", "ns"}}`` into another such dict."""
+    for phase, d in durations.items():
+        target = into.setdefault(phase, {"count": 0, "ns": 0})
+        target["count"] += d["count"]
+        target["ns"] += d["ns"]

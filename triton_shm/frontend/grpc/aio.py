@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import defaultdict
 from typing import Any, AsyncIterator, Callable
 
@@ -154,8 +155,13 @@ def generic_handlers(methods: list[Method], restrictions: Restrictions | None = 
 
 
 async def start_aio(methods: list[Method], host: str, port: int, options: list[tuple[str, int]], *,
-                    restrictions: Restrictions | None = None, credentials: Any = None) -> AioServer:
-    """``credentials``: grpcio server credentials (TLS), else plaintext."""
+                    restrictions: Restrictions | None = None, credentials: Any = None,
+                    sock: socket.socket | None = None) -> AioServer:
+    """``credentials``: grpcio server credentials (TLS), else plaintext. grpcio binds its
+    ports itself: it cannot serve on a listening socket made elsewhere (``sock``)."""
+    if sock is not None:
+        raise ValueError("the grpcio gRPC transport can not serve on an inherited socket: "
+                         "use --grpc-transport native")
     server = grpc.aio.server(options=options)
     gate = CallGate()
     server.add_generic_rpc_handlers(generic_handlers(methods, restrictions, gate))

@@ -1,6 +1,7 @@
 """Start the gRPC server for GRPCInferenceService and health Check, on either transport."""
 from __future__ import annotations
 
+import socket
 from typing import TYPE_CHECKING, Any
 
 from ..transports import default_grpc_transport
@@ -34,16 +35,20 @@ def server_options(keepalive: Keepalive, max_message_bytes: int = MAX_GRPC_MESSA
 
 async def start_grpc(service: "InferenceService", host: str, port: int, *, transport: str | None = None,
                      max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES, keepalive: Keepalive = Keepalive(),
-                     restrictions: "Restrictions | None" = None, tls: "ServerTls | None" = None) -> Any:
+                     restrictions: "Restrictions | None" = None, tls: "ServerTls | None" = None,
+                     sock: socket.socket | None = None) -> Any:
     """Bind ``host:port`` and start serving; the caller stops the returned server with
     ``await server.stop(grace)``. Raises OSError when the address cannot be bound.
-    ``restrictions``: --grpc-restricted-protocol; ``tls``: serve over TLS (built with ALPN h2)."""
+    ``restrictions``: --grpc-restricted-protocol; ``tls``: serve over TLS (built with ALPN h2).
+    ``sock``: serve on this listening socket instead (made by ``listeners.bind_listener``, maybe
+    in another process; ``host:port`` then only name it): the native transport only (ValueError
+    on grpcio's)."""
     transport = transport or default_grpc_transport()
     table = methods(service)
     if transport == "native":
         from .native.server import start_native
         return await start_native(table, host, port, max_message_bytes=max_message_bytes, keepalive=keepalive,
-                                  restrictions=restrictions, ssl=None if tls is None else tls.context)
+                                  restrictions=restrictions, ssl=None if tls is None else tls.context, sock=sock)
     from .aio import start_aio
     return await start_aio(table, host, port, server_options(keepalive, max_message_bytes), restrictions=restrictions,
-                           credentials=None if tls is None else tls.grpc_credentials())
+                           credentials=None if tls is None else tls.grpc_credentials(), sock=sock)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Iterable
 
 import orjson
@@ -11,7 +12,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from ...errors import TritonShmError
-from ..listeners import retrieve_failures, stop_listening
+from ..listeners import LISTEN_BACKLOG, retrieve_failures, stop_listening
 from ..restricted import Restrictions
 from ..transports import FALLBACK_TRANSPORTS
 from .api_groups import restriction_middleware
@@ -118,8 +119,11 @@ async def start_http(
     transport: str | None = None,
     restrictions: Restrictions | None = None,
     ssl: "ssl.SSLContext | None" = None,
+    sock: socket.socket | None = None,
 ) -> Any:
-    """Serve on ``host:port``; the caller stops it with ``await server.cleanup()``, which
+    """Serve on ``host:port``, or on the listening socket ``sock`` where one is given (made
+    by :func:`..listeners.bind_listener`, maybe in another process: ``host:port`` then only
+    name it); the caller stops it with ``await server.cleanup()``, which
     lets in-flight requests finish for up to ``shutdown_timeout`` seconds.
 
     With ``transport`` ``lean`` (default: when a request parser can serve; see
@@ -131,7 +135,8 @@ async def start_http(
     """
     if (transport or default_http_transport()) == "aiohttp":
         app = create_app(service, max_input_size=max_input_size, restrictions=restrictions)
-        return await serve_app(app, host, port, ssl=ssl, auto_decompress=False, shutdown_timeout=shutdown_timeout,
+        return await serve_app(app, host, port, ssl=ssl, sock=sock, auto_decompress=False,
+                               shutdown_timeout=shutdown_timeout,
                                keepalive_timeout=KEEPALIVE_TIMEOUT if idle_timeout is None else idle_timeout)
     from .bridge import completion_middleware
     from .lean_server import start_lean_http
@@ -141,13 +146,13 @@ async def start_http(
                                  shutdown_timeout=shutdown_timeout,
                                  header_timeout=HEADER_TIMEOUT if header_timeout is None else header_timeout,
                                  keepalive_timeout=KEEPALIVE_TIMEOUT if idle_timeout is None else idle_timeout,
-                                 restrictions=restrictions, ssl=ssl)
+                                 restrictions=restrictions, ssl=ssl, sock=sock)
 
 
 class AiohttpServer:
     """An aiohttp app served on one port by its own site; :meth:`cleanup` stops it."""
 
-    def __init__(self, runner: web.AppRunner, site: web.TCPSite, ssl: "ssl.SSLContext | None"):
+    def __init__(self, runner: web.AppRunner, site: web.BaseSite, ssl: "ssl.SSLContext | None"):
         self.runner, self.site, self.ssl = runner, site, ssl
 
     async def cleanup(self) -> None:
@@ -155,7 +160,7 @@ class AiohttpServer:
         queue is taken and served), give a connection that has had no request yet STOP_GRACE
         to send one, then aiohttp's own shutdown: requests in flight finish, the rest close."""
         loop = asyncio.get_running_loop()
-        server, handler = getattr(self.site, "_server", None), self.runner.server  # TCPSite's listener
+        server, handler = getattr(self.site, "_server", None), self.runner.server  # the site's listener
         if server is not None and handler is not None:
             taken: list[asyncio.Task] = []
             await stop_listening(server, lambda sock: taken.append(loop.create_task(
@@ -175,11 +180,16 @@ def _awaiting_first_request(handler: Any) -> bool:
 
 
 async def serve_app(app: web.Application, host: str, port: int, *, ssl: "ssl.SSLContext | None" = None,
-                    **runner_options: Any) -> AiohttpServer:
-    """Run an aiohttp app on ``host:port`` (HTTPS with ``ssl``); stop it with ``await server.cleanup()``."""
+                    sock: socket.socket | None = None, **runner_options: Any) -> AiohttpServer:
+    """Run an aiohttp app on ``host:port``, or on the listening socket ``sock`` (HTTPS with
+    ``ssl``); stop it with ``await server.cleanup()``."""
     runner = web.AppRunner(app, access_log=None, **runner_options)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, ssl_context=ssl)
+    site: web.BaseSite
+    if sock is None:
+        site = web.TCPSite(runner, host, port, ssl_context=ssl)
+    else:
+        site = web.SockSite(runner, sock, ssl_context=ssl, backlog=LISTEN_BACKLOG)
     try:
         await site.start()
     except BaseException:

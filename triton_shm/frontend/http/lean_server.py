@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from aiohttp import web
 
-from ..listeners import retrieve_failures, stop_listening
+from ..listeners import LISTEN_BACKLOG, retrieve_failures, stop_listening
 from ..restricted import Restrictions
 from .lean import LeanConnection
 from .timeouts import HEADER_TIMEOUT, KEEPALIVE_TIMEOUT, STOP_GRACE
@@ -56,11 +56,18 @@ class LeanHttpServer:
         self._sweeper: asyncio.Task | None = None
         self._ssl: "ssl.SSLContext | None" = None
 
-    async def start(self, host: str, port: int, ssl: "ssl.SSLContext | None" = None) -> None:
+    async def start(self, host: str, port: int, ssl: "ssl.SSLContext | None" = None,
+                    sock: socket.socket | None = None) -> None:
+        """Listen on ``host:port``, or on the listening socket ``sock`` (then it is the server's)."""
         loop = self.ctx.loop
         self._ssl = ssl
-        self._server = await loop.create_server(lambda: LeanConnection(self.ctx), host, port, reuse_address=True,
-                                                ssl=ssl)
+
+        def connection() -> LeanConnection:
+            return LeanConnection(self.ctx)
+        if sock is None:
+            self._server = await loop.create_server(connection, host, port, reuse_address=True, ssl=ssl)
+        else:
+            self._server = await loop.create_server(connection, sock=sock, ssl=ssl, backlog=LISTEN_BACKLOG)
         self._sweeper = loop.create_task(self._sweep())
 
     async def _sweep(self) -> None:
@@ -113,9 +120,10 @@ async def start_lean_http(
     service: "InferenceService", app: web.Application, host: str, port: int, *,
     max_input_size: int, shutdown_timeout: float, header_timeout: float = HEADER_TIMEOUT,
     keepalive_timeout: float = KEEPALIVE_TIMEOUT, restrictions: Restrictions | None = None,
-    ssl: "ssl.SSLContext | None" = None,
+    ssl: "ssl.SSLContext | None" = None, sock: socket.socket | None = None,
 ) -> LeanHttpServer:
-    """Serve ``app`` (built with :func:`.bridge.completion_middleware` outermost) on ``host:port``."""
+    """Serve ``app`` (built with :func:`.bridge.completion_middleware` outermost) on ``host:port``,
+    or on the listening socket ``sock``."""
     runner = web.AppRunner(app, access_log=None, auto_decompress=False, shutdown_timeout=shutdown_timeout,
                            keepalive_timeout=_BRIDGE_KEEPALIVE)
     await runner.setup()
@@ -124,7 +132,7 @@ async def start_lean_http(
     ctx = LeanContext(service, max_input_size, runner.server, header_timeout, keepalive_timeout, restrictions)
     server = LeanHttpServer(ctx, runner, shutdown_timeout)
     try:
-        await server.start(host, port, ssl)
+        await server.start(host, port, ssl, sock)
     except BaseException:
         await runner.cleanup()
         raise

@@ -1,11 +1,16 @@
 """What the metrics page holds: Triton's families, derived from each loaded version's
-statistics at scrape time, and the latest CPU/GPU readings."""
+statistics at scrape time, and the latest CPU/GPU readings.
+
+With several front-end processes the page is served by one and counts the whole server:
+its ``peer_snapshots`` hook gathers the others' :func:`local_snapshots`, added to a copy of
+each loaded version's statistics. Latency summaries and the response cache's families stay
+this process's own (neither can be summed)."""
 from __future__ import annotations
 
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ...core.observability.statistics import SUMMARY_PHASES
 from .system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
@@ -93,11 +98,17 @@ _GPU_SERIES = (
 )
 
 
+# Each peer process's {"<model>/<version>": snapshot} (see local_snapshots).
+PeerSnapshots = Callable[[], Awaitable[list[dict[str, dict[str, Any]]]]]
+
+
 @dataclass(frozen=True)
 class Loaded:
-    """A loaded version and its statistics."""
+    """A loaded version and its statistics (with ``peers_queued``, the requests the other
+    front-end processes hold queued for it, whose counts ``stats`` then includes)."""
     version: "ModelVersion"
     stats: "ModelStats"
+    peers_queued: int = 0
 
     @property
     def labels(self) -> dict[str, str]:
@@ -107,13 +118,20 @@ class Loaded:
         """Requests waiting in the scheduler's queues (Triton: enqueued, not yet handed to
         the backend). A scheduler without queues of its own (an ensemble's) counts its
         requests in flight."""
+        return self.local_queued() + self.peers_queued
+
+    def local_queued(self) -> int:
         scheduler = self.version.scheduler
         if scheduler is None:
-            return self.stats.pending
+            return self.version.stats.pending if self.version.stats else 0
         queues = getattr(scheduler, "queues", None)
         if queues is None:
             return scheduler.inflight_count()
         return sum(len(q) for q in queues.values())
+
+    @property
+    def key(self) -> str:
+        return f"{self.version.name}/{self.version.version}"
 
 
 def loaded_versions(repository: "ModelRepository") -> list[Loaded]:
@@ -122,6 +140,23 @@ def loaded_versions(repository: "ModelRepository") -> list[Loaded]:
     loaded = [Loaded(mv, mv.stats) for e in repository.models.values() for mv in e.versions.values()
               if mv.stats and mv.ready]
     return sorted(loaded, key=lambda m: (m.version.name, m.version.version))
+
+
+def local_snapshots(repository: "ModelRepository") -> dict[str, dict[str, Any]]:
+    """What a front-end process sends for the metrics page: each loaded version's
+    :meth:`ModelStats.snapshot` under ``"<model>/<version>"``, with ``queued`` (what its
+    pending-request gauge shows here)."""
+    return {m.key: {**m.stats.snapshot(), "queued": m.local_queued()} for m in loaded_versions(repository)}
+
+
+def with_peers(versions: list[Loaded], peers: list[dict[str, dict[str, Any]]]) -> list[Loaded]:
+    """``versions`` with the peer processes' snapshots of each added to a copy of its stats
+    (a version this process has not loaded is left out: the page lists what it serves)."""
+    merged = []
+    for m in versions:
+        snaps = [p[m.key] for p in peers if m.key in p]
+        merged.append(Loaded(m.version, m.stats.merged_with(snaps), sum(s.get("queued", 0) for s in snaps)))
+    return merged
 
 
 def model_families(versions: list[Loaded], config: MetricsConfig = MetricsConfig()) -> list[Family]:
@@ -187,8 +222,9 @@ class MetricsCollector:
 
     def __init__(self, repository: "ModelRepository", *, cpu: bool = True, gpu: bool = True,
                  gpus: list[int] | None = None, config: MetricsConfig = MetricsConfig(),
-                 cache: "ResponseCache | None" = None):
+                 cache: "ResponseCache | None" = None, peer_snapshots: PeerSnapshots | None = None):
         self.repository, self.config, self.cache = repository, config, cache
+        self.peer_snapshots = peer_snapshots  # the other front-end processes' statistics
         self.cpu: CpuSampler | None = CpuSampler() if cpu else None
         if self.cpu is not None and not self.cpu.available:
             log.info("CPU metrics are not available: no /proc/stat or /proc/meminfo")
@@ -211,13 +247,23 @@ class MetricsCollector:
         if self.gpu is not None:
             self.gpu_readings = self.gpu.sample()
 
-    def families(self) -> list[Family]:
-        return (model_families(loaded_versions(self.repository), self.config)
+    def families(self, peers: list[dict[str, dict[str, Any]]] | None = None) -> list[Family]:
+        versions = loaded_versions(self.repository)
+        if peers:
+            versions = with_peers(versions, peers)
+        return (model_families(versions, self.config)
                 + cpu_families(self.cpu_reading) + gpu_families(self.gpu_readings)
                 + (cache_families(self.cache) if self.cache is not None else []))
 
     def render(self) -> str:
+        """This process's page (the peers' statistics are only gathered by :meth:`render_async`)."""
         return render(self.families())
+
+    async def render_async(self) -> str:
+        """The page for the whole server: the peers' statistics added, when there is a hook."""
+        if self.peer_snapshots is None:
+            return self.render()
+        return render(self.families(await self.peer_snapshots()))
 
     def close(self) -> None:
         if self.gpu is not None:

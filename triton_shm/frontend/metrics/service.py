@@ -10,7 +10,7 @@ from aiohttp import web
 
 from ..http.api_groups import restriction_middleware
 from ..http.app import AiohttpServer, serve_app
-from .collect import MetricsCollector
+from .collect import MetricsCollector, PeerSnapshots
 from .config import MetricsConfig
 from .exposition import CONTENT_TYPE
 
@@ -39,7 +39,7 @@ def create_metrics_app(collector: MetricsCollector, interval_ms: float = 2000,
                        restrictions: "Restrictions | None" = None) -> web.Application:
     """``restrictions``: --http-restricted-api, whose "metrics" group guards this port."""
     async def metrics(_request: web.Request) -> web.Response:
-        return web.Response(body=collector.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(body=(await collector.render_async()).encode(), headers={"Content-Type": CONTENT_TYPE})
 
     async def sampler(_app: web.Application) -> AsyncIterator[None]:
         task = None
@@ -65,9 +65,12 @@ async def start_metrics(repository: "ModelRepository", host: str, port: int, *, 
                         gpu: bool = True, interval_ms: float = 2000, gpus: list[int] | None = None,
                         config: MetricsConfig = MetricsConfig(), ssl: "SSLContext | None" = None,
                         restrictions: "Restrictions | None" = None,
-                        cache: "ResponseCache | None" = None) -> AiohttpServer:
+                        cache: "ResponseCache | None" = None,
+                        peer_snapshots: PeerSnapshots | None = None) -> AiohttpServer:
     """Serve ``GET /metrics`` on ``host:port`` (HTTPS with ``ssl``); stop it with
-    ``await server.cleanup()`` (which also stops the sampler)."""
-    collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus, config=config, cache=cache)
+    ``await server.cleanup()`` (which also stops the sampler). ``peer_snapshots``: the other
+    front-end processes' statistics, summed into the page (see :mod:`.collect`)."""
+    collector = MetricsCollector(repository, cpu=cpu, gpu=gpu, gpus=gpus, config=config, cache=cache,
+                                 peer_snapshots=peer_snapshots)
     return await serve_app(create_metrics_app(collector, interval_ms, restrictions), host, port, ssl=ssl,
                            shutdown_timeout=1.0)

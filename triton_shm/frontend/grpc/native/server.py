@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import ssl as ssl_module
 
 import ngh2
 
+from ...listeners import LISTEN_BACKLOG
 from ...restricted import Restrictions
 from ..keepalive import HANDSHAKE_TIMEOUT_MS, Keepalive
 from ..rpc import Method
@@ -82,14 +84,22 @@ class NativeServer:
         self.max_connection_age_grace = (None if k.max_connection_age_grace_ms is None
                                          else k.max_connection_age_grace_ms / 1000)
 
-    async def start(self, host: str, port: int, ssl: "ssl_module.SSLContext | None" = None) -> None:
-        """Listen on ``host:port``; with ``ssl``, TLS whose ALPN must select ``h2``."""
+    async def start(self, host: str, port: int, ssl: "ssl_module.SSLContext | None" = None,
+                    sock: socket.socket | None = None) -> None:
+        """Listen on ``host:port``, or on the listening socket ``sock`` (then it is the
+        server's); with ``ssl``, TLS whose ALPN must select ``h2``."""
         if ssl is not None:
             ssl.set_alpn_protocols(["h2"])
         loop = asyncio.get_running_loop()
+
+        def connection() -> GrpcConnection:
+            return GrpcConnection(self)
         try:
-            self._server = await loop.create_server(lambda: GrpcConnection(self), host, port, ssl=ssl,
-                                                    reuse_address=True, backlog=1024)
+            if sock is not None:
+                self._server = await loop.create_server(connection, sock=sock, ssl=ssl, backlog=LISTEN_BACKLOG)
+            else:
+                self._server = await loop.create_server(connection, host, port, ssl=ssl, reuse_address=True,
+                                                        backlog=LISTEN_BACKLOG)
         except OSError as e:
             raise OSError(f"gRPC server could not bind {host}:{port} ({e.strerror})") from e
 
@@ -124,8 +134,9 @@ class NativeServer:
 
 async def start_native(methods: list[Method], host: str, port: int, *, max_message_bytes: int,
                        keepalive: Keepalive | None = None, restrictions: Restrictions | None = None,
-                       ssl: "ssl_module.SSLContext | None" = None) -> NativeServer:
+                       ssl: "ssl_module.SSLContext | None" = None,
+                       sock: socket.socket | None = None) -> NativeServer:
     server = NativeServer(methods, max_message_bytes=max_message_bytes, keepalive=keepalive,
                           restrictions=restrictions)
-    await server.start(host, port, ssl=ssl)
+    await server.start(host, port, ssl=ssl, sock=sock)
     return server
