@@ -129,7 +129,10 @@ def by_process(srv: ServerProcess, proto: str, want: int = PROCESSES, tries: int
     mod = httpclient if proto == "http" else grpcclient
     found: dict[int, object] = {}
     for _ in range(tries):
-        client = connect(srv, proto)
+        # gRPC's core shares one connection among a process's channels to the same target
+        # unless told not to: each client its own connection
+        client = connect(srv, proto) if proto == "http" else grpcclient.InferenceServerClient(
+            srv.grpc_url, channel_args=[("grpc.use_local_subchannel_pool", 1)])
         pid = ask_pid(client, mod)
         if pid in found:
             client.close()
@@ -213,7 +216,7 @@ def test_shm_registered_through_one_process_serves_through_the_other(server, pro
         assert not _regions(a, proto)
         inp = mod.InferInput("INPUT0", [4], "FP32")
         inp.set_shared_memory(f"r_{proto}", 16)
-        expect_error(proto, lambda: a.infer("whoami", [inp]), "INVALID_ARGUMENT", f"r_{proto}")
+        expect_error(proto, lambda: a.infer("whoami", [inp]), "NOT_FOUND", f"r_{proto}")
     finally:
         shm.destroy_shared_memory_region(handle)
 
@@ -226,7 +229,7 @@ def test_model_control_through_one_process_applies_to_both(server, proto):
     for client in (a, b):
         assert not client.is_model_ready("identity_fp32")
         expect_error(proto, lambda c=client: c.infer("identity_fp32", [fp32(mod, "INPUT0", [1.0])]),
-                     "UNAVAILABLE")
+                     "NOT_FOUND", "has no available versions")
     b.load_model("identity_fp32")
     for client in (a, b):
         assert client.is_model_ready("identity_fp32")

@@ -29,7 +29,9 @@ log = logging.getLogger("triton_shm.server")
 
 async def serve(options: ServerOptions) -> int:
     place = place_from_environment(options.frontend_processes)
-    processes = _bind_for_children(place, options) if place.several and place.index == 0 else None
+    if place.index == 0 and place.several:
+        _bind_ports(place, options)  # a port in use fails the start before anything else
+    processes = FrontendProcesses(place, options.command_line) if place.several and place.index == 0 else None
     peers = None
     if place.several:
         from .cluster.peers import Peers
@@ -70,7 +72,7 @@ async def serve(options: ServerOptions) -> int:
     runners = []
     try:
         if peers is not None and cluster is not None:
-            await peers.start(cluster.handlers(), service)
+            await peers.start(cluster.handlers())  # forwarded requests: once every model is loaded
         if processes is not None:
             await processes.start()  # they load their models while this one does
         await pool.start()
@@ -86,6 +88,8 @@ async def serve(options: ServerOptions) -> int:
                 await cluster.serving.wait()
         if place.index == 0:
             print(repository.status_table(), flush=True)
+        elif place.several:
+            _bind_ports(place, options)  # now: the kernel sends this process connections once it listens
         if failed and options.exit_on_error and place.index == 0:
             log.error("failed to load all models (start with --exit-on-error=false to serve the others): %s",
                       "; ".join(failed))
@@ -143,16 +147,19 @@ async def serve(options: ServerOptions) -> int:
     return 0
 
 
-def _bind_for_children(place: Place, options: ServerOptions) -> FrontendProcesses:
-    """Process 0 of several: bind the HTTP and gRPC ports once, for every process, and make
+def _bind_ports(place: Place, options: ServerOptions) -> None:
+    """One of several front-end processes: bind the HTTP and gRPC ports with SO_REUSEPORT
+    (each process its own socket; the server listens once it serves). Process 0 also makes
     the peer sockets' directory."""
     from .frontend.listeners import bind_listener
     if options.allow_http:
-        place.listeners["http"] = bind_listener(options.http_address, options.http_port)
+        place.listeners["http"] = bind_listener(options.http_address, options.http_port, reuse_port=True,
+                                                listen=False)
     if options.allow_grpc:
-        place.listeners["grpc"] = bind_listener(options.grpc_address, options.grpc_port)
-    place.directory = FrontendProcesses.make_directory()
-    return FrontendProcesses(place, options.command_line)
+        place.listeners["grpc"] = bind_listener(options.grpc_address, options.grpc_port, reuse_port=True,
+                                                listen=False)
+    if place.index == 0:
+        place.directory = FrontendProcesses.make_directory()
 
 
 def _cluster_arguments(place: Place, peers) -> dict:

@@ -175,6 +175,7 @@ class Cluster:
         self.peers.connect_timeout = FAST_CONNECT_S
         await self.sync_states()
         await asyncio.gather(*(self.peers.call(i, "start_serving", {}) for i in self.others))
+        self._serve_forwarded()
         failed = self.service.models.failed_models()
         return failed + [f for r in replies for f in r["failed"] if f not in failed]
 
@@ -183,9 +184,14 @@ class Cluster:
         return {"failed": self.service.models.failed_models()}
 
     async def _start_serving(self, _body: dict[str, Any]) -> dict[str, Any]:
-        self.peers.connect_timeout = FAST_CONNECT_S
-        self.serving.set()
+        self._serve_forwarded()
         return {}
+
+    def _serve_forwarded(self) -> None:
+        """Every model is loaded here: serve the requests other processes forward."""
+        self.peers.connect_timeout = FAST_CONNECT_S
+        self.peers.service = self.service
+        self.serving.set()
 
     async def _current_state(self, _body: dict[str, Any]) -> dict[str, Any]:
         """Process 0: what a restarted process needs to be the same server again."""
@@ -210,8 +216,7 @@ class Cluster:
                 log.error("registering shared memory region '%s' again: %s", region["name"], e.message)
         log_state = {k: v for k, v in state["log"].items() if k != "log_file"}
         self.service.log_settings.update(log_state)
-        self.peers.connect_timeout = FAST_CONNECT_S
-        self.serving.set()
+        self._serve_forwarded()
 
     # -- shared memory, settings ----------------------------------------------------------
     async def _register_system_shm(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -63,9 +63,10 @@ class Peers:
     def path_of(self, i: int) -> Path:
         return self.directory / f"frontend-{i}.sock"
 
-    async def start(self, handlers: dict[str, Handler], service: InferenceService) -> None:
+    async def start(self, handlers: dict[str, Handler], service: InferenceService | None = None) -> None:
         """Listen for the peers: control ops go to ``handlers[op]``, forwarded requests to
-        ``service``."""
+        ``service`` (refused UNAVAILABLE until it is set: a process serves them once it has
+        loaded its models)."""
         self.handlers, self.service = handlers, service
         path = self.path_of(self.index)
         path.unlink(missing_ok=True)  # a previous run's (this process restarted)

@@ -1,18 +1,19 @@
-"""The tree of front-end processes: process 0 (the one the user started) binds the
-listening sockets, starts processes 1..N-1 with them, restarts one that dies, and passes
-the stop signals on.
+"""The tree of front-end processes: process 0 (the one the user started) starts processes
+1..N-1, restarts one that dies, and passes the stop signals on.
 
 Each process is the same program (``python -m triton_shm`` with the user's command line)
 told its place by the environment: ``TRITON_SHM_FRONTEND`` ("index/count"),
-``TRITON_SHM_FRONTEND_DIR`` (the private directory of the peer sockets),
-``TRITON_SHM_LISTEN_FDS`` ("http=FD,grpc=FD": the inherited listening sockets) and
+``TRITON_SHM_FRONTEND_DIR`` (the private directory of the peer sockets) and
 ``TRITON_SHM_FRONTEND_PARENT`` (a pipe from process 0: its end of file means process 0 is
 gone, and the process stops). ``TRITON_SHM_FRONTEND_RESTART=1`` marks a restart: the
 process takes the server's current state from process 0 instead of the start-up one.
 
-Inherited listening sockets, not SO_REUSEPORT: a process that dies leaves its part of the
-accept queue to the others instead of resetting it, a restarted one serves the same socket,
-and no other program can bind beside the server (docs/design/frontend-processes.md).
+Every process binds the HTTP and gRPC ports itself with SO_REUSEPORT (process 0 first, before
+it starts the others, so a port in use fails the start), and the kernel spreads new
+connections over them by their addresses. One listening socket inherited by all was the
+first design; measured, it gave every connection to one process (the one the kernel wakes
+first takes the whole accept queue: 80 connections of 80 in tests/test_frontend_processes.py),
+so the others idled (docs/design/frontend-processes.md).
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -32,7 +32,6 @@ log = logging.getLogger("triton_shm.frontends")
 
 ENV_PLACE = "TRITON_SHM_FRONTEND"
 ENV_DIR = "TRITON_SHM_FRONTEND_DIR"
-ENV_FDS = "TRITON_SHM_LISTEN_FDS"
 ENV_PARENT = "TRITON_SHM_FRONTEND_PARENT"
 ENV_RESTART = "TRITON_SHM_FRONTEND_RESTART"
 RESTART_DELAYS = (0.5, 1.0, 2.0, 5.0)  # seconds before a restart, by how many came before (last one repeats)
@@ -44,7 +43,7 @@ class Place:
     index: int = 0
     count: int = 1
     directory: Path | None = None           # the peer sockets' directory (several processes only)
-    listeners: dict[str, socket.socket] = field(default_factory=dict)  # "http"/"grpc": inherited sockets
+    listeners: dict[str, socket.socket] = field(default_factory=dict)  # "http"/"grpc": bound with SO_REUSEPORT
     parent_fd: int | None = None            # process 1..N-1: the pipe whose end of file says process 0 left
     restarted: bool = False
 
@@ -60,18 +59,14 @@ def place_from_environment(count: int) -> Place:
     if not spec:
         return Place(0, max(count, 1))
     index, _, total = spec.partition("/")
-    listeners = {}
-    for item in filter(None, os.environ.get(ENV_FDS, "").split(",")):
-        kind, _, fd = item.partition("=")
-        listeners[kind] = socket.socket(fileno=int(fd))
     parent = os.environ.get(ENV_PARENT)
-    return Place(int(index), int(total), Path(os.environ[ENV_DIR]), listeners,
-                 int(parent) if parent else None, os.environ.get(ENV_RESTART) == "1")
+    return Place(int(index), int(total), Path(os.environ[ENV_DIR]), {}, int(parent) if parent else None,
+                 os.environ.get(ENV_RESTART) == "1")
 
 
 class FrontendProcesses:
-    """Process 0's children: processes 1..count-1, started with the listening sockets and
-    restarted when one dies (not while the server stops)."""
+    """Process 0's children: processes 1..count-1, restarted when one dies (not while the
+    server stops)."""
 
     def __init__(self, place: Place, command_line: list[str]):
         self.place = place
@@ -93,15 +88,13 @@ class FrontendProcesses:
             self._watchers.append(asyncio.get_running_loop().create_task(self._watch(index)))
 
     async def _spawn(self, index: int, restarted: bool) -> None:
-        fds = {kind: sock.fileno() for kind, sock in self.place.listeners.items()}
         env = dict(os.environ)
         env.update({ENV_PLACE: f"{index}/{self.place.count}", ENV_DIR: str(self.place.directory),
-                    ENV_FDS: ",".join(f"{k}={fd}" for k, fd in fds.items()), ENV_PARENT: str(self._parent_read),
-                    ENV_RESTART: "1" if restarted else "0"})
+                    ENV_PARENT: str(self._parent_read), ENV_RESTART: "1" if restarted else "0"})
         # its own session: a terminal's Ctrl-C reaches process 0, which passes the signal on
         self.children[index] = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "triton_shm", *self.command_line, env=env,
-            pass_fds=[*fds.values(), self._parent_read], start_new_session=True)
+            pass_fds=[self._parent_read], start_new_session=True)
         log.info("started front-end process %d (pid %d)", index, self.children[index].pid)
 
     async def _watch(self, index: int) -> None:

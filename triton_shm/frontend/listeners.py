@@ -54,12 +54,14 @@ _DROP_SYN = b"".join(struct.pack("HBBI", code, jt, jf, k) for code, jt, jf, k in
 LISTEN_BACKLOG = 1024
 
 
-def bind_listener(host: str, port: int) -> socket.socket:
-    """A non-blocking TCP socket listening on ``host:port`` (backlog ``LISTEN_BACKLOG``),
-    inheritable, for child processes to serve on (``subprocess``'s ``pass_fds``). The address
-    is resolved as ``loop.create_server`` does (IPv6 hosts, names; the first address found),
-    with SO_REUSEADDR and, for IPv6, IPV6_V6ONLY as it sets them; not SO_REUSEPORT: no other
-    process can bind the port beside it. Raises OSError when it cannot be bound."""
+def bind_listener(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """A non-blocking TCP socket bound to ``host:port``, listening (backlog ``LISTEN_BACKLOG``)
+    unless ``listen`` is False (the server that serves it listens), inheritable, for child
+    processes to serve on (``subprocess``'s ``pass_fds``). The address is resolved as
+    ``loop.create_server`` does (IPv6 hosts, names; the first address found), with SO_REUSEADDR
+    and, for IPv6, IPV6_V6ONLY as it sets them. ``reuse_port``: SO_REUSEPORT, so the
+    front-end processes of one server (the same user's) each bind the port and the kernel
+    spreads new connections over them. Raises OSError when it cannot be bound."""
     infos = socket.getaddrinfo(host or None, port, socket.AF_UNSPEC, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
     if not infos:
         raise OSError(f"cannot resolve {host!r}")
@@ -67,13 +69,16 @@ def bind_listener(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         if family == socket.AF_INET6:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         try:
             sock.bind(address)
         except OSError as e:
             raise OSError(e.errno, f"could not bind {host}:{port} ({e.strerror})") from None
-        sock.listen(LISTEN_BACKLOG)
+        if listen:
+            sock.listen(LISTEN_BACKLOG)
         sock.setblocking(False)
         sock.set_inheritable(True)
     except BaseException:
