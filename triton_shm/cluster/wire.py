@@ -63,7 +63,7 @@ class FrameDecoder:
     def feed(self, data: Buffer) -> Iterator[Frame]:
         if self._big is not None:
             data = self._fill_big(data)
-            if self._big is not None:
+            if self._big_filled < len(self._big):
                 return
             yield self._finish_big()
         if self._pending:
