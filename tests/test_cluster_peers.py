@@ -5,6 +5,7 @@ the servers' end-to-end behaviour is tested with real server processes elsewhere
 from __future__ import annotations
 
 import asyncio
+import math
 import socket
 import struct
 import tempfile
@@ -26,7 +27,8 @@ from triton_shm.errors import (AlreadyExists, Internal, InvalidArgument, NotFoun
 
 FP32 = np.arange(6, dtype=np.float32).tobytes()
 BYTES = b"".join(struct.pack("<I", len(s)) + s for s in (b"abc", b"", b"\xff\x00"))
-PARAMETERS = {"flag": True, "off": False, "count": 3, "ratio": 1.0, "neg": -7, "big": 2**63 - 1, "text": "1"}
+PARAMETERS = {"flag": True, "off": False, "count": 3, "ratio": 1.0, "neg": -7, "big": 2**64 - 1, "text": "1",
+              "inf": float("inf"), "ninf": float("-inf")}
 
 
 def scenario(fn):
@@ -51,7 +53,8 @@ def roundtrip(header: dict[str, Any], buffers: list, chunk: int | None = None) -
 
 def a_request() -> InferRequest:
     return InferRequest("echo", "2", "req-1", dict(PARAMETERS),
-                        [InputTensor("F", "FP32", [2, 3], memoryview(FP32), {"shared_memory_offset": 0}),
+                        [InputTensor("F", "FP32", [2, 3], memoryview(FP32), {"shared_memory_offset": 0,
+                                                                             "nan": float("nan")}),
                          InputTensor("S", "BYTES", [3], BYTES),
                          InputTensor("UNSET", "INT8", [0]),
                          InputTensor("EMPTY", "INT8", [0], b"")],
@@ -66,6 +69,7 @@ def test_request_round_trip_keeps_types_and_bytes(chunk):
     assert (back.model_name, back.model_version, back.id) == ("echo", "2", "req-1")
     assert back.parameters == PARAMETERS
     assert {k: type(v) for k, v in back.parameters.items()} == {k: type(v) for k, v in PARAMETERS.items()}
+    assert math.isnan(back.inputs[0].parameters.pop("nan"))  # JSON has no NaN: carried all the same
     assert [(t.name, t.datatype, t.shape, t.parameters) for t in back.inputs] == [
         ("F", "FP32", [2, 3], {"shared_memory_offset": 0}), ("S", "BYTES", [3], {}), ("UNSET", "INT8", [0], {}),
         ("EMPTY", "INT8", [0], {})]
@@ -255,7 +259,11 @@ async def test_handler_errors_keep_their_class(directory: Path):
         finished.append(2)
         raise AlreadyExists("later, and second in process order")
 
-    handlers = {1: {"fail": raising(NotFound("model 'm' is not found")), "crash": raising(KeyError("boom"))},
+    async def not_a_dict(body: dict[str, Any]) -> dict[str, Any]:
+        return [1]  # type: ignore[return-value]
+
+    handlers = {1: {"fail": raising(NotFound("model 'm' is not found")), "crash": raising(KeyError("boom")),
+                    "surrogate": raising(InvalidArgument("bad \udc80 text")), "list": not_a_dict},
                 2: {"fail": slow_fail}}
     peers, _ = await start_peers(directory, 3, handlers)
     try:
@@ -265,6 +273,12 @@ async def test_handler_errors_keep_their_class(directory: Path):
             await peers[0].call(1, "crash", {})
         with pytest.raises(Unsupported, match="unknown peer operation 'nope'"):
             await peers[0].call(1, "nope", {})
+        with pytest.raises(InvalidArgument, match=r"bad \? text"):  # JSON can not carry a lone surrogate
+            await peers[0].call(1, "surrogate", {})
+        with pytest.raises(Internal, match="not a dict"):
+            await peers[0].call(1, "list", {})
+        with pytest.raises(Internal, match="can not be encoded"):
+            await peers[0].call(1, "echo", {"x": object()})
         with pytest.raises(NotFound):  # the first error in process order, once all have answered
             await peers[0].broadcast("fail", {})
         assert finished == [2]
