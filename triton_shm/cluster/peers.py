@@ -221,38 +221,33 @@ class _Link(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def _send(self, header: dict[str, Any], buffers: list[Buffer] | tuple = ()) -> None:
-        self.transport.writelines(encode_frame(header, buffers))
-
-    def _waiter(self, stream: ResponseStream | None = None, on_done: Callable[[], None] | None = None) -> _Waiter:
+    def _request(self, header: dict[str, Any], buffers: list[Buffer] | tuple = (),
+                 stream: ResponseStream | None = None, on_done: Callable[[], None] | None = None) -> _Waiter:
+        """Send a request frame (its id set here); the waiter of its answer."""
         if self.lost:  # seen lost between the lookup and here: no frame would be answered
+            if on_done is not None:
+                on_done()
             raise Unavailable(f"front-end process {self.peer} exited")
         self.last_id = rid = self.last_id + 1
+        header["i"] = rid
+        try:
+            frame = encode_frame(header, buffers)
+        except TypeError as e:  # orjson's: a value JSON can not carry
+            if on_done is not None:
+                on_done()
+            raise Internal(f"a request to front-end process {self.peer} can not be encoded: {e}") from None
         waiter = self.pending[rid] = _Waiter(self, rid, stream, on_done)
+        self.transport.writelines(frame)
         return waiter
 
     async def call(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
-        waiter = self._waiter()
-        self._send({"k": "call", "i": waiter.rid, "op": op, "b": body})
-        return await waiter
+        return await self._request({"k": "call", "op": op, "b": body})
 
     def forward(self, request: InferRequest, stream: ResponseStream | None,
                 on_done: Callable[[], None] | None) -> _Waiter:
-        try:
-            waiter = self._waiter(stream, on_done)
-        except Unavailable:
-            if on_done is not None:
-                on_done()
-            raise
         header, buffers = request_to_wire(request)
-        header["k"], header["i"] = "infer", waiter.rid
-        try:
-            frame = encode_frame(header, buffers)
-        except Exception:  # noqa: BLE001 - e.g. a parameter JSON can not carry: the caller's error
-            del self.pending[waiter.rid]
-            waiter.finish()
-            raise
-        self.transport.writelines(frame)
+        header["k"] = "infer"
+        waiter = self._request(header, buffers, stream, on_done)
         if stream is not None:
             stream.cancel = partial(self.withdraw, waiter.rid)
         return waiter
@@ -263,7 +258,7 @@ class _Link(asyncio.Protocol):
         if waiter is None:
             return
         if not self.lost:
-            self._send({"k": "cancel", "i": rid})
+            self.transport.writelines(encode_frame({"k": "cancel", "i": rid}))
         if not waiter.done():
             asyncio.Future.cancel(waiter)  # not its own cancel(): that withdraws
         waiter.finish()
@@ -398,15 +393,15 @@ class _Served(asyncio.Protocol):
             if handler is None:
                 raise Unsupported(f"unknown peer operation '{op}'")
             reply = await handler(body)
-        except TritonShmError as e:
-            self._send({"k": "reply", "i": rid, "e": e.to_wire()})
+            if not isinstance(reply, dict):
+                raise TypeError(f"the handler answered a {type(reply).__name__}, not a dict")
+            self._send({"k": "reply", "i": rid, "b": reply})
         except asyncio.CancelledError:
             return  # the caller is gone
-        except Exception as e:  # noqa: BLE001 - the caller gets it as INTERNAL
-            log.exception("peer operation '%s' failed", op)
-            self._send({"k": "reply", "i": rid, "e": Internal(str(e)).to_wire()})
-        else:
-            self._send({"k": "reply", "i": rid, "b": reply})
+        except Exception as e:  # noqa: BLE001 - the caller gets it (as INTERNAL unless it is ours)
+            if not isinstance(e, TritonShmError):
+                log.exception("peer operation '%s' failed", op)
+            self._send_error("reply", rid, e)
 
     async def _serve(self, rid: int, request: InferRequest) -> None:
         """Run a forwarded request; send each response, or what refused it."""
@@ -425,13 +420,9 @@ class _Served(asyncio.Protocol):
         except asyncio.CancelledError:
             return  # the caller cancelled it, or went away
         except Exception as e:  # noqa: BLE001 - every failure is the caller's answer
-            error = e if isinstance(e, TritonShmError) else Internal(str(e))
             if not isinstance(e, TritonShmError):
                 log.exception("forwarded request for model '%s' failed", request.model_name)
-            if started:
-                self._send({"k": "item", "i": rid, "f": True, "e": error.to_wire()})
-            else:
-                self._send({"k": "refused", "i": rid, "e": error.to_wire()})
+            self._send_error("item" if started else "refused", rid, e)
         finally:
             self.tasks.pop(rid, None)
 
@@ -439,13 +430,27 @@ class _Served(asyncio.Protocol):
         if item is None:
             self._send({"k": "item", "i": rid, "f": final})
         elif isinstance(item, TritonShmError):
-            self._send({"k": "item", "i": rid, "f": final, "e": item.to_wire()})
+            self._send({"k": "item", "i": rid, "f": final, "e": _error_to_wire(item)})
         else:
             try:
                 header, buffers = response_to_wire(item)
             finally:
                 item.release()  # the bytes are copied out of its arena
             self._send({"k": "item", "i": rid, "f": final, "r": header}, buffers)
+
+
+    def _send_error(self, kind: str, rid: int, error: Exception) -> None:
+        """The last frame of a request: ``error`` (INTERNAL unless it is a TritonShmError)."""
+        if not isinstance(error, TritonShmError):
+            error = Internal(str(error))
+        self._send({"k": kind, "i": rid, "f": True, "e": _error_to_wire(error)})
+
+
+def _error_to_wire(error: TritonShmError) -> dict[str, Any]:
+    wire = error.to_wire()
+    if not wire["message"].isascii():  # a model's text may hold lone surrogates, which UTF-8 (JSON) can not
+        wire["message"] = wire["message"].encode("utf-8", "replace").decode("utf-8")
+    return wire
 
 
 def _error(wire: Any) -> TritonShmError:

@@ -8,6 +8,7 @@ peer is another process of the same server (trusted) but its frames are checked
 """
 from __future__ import annotations
 
+import math
 import struct
 from typing import Any, Iterator, Sequence
 
@@ -63,7 +64,7 @@ class FrameDecoder:
     def feed(self, data: Buffer) -> Iterator[Frame]:
         if self._big is not None:
             data = self._fill_big(data)
-            if self._big is not None:
+            if self._big_filled < len(self._big):
                 return
             yield self._finish_big()
         if self._pending:
@@ -146,9 +147,10 @@ def request_to_wire(request: InferRequest) -> tuple[dict[str, Any], list[Buffer]
         else:
             index = len(buffers)
             buffers.append(data)
-        inputs.append((tensor.name, tensor.datatype, tensor.shape, tensor.parameters, index))
-    header = {"m": request.model_name, "v": request.model_version, "id": request.id, "p": request.parameters,
-              "in": inputs, "out": [(o.name, o.parameters) for o in request.outputs]}
+        inputs.append((tensor.name, tensor.datatype, tensor.shape, _json_parameters(tensor.parameters), index))
+    header = {"m": request.model_name, "v": request.model_version, "id": request.id,
+              "p": _json_parameters(request.parameters), "in": inputs,
+              "out": [(o.name, _json_parameters(o.parameters)) for o in request.outputs]}
     return header, buffers
 
 
@@ -178,10 +180,10 @@ def response_to_wire(response: InferResponse) -> tuple[dict[str, Any], list[Buff
             buffers.append(data if type(data) is bytes else bytes(data))
         else:
             index = -1
-        outputs.append((tensor.name, tensor.datatype, tensor.shape, tensor.parameters, tensor.in_shared_memory,
-                        tensor.shm_byte_size, index))
-    header = {"m": response.model_name, "v": response.model_version, "id": response.id, "p": response.parameters,
-              "out": outputs}
+        outputs.append((tensor.name, tensor.datatype, tensor.shape, _json_parameters(tensor.parameters),
+                        tensor.in_shared_memory, tensor.shm_byte_size, index))
+    header = {"m": response.model_name, "v": response.model_version, "id": response.id,
+              "p": _json_parameters(response.parameters), "out": outputs}
     return header, buffers
 
 
@@ -206,10 +208,23 @@ def _buffer(buffers: Sequence[Buffer], index: Any) -> Buffer | None:
     return buffers[index]
 
 
+def _json_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """``parameters`` as JSON carries them: a float that is not finite (JSON has no NaN or
+    infinity; orjson would write null) goes as ``{"float": "inf"}``."""
+    for value in parameters.values():
+        if type(value) is float and not math.isfinite(value):
+            return {k: {"float": repr(v)} if type(v) is float and not math.isfinite(v) else v
+                    for k, v in parameters.items()}
+    return parameters
+
+
 def _parameters(parameters: Any) -> dict[str, Any]:
+    """The parameters ``_json_parameters`` wrote, their values checked."""
     if not isinstance(parameters, dict):
         raise TypeError(f"parameters are a {type(parameters).__name__}, not an object")
-    for value in parameters.values():
-        if not isinstance(value, (bool, int, float, str)):
+    for key, value in parameters.items():
+        if isinstance(value, dict) and isinstance(value.get("float"), str):  # NaN or an infinity
+            parameters[key] = float(value["float"])
+        elif not isinstance(value, (bool, int, float, str)):
             raise TypeError(f"parameter value {value!r} is not a bool, int, float or string")
     return parameters
