@@ -83,8 +83,30 @@ class TritonPythonModel:
 """
 
 
+SLOW_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        time.sleep(3)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())])
+                for r in requests]
+"""
+
+
 def build_repository(repo) -> None:
     whoami(repo)
+    python_identity(repo, "cached", "FP32")  # owned: one cache for the whole server
+    with open(repo / "cached" / "config.pbtxt", "a") as f:
+        f.write("response_cache { enable: true }\n")
+    write_model(repo, "slow", model_py=SLOW_PY, config="""
+        name: "slow"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        """)  # owned by process 1 (crc32("slow") % 2)
     python_identity(repo, "identity_fp32", "FP32")  # count 1: one process owns it, the other forwards
     write_model(repo, "batched", model_py=BATCH_PY, config="""
         name: "batched"
@@ -112,7 +134,7 @@ def server(tmp_path_factory):
     build_repository(repo)
     srv = ServerProcess(repo, root / "server.log", extra_args=[
         "--frontend-processes", str(PROCESSES), "--allow-client-shm", "true", "--model-control-mode", "explicit",
-        "--load-model", "*"])
+        "--load-model", "*", "--cache-config", "local,size=1048576"])
     srv.start()
     yield srv
     srv.stop_cleanly()
@@ -362,7 +384,21 @@ def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):
         clients = by_process(srv, "http")
         victim = next(pid for pid in clients if pid != srv.proc.pid)
         survivor = clients[srv.proc.pid]
+        failed: list[InferenceServerException] = []
+        through_0 = by_process(srv, "grpc")[srv.proc.pid]  # gRPC: its client may be used from a thread
+
+        def in_flight() -> None:  # forwarded to the victim, which owns "slow", when it dies
+            try:
+                through_0.infer("slow", [fp32(grpcclient, "INPUT0", [1.0])])
+            except InferenceServerException as e:
+                failed.append(e)
+        thread = threading.Thread(target=in_flight)
+        thread.start()
+        time.sleep(1.0)
         os.kill(victim, signal.SIGKILL)
+        thread.join(30)
+        assert len(failed) == 1 and failed[0].status() == "StatusCode.UNAVAILABLE", failed
+        assert "front-end process 1" in failed[0].message(), failed[0].message()
         # the other process serves on, its own models and the ones it forwards or owns
         for model in ("whoami", "identity_fp32"):
             deadline = time.monotonic() + 30
@@ -423,3 +459,31 @@ def test_perf_analyzer_registers_on_one_connection_and_infers_on_others(server, 
     clients = by_process(server, proto)
     for client in clients.values():  # perf_analyzer unregistered its regions everywhere
         assert not _regions(client, proto)
+
+
+def test_response_cache_is_one_for_the_whole_server(server):
+    (_, a), (_, b) = by_process(server, "http").items()
+    value = [float(os.getpid() % 1000), 0.25]
+    first = a.infer("cached", [fp32(httpclient, "INPUT0", value)]).as_numpy("OUTPUT0").tolist()
+    second = b.infer("cached", [fp32(httpclient, "INPUT0", value)]).as_numpy("OUTPUT0").tolist()
+    assert first == second == value
+    stats = b.get_inference_statistics("cached")["model_stats"][0]["inference_stats"]
+    assert int(stats["cache_miss"]["count"]) == 1 and int(stats["cache_hit"]["count"]) == 1, stats
+
+
+def test_poll_mode_applies_a_new_model_in_every_process(tmp_path):
+    repo = tmp_path / "models"
+    whoami(repo)
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
+        "--frontend-processes", "2", "--model-control-mode", "poll", "--repository-poll-secs", "1"]).start()
+    try:
+        clients = by_process(srv, "http")
+        python_identity(repo, "late", "FP32")
+        deadline = time.monotonic() + 30
+        while not all(c.is_model_ready("late") for c in clients.values()):
+            assert time.monotonic() < deadline, srv.log()[-3000:]
+            time.sleep(0.2)
+        for client in clients.values():
+            assert client.infer("late", [fp32(httpclient, "INPUT0", [2.0])]).as_numpy("OUTPUT0").tolist() == [2.0]
+    finally:
+        srv.stop_cleanly()
