@@ -303,6 +303,26 @@ async def test_garbage_is_refused_without_harm_to_the_listener(directory: Path):
         await close_all(peers)
 
 
+@scenario
+async def test_an_owner_that_answers_garbage_fails_what_is_pending(directory: Path):
+    async def owner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        while data := await reader.read(65536):
+            for header, _ in decoder.feed(data):
+                answer = {"k": "reply", "i": header["i"], "b": [1]} if header["op"] == "list" else {"k": 7}
+                writer.write(b"".join(encode_frame(answer)))
+
+    caller = Peers(0, 2, directory)
+    server = await asyncio.start_unix_server(owner, str(caller.path_of(1)))
+    try:
+        for op in ("list", "kind"):
+            with pytest.raises(Unavailable, match="front-end process 1 broke the peer protocol"):
+                await caller.call(1, op, {})
+    finally:
+        server.close()
+        await caller.close()
+
+
 # -- forwarded inference -----------------------------------------------------------------------
 
 @scenario
