@@ -335,6 +335,10 @@ async def test_forward_returns_the_owners_response(directory: Path):
         assert [(t.name, bytes(t.data)) for t in response.outputs] == [("OUT_IN", FP32), ("OUT_S", BYTES)]
         response.release()
         assert services[1].released == ["a"]  # the owner released its response once sent
+        big = np.random.default_rng(1).random(600_000, dtype=np.float32)  # 2.4 MB each way, a typed view
+        request = InferRequest("echo", "", "big", {}, [InputTensor("IN", "FP32", [600_000], memoryview(big))])
+        response = await peers[0].forward(1, request)
+        assert response is not None and bytes(response.outputs[0].data) == big.tobytes()
         many = await asyncio.gather(*(peers[0].forward(1, infer_request("echo", str(n))) for n in range(30)))
         assert [r.id for r in many if r is not None] == [str(n) for n in range(30)]
     finally:
