@@ -130,6 +130,11 @@ def test_decoder_rejects_garbage_clearly(garbage, fragment):
         list(FrameDecoder().feed(garbage))
 
 
+def test_a_size_declared_and_not_sent_costs_nothing():
+    decoder = FrameDecoder()  # 60 GiB announced: memory is taken as bytes arrive, not as declared
+    assert list(decoder.feed(struct.pack("<IIQ", 2, 1, MAX_FRAME - 2**32) + b"{}" + b"x" * 1000)) == []
+
+
 @pytest.mark.parametrize("header", [{}, {"m": "x", "v": "", "id": "", "p": {}, "in": [["a", "FP32", [1], {}, 5]],
                                          "out": []},
                                     {"m": "x", "v": "", "id": "", "p": {"a": [1]}, "in": [], "out": []},
