@@ -284,6 +284,8 @@ async def test_handler_errors_keep_their_class(directory: Path):
             await peers[0].call(1, "list", {})
         with pytest.raises(Internal, match="can not be encoded"):
             await peers[0].call(1, "echo", {"x": object()})
+        with pytest.raises(Internal, match="exceeds the peer limits"):
+            await peers[0].call(1, "echo", {"x": "y" * MAX_HEADER})
         with pytest.raises(NotFound):  # the first error in process order, once all have answered
             await peers[0].broadcast("fail", {})
         assert finished == [2]

@@ -232,7 +232,7 @@ class _Link(asyncio.Protocol):
         header["i"] = rid
         try:
             frame = encode_frame(header, buffers)
-        except TypeError as e:  # orjson's: a value JSON can not carry
+        except (TypeError, FrameError) as e:  # a value JSON can not carry, a frame beyond the limits
             if on_done is not None:
                 on_done()
             raise Internal(f"a request to front-end process {self.peer} can not be encoded: {e}") from None

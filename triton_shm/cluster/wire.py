@@ -21,7 +21,6 @@ MAX_BUFFERS = 1 << 16        # buffers in one frame (a request's inputs, a respo
 MAX_FRAME = 1 << 36          # bytes of a whole frame: far above any request the protocols accept
 SMALL_FRAME = 64 << 10       # a frame up to this is joined into one piece (one copy, cheaper than a list)
 _PREFIX = struct.Struct("<II")
-_LEN = struct.Struct("<Q")
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # a backend's shape may hold numpy integers
 
 Frame = tuple[dict[str, Any], list[Buffer]]
@@ -37,9 +36,14 @@ def _nbytes(buffer: Buffer) -> int:
 
 def encode_frame(header: dict[str, Any], buffers: Sequence[Buffer] = ()) -> list[Buffer]:
     """The pieces of one frame, for ``transport.writelines``: a small frame is one piece, a
-    large one keeps its buffers as they are (no copy of big tensors here)."""
+    large one keeps its buffers as they are (no copy of big tensors here). Raises
+    FrameError for a frame beyond what a peer accepts, TypeError for a header JSON can not
+    carry."""
     head = orjson.dumps(header, option=_JSON_OPTIONS)
     sizes = [_nbytes(b) for b in buffers]
+    if len(head) > MAX_HEADER or len(sizes) > MAX_BUFFERS or sum(sizes) > MAX_FRAME:  # the peer would refuse it
+        raise FrameError(f"a frame of a {len(head)}-byte header and {len(sizes)} buffers of {sum(sizes)} bytes "
+                         f"exceeds the peer limits ({MAX_HEADER}, {MAX_BUFFERS}, {MAX_FRAME})")
     prefix = _PREFIX.pack(len(head), len(sizes)) + (struct.pack(f"<{len(sizes)}Q", *sizes) if sizes else b"")
     if sum(sizes) <= SMALL_FRAME:
         return [b"".join((prefix, head, *buffers))]
