@@ -356,10 +356,12 @@ async def test_forward_returns_the_owners_response(directory: Path):
 async def test_forward_decoupled_streams_every_item_in_order(directory: Path):
     peers, _ = await start_peers(directory, 2)
     try:
+        scheduler = ForwardingScheduler(peers[0], 1, "stream")
         stream = ResponseStream(asyncio.Queue())
-        assert await peers[0].forward(1, infer_request("stream", "s"), stream) is None
+        assert await scheduler.submit(infer_request("stream", "s"), None, {}, None, stream) is None  # type: ignore
         assert stream.cancel is not None
         items = await drain_stream(stream)
+        assert scheduler.inflight_count() == 0  # in flight until its final item
         assert [(type(item).__name__, final) for item, final in items] == [
             ("InferResponse", False), ("InvalidArgument", False), ("InferResponse", False), ("NoneType", True)]
         assert items[1][0].message == "a bad one in the middle"
