@@ -15,7 +15,9 @@ from typing import Callable
 from google.protobuf.message import DecodeError
 
 from triton_shm._proto import grpc_service_pb2 as pb
+from triton_shm.cluster import wire
 from triton_shm.core.data import codec_py
+from triton_shm.core.data.types import InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
 from triton_shm.core.models import config as mcfg
 from triton_shm.errors import TritonShmError
 from triton_shm.frontend.grpc.codec import parse_infer_request
@@ -152,6 +154,21 @@ def worker_frames(data: bytes) -> object:
     return python
 
 
+def peer_frames(data: bytes) -> object:
+    """What a front-end process reads from a peer (fed in two chunks): frames and the
+    request or response each describes; nothing but FrameError."""
+    def parse() -> list[object]:
+        decoder, cut, parsed = wire.FrameDecoder(), len(data) // 3, []
+        for chunk in (data[:cut], data[cut:]):
+            for header, buffers in decoder.feed(chunk):
+                if header.get("k") == "infer":
+                    parsed.append(wire.request_from_wire(header, buffers))
+                else:
+                    parsed.append(wire.response_from_wire(header.get("r"), buffers))  # type: ignore[arg-type]
+        return parsed
+    return _allowed("peer_frames", data, parse, (wire.FrameError,))
+
+
 # --------------------------------------------------------------------------- seeds
 
 def _seeds() -> dict[str, list[bytes]]:
@@ -197,6 +214,15 @@ def _seeds() -> dict[str, list[bytes]]:
         m.encode_stream(9, 5, False, responses[0]), m.encode_fail(10, {"code": "INTERNAL", "message": "boom"}),
         m.encode_free([(1, 0, 64)]), m.encode_ping(11), m.encode_pong(11),
         m.encode_control(12, {"op": "load", "config": {"a": [1, 2]}}, [(3, 64, 64)]))]
+    request = InferRequest("m", "1", "r", {"n": 1, "x": float("inf")},
+                           [InputTensor("A", "FP32", [2], bytes(8), {"p": True}), InputTensor("B", "INT8", [0])],
+                           [RequestedOutput("O", {"binary_data": True})])
+    response = InferResponse("m", "1", "r", {}, [OutputTensor("O", "BYTES", [1], b"\x01\x00\x00\x00z"),
+                                                 OutputTensor("S", "FP32", [4], b"", {}, True, 16)])
+    fields, buffers = wire.request_to_wire(request)
+    peer = [b"".join(wire.encode_frame({"k": "infer", "i": 1, **fields}, buffers))]
+    fields, buffers = wire.response_to_wire(response)
+    peer.append(b"".join(wire.encode_frame({"k": "item", "i": 1, "f": True, "r": fields}, buffers)))
     return {
         "http_infer": [struct.pack("<i", -1) + http_json, struct.pack("<i", len(header)) + header + b"abc"],
         "grpc_infer": [infer.SerializeToString(), typed.SerializeToString(), big.SerializeToString()],
@@ -206,13 +232,14 @@ def _seeds() -> dict[str, list[bytes]]:
         "config_json": [json.dumps(mcfg.config_to_json(mcfg.parse_pbtxt(pbtxt.decode()))).encode(),
                         base64.b64decode(b"eyJiYWNrZW5kIjogInB5dGhvbiJ9")],
         "worker_frames": frames,
+        "peer_frames": peer,
     }
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "http_infer": http_infer, "grpc_infer": grpc_infer, "grpc_messages": grpc_messages,
     "bytes_tensor": bytes_tensor, "config_pbtxt": config_pbtxt, "config_json": config_json,
-    "worker_frames": worker_frames,
+    "worker_frames": worker_frames, "peer_frames": peer_frames,
 }
 SEEDS = _seeds()
 

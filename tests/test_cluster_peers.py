@@ -130,6 +130,11 @@ def test_decoder_rejects_garbage_clearly(garbage, fragment):
         list(FrameDecoder().feed(garbage))
 
 
+def test_a_size_declared_and_not_sent_costs_nothing():
+    decoder = FrameDecoder()  # 60 GiB announced: memory is taken as bytes arrive, not as declared
+    assert list(decoder.feed(struct.pack("<IIQ", 2, 1, MAX_FRAME - 2**32) + b"{}" + b"x" * 1000)) == []
+
+
 @pytest.mark.parametrize("header", [{}, {"m": "x", "v": "", "id": "", "p": {}, "in": [["a", "FP32", [1], {}, 5]],
                                          "out": []},
                                     {"m": "x", "v": "", "id": "", "p": {"a": [1]}, "in": [], "out": []},
@@ -279,6 +284,8 @@ async def test_handler_errors_keep_their_class(directory: Path):
             await peers[0].call(1, "list", {})
         with pytest.raises(Internal, match="can not be encoded"):
             await peers[0].call(1, "echo", {"x": object()})
+        with pytest.raises(Internal, match="exceeds the peer limits"):
+            await peers[0].call(1, "echo", {"x": "y" * MAX_HEADER})
         with pytest.raises(NotFound):  # the first error in process order, once all have answered
             await peers[0].broadcast("fail", {})
         assert finished == [2]
@@ -303,6 +310,26 @@ async def test_garbage_is_refused_without_harm_to_the_listener(directory: Path):
         await close_all(peers)
 
 
+@scenario
+async def test_an_owner_that_answers_garbage_fails_what_is_pending(directory: Path):
+    async def owner(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder()
+        while data := await reader.read(65536):
+            for header, _ in decoder.feed(data):
+                answer = {"k": "reply", "i": header["i"], "b": [1]} if header["op"] == "list" else {"k": 7}
+                writer.write(b"".join(encode_frame(answer)))
+
+    caller = Peers(0, 2, directory)
+    server = await asyncio.start_unix_server(owner, str(caller.path_of(1)))
+    try:
+        for op in ("list", "kind"):
+            with pytest.raises(Unavailable, match="front-end process 1 broke the peer protocol"):
+                await caller.call(1, op, {})
+    finally:
+        server.close()
+        await caller.close()
+
+
 # -- forwarded inference -----------------------------------------------------------------------
 
 @scenario
@@ -315,6 +342,10 @@ async def test_forward_returns_the_owners_response(directory: Path):
         assert [(t.name, bytes(t.data)) for t in response.outputs] == [("OUT_IN", FP32), ("OUT_S", BYTES)]
         response.release()
         assert services[1].released == ["a"]  # the owner released its response once sent
+        big = np.random.default_rng(1).random(600_000, dtype=np.float32)  # 2.4 MB each way, a typed view
+        request = InferRequest("echo", "", "big", {}, [InputTensor("IN", "FP32", [600_000], memoryview(big))])
+        response = await peers[0].forward(1, request)
+        assert response is not None and bytes(response.outputs[0].data) == big.tobytes()
         many = await asyncio.gather(*(peers[0].forward(1, infer_request("echo", str(n))) for n in range(30)))
         assert [r.id for r in many if r is not None] == [str(n) for n in range(30)]
     finally:
@@ -325,10 +356,12 @@ async def test_forward_returns_the_owners_response(directory: Path):
 async def test_forward_decoupled_streams_every_item_in_order(directory: Path):
     peers, _ = await start_peers(directory, 2)
     try:
+        scheduler = ForwardingScheduler(peers[0], 1, "stream")
         stream = ResponseStream(asyncio.Queue())
-        assert await peers[0].forward(1, infer_request("stream", "s"), stream) is None
+        assert await scheduler.submit(infer_request("stream", "s"), None, {}, None, stream) is None  # type: ignore
         assert stream.cancel is not None
         items = await drain_stream(stream)
+        assert scheduler.inflight_count() == 0  # in flight until its final item
         assert [(type(item).__name__, final) for item, final in items] == [
             ("InferResponse", False), ("InvalidArgument", False), ("InferResponse", False), ("NoneType", True)]
         assert items[1][0].message == "a bad one in the middle"

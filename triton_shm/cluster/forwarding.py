@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from ..core.data.shm_registry import Region
     from ..core.data.types import InferRequest, InferResponse, ResponseStream
     from ..core.models.validation import RequestPlan
-    from ..core.scheduling.interface import Instance
+    from ..core.scheduling.interface import Instance, Scheduler
     from .peers import Peers
 
 
@@ -55,3 +55,8 @@ class ForwardingScheduler:
 
     def instance_up(self, instance: Instance) -> None:
         pass
+
+
+if TYPE_CHECKING:
+    def _is_a_scheduler(scheduler: ForwardingScheduler) -> Scheduler:
+        return scheduler  # mypy checks that it implements the protocol

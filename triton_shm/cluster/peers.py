@@ -190,8 +190,9 @@ class _Waiter(asyncio.Future):
     def cancel(self, msg: Any | None = None) -> bool:
         if self.done():
             return False
+        cancelled = super().cancel(msg)
         self.link.withdraw(self.rid)
-        return super().cancel(msg)
+        return cancelled
 
     def fail(self, error: TritonShmError) -> None:
         if not self.done():
@@ -232,7 +233,7 @@ class _Link(asyncio.Protocol):
         header["i"] = rid
         try:
             frame = encode_frame(header, buffers)
-        except TypeError as e:  # orjson's: a value JSON can not carry
+        except (TypeError, FrameError) as e:  # a value JSON can not carry, a frame beyond the limits
             if on_done is not None:
                 on_done()
             raise Internal(f"a request to front-end process {self.peer} can not be encoded: {e}") from None
@@ -301,18 +302,19 @@ class _Link(asyncio.Protocol):
             if final:
                 del self.pending[rid]
                 waiter.finish()
-        elif kind == "reply":
+        elif kind == "reply":  # checked before it leaves ``pending``: a bad frame fails it with the rest
+            body = _error(header["e"]) if "e" in header else header.get("b")
+            if not isinstance(body, (dict, TritonShmError)):
+                raise FrameError(f"a reply's body is a {type(body).__name__}, not an object")
             del self.pending[rid]
-            if "e" in header:
-                waiter.set_exception(_error(header["e"]))
+            if isinstance(body, TritonShmError):
+                waiter.set_exception(body)
             else:
-                body = header.get("b")
-                if not isinstance(body, dict):
-                    raise FrameError(f"a reply's body is a {type(body).__name__}, not an object")
                 waiter.set_result(body)
         elif kind == "refused":
+            error = _error(header.get("e"))
             del self.pending[rid]
-            waiter.fail(_error(header.get("e")))
+            waiter.fail(error)
         else:
             raise FrameError(f"unknown frame kind {kind!r} from the owner")
 
@@ -437,7 +439,6 @@ class _Served(asyncio.Protocol):
             finally:
                 item.release()  # the bytes are copied out of its arena
             self._send({"k": "item", "i": rid, "f": final, "r": header}, buffers)
-
 
     def _send_error(self, kind: str, rid: int, error: Exception) -> None:
         """The last frame of a request: ``error`` (INTERNAL unless it is a TritonShmError)."""

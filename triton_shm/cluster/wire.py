@@ -21,7 +21,6 @@ MAX_BUFFERS = 1 << 16        # buffers in one frame (a request's inputs, a respo
 MAX_FRAME = 1 << 36          # bytes of a whole frame: far above any request the protocols accept
 SMALL_FRAME = 64 << 10       # a frame up to this is joined into one piece (one copy, cheaper than a list)
 _PREFIX = struct.Struct("<II")
-_LEN = struct.Struct("<Q")
 _JSON_OPTIONS = orjson.OPT_SERIALIZE_NUMPY  # a backend's shape may hold numpy integers
 
 Frame = tuple[dict[str, Any], list[Buffer]]
@@ -37,9 +36,14 @@ def _nbytes(buffer: Buffer) -> int:
 
 def encode_frame(header: dict[str, Any], buffers: Sequence[Buffer] = ()) -> list[Buffer]:
     """The pieces of one frame, for ``transport.writelines``: a small frame is one piece, a
-    large one keeps its buffers as they are (no copy of big tensors here)."""
+    large one keeps its buffers as they are (no copy of big tensors here). Raises
+    FrameError for a frame beyond what a peer accepts, TypeError for a header JSON can not
+    carry."""
     head = orjson.dumps(header, option=_JSON_OPTIONS)
     sizes = [_nbytes(b) for b in buffers]
+    if len(head) > MAX_HEADER or len(sizes) > MAX_BUFFERS or sum(sizes) > MAX_FRAME:  # the peer would refuse it
+        raise FrameError(f"a frame of a {len(head)}-byte header and {len(sizes)} buffers of {sum(sizes)} bytes "
+                         f"exceeds the peer limits ({MAX_HEADER}, {MAX_BUFFERS}, {MAX_FRAME})")
     prefix = _PREFIX.pack(len(head), len(sizes)) + (struct.pack(f"<{len(sizes)}Q", *sizes) if sizes else b"")
     if sum(sizes) <= SMALL_FRAME:
         return [b"".join((prefix, head, *buffers))]
@@ -47,34 +51,41 @@ def encode_frame(header: dict[str, Any], buffers: Sequence[Buffer] = ()) -> list
 
 
 class FrameDecoder:
-    """Frames out of a byte stream, fed the chunks ``data_received`` gets. Buffers are
-    memoryviews of the received bytes or of a frame's own storage (nothing else writes to
-    either), so they stay valid as long as they are held."""
+    """Frames out of a byte stream, fed the chunks ``data_received`` gets (bytes: they are
+    kept, not copied). Buffers are memoryviews of the received bytes or of a big frame's
+    own storage, never written again, so they stay valid as long as they are held."""
 
-    # a frame whose rest is larger than this is read into storage of its own (one copy per
-    # byte), instead of joining the pending bytes to each chunk
+    # a frame with more than this still to come gathers its chunks and joins them once
+    # (one copy per byte, memory as it arrives: a size declared, not sent, costs nothing)
+    # instead of joining the pending bytes to each chunk
     BIG = 256 << 10
 
     def __init__(self) -> None:
-        self._pending = b""                  # the start of a frame not complete yet
-        self._big: bytearray | None = None    # a big frame's header and buffers, being filled
-        self._big_filled = 0
-        self._big_layout: tuple[int, list[int]] = (0, [])
+        self._pending = b""                 # the start of a frame not complete yet
+        self._chunks: list[Buffer] = []     # a big frame's header and buffers as they came
+        self._missing = 0                   # ... and how many bytes of it are still to come
+        self._layout: tuple[int, list[int]] = (0, [])
 
     def feed(self, data: Buffer) -> Iterator[Frame]:
-        if self._big is not None:
-            data = self._fill_big(data)
-            if self._big_filled < len(self._big):
+        if self._missing:
+            if len(data) < self._missing:
+                self._chunks.append(data)
+                self._missing -= len(data)
                 return
-            yield self._finish_big()
+            view = memoryview(data)
+            self._chunks.append(view[:self._missing])
+            data = view[self._missing:]
+            self._missing = 0
+            storage, self._chunks = b"".join(self._chunks), []
+            yield _frame(memoryview(storage), 0, *self._layout)
         if self._pending:
             data = self._pending + data
             self._pending = b""
         view = memoryview(data)
-        end = len(data)
+        end = len(view)
         at = 0
         while end - at >= 8:
-            header_len, count = _PREFIX.unpack_from(data, at)
+            header_len, count = _PREFIX.unpack_from(view, at)
             if header_len > MAX_HEADER:
                 raise FrameError(f"peer frame header of {header_len} bytes exceeds the limit of {MAX_HEADER}")
             if count > MAX_BUFFERS:
@@ -82,39 +93,21 @@ class FrameDecoder:
             body = at + 8 + 8 * count
             if body > end:
                 break
-            sizes = list(struct.unpack_from(f"<{count}Q", data, at + 8)) if count else []
+            sizes = list(struct.unpack_from(f"<{count}Q", view, at + 8)) if count else []
             total = header_len + sum(sizes)
             if total > MAX_FRAME:
                 raise FrameError(f"peer frame of {total} bytes exceeds the limit of {MAX_FRAME}")
             if body + total > end:
-                if total - (end - body) > self.BIG:  # much more to come: give it its own storage
-                    self._big = bytearray(total)
-                    self._big_filled = 0
-                    self._big_layout = (header_len, sizes)
-                    rest = self._fill_big(view[body:])
-                    assert not rest and self._big is not None
+                if body + total - end > self.BIG:
+                    self._chunks = [view[body:]]
+                    self._missing = body + total - end
+                    self._layout = (header_len, sizes)
                     return
                 break
             yield _frame(view, body, header_len, sizes)
             at = body + total
         if at < end:
             self._pending = bytes(view[at:])
-
-    def _fill_big(self, data: Buffer) -> Buffer:
-        """Copy what belongs to the big frame; what follows it."""
-        assert self._big is not None
-        take = min(len(self._big) - self._big_filled, len(data))
-        self._big[self._big_filled:self._big_filled + take] = data[:take]
-        self._big_filled += take
-        if self._big_filled < len(self._big):
-            return b""
-        return data[take:]
-
-    def _finish_big(self) -> Frame:
-        assert self._big is not None
-        storage, self._big = self._big, None
-        header_len, sizes = self._big_layout
-        return _frame(memoryview(storage), 0, header_len, sizes)
 
 
 def _frame(view: memoryview, at: int, header_len: int, sizes: list[int]) -> Frame:
