@@ -21,6 +21,7 @@ from .frontend.grpc.keepalive import Keepalive
 from .frontend.restricted import RestrictionError, parse_restrictions
 from .frontend.transports import GRPC_TRANSPORTS, HTTP_TRANSPORTS
 from .options import ServerOptions
+from .perf.cli import positive_int
 
 _TRUE = {"true", "1", "yes", "on"}
 _FALSE = {"false", "0", "no", "off"}
@@ -78,16 +79,6 @@ DEVICE_FRACTION = _form("<device_id>:<fraction>", lambda v: _fields(v, ":", (int
 PORT_RANGE = _form("<integer>-<integer>", lambda v: _fields(v, "-", (int, int)))
 RESOURCE = _form("<string>:<integer>[:<integer>]",
                  lambda v: _fields(v, ":", (str, int, int), optional=1) and bool(v.split(":")[0]))
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{value}'") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected a number >= 1, got '{value}'")
-    return number
 
 
 def _seconds(value: str) -> float:
@@ -277,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP server: lean (the infer route parsed in C, aiohttp serving the other routes on the same "
              "port; the default) or aiohttp (all of it; the default with TRITON_SHM_FALLBACK_TRANSPORTS=1, or "
              "without the C extensions and httptools)")
-    add("--frontend-processes", type=_positive_int, default=1, metavar="N",
+    add("--frontend-processes", type=positive_int, default=1, metavar="N",
         help="front-end processes serving the ports as one server, each on a core of its own; models "
              "without a batcher, sequences or cache and with at least N instances are served where a request "
              "arrives, the others by one process (default 1; docs/deployment.md says how to size it)")

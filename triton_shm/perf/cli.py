@@ -28,7 +28,8 @@ def check_dependencies() -> None:
                          "pip install 'triton-shm[perf]'")
 
 
-def _positive_int(v: str) -> int:
+def positive_int(v: str) -> int:
+    """An argparse type: a whole number >= 1 (the server's flags use it too)."""
     try:
         n = int(v)
     except ValueError:
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="server address host:port (default localhost:8001 for grpc, localhost:8000 for http)")
     add("-i", dest="protocol", default="grpc", type=str.lower, choices=["grpc", "http"],
         help="protocol (default grpc)")
-    add("-b", dest="batch_size", type=_positive_int, default=1, metavar="N",
+    add("-b", dest="batch_size", type=positive_int, default=1, metavar="N",
         help="batch size of each request (default 1; the batch dimension is prepended when the model "
              "has max_batch_size > 0)")
     add("--concurrency-range", default=None, metavar="START:END:STEP",
@@ -115,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--shared-memory", default="none", type=str.lower, choices=["none", "system", "cuda"],
         help="send inputs and receive outputs through shared memory (default none); cuda: buffers on "
              "this machine's CUDA device 0, registered as the server's GPU 0 (needs CuPy)")
-    add("--output-shared-memory-size", type=_positive_int, default=100 * 1024, metavar="BYTES",
+    add("--output-shared-memory-size", type=positive_int, default=100 * 1024, metavar="BYTES",
         help="bytes per batch element of each output's shared-memory region where the model does not fix "
              "the output's size (dynamic dims, BYTES) (default 102400)")
     add("--measurement-interval", "-p", dest="interval_ms", type=_positive_float, default=5000.0, metavar="MS",
@@ -124,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="use the P-th percentile latency (e.g. 95) for stability and reporting instead of the average")
     add("--stability-percentage", "-s", dest="stability_pct", type=_positive_float, default=10.0, metavar="PCT",
         help="the last 3 windows must agree within this percentage (default 10)")
-    add("--max-trials", "-r", dest="max_trials", type=_positive_int, default=10, metavar="N",
+    add("--max-trials", "-r", dest="max_trials", type=positive_int, default=10, metavar="N",
         help="most measurement windows per step (default 10)")
     add("-f", dest="csv", default=None, metavar="FILE.csv", help="write the results as perf_analyzer-like CSV")
     add("--streaming", action="store_true", help="send over one gRPC bidirectional stream (ModelStreamInfer)")
