@@ -57,4 +57,8 @@ tail -n 25 "$R/tests.log"
 
 timeout 180 "$PY" bench/gpu/cuda_shm.py --n 20 > "$R/bench.md" 2>&1 || echo "bench failed: see $R/bench.md"
 head -n 30 "$R/bench.md"
+# --frontend-processes 1, 2, 4, 8 on the machine's cores: small requests from several load generators
+timeout 240 "$PY" bench/frontend_scaling.py --processes 1,2,4,8 --clients 4 --concurrency 16 \
+    > "$R/frontends.md" 2>&1 || echo "frontend scaling failed: see $R/frontends.md"
+tail -n 8 "$R/frontends.md"
 exit $status
