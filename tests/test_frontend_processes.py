@@ -256,11 +256,7 @@ def test_model_control_through_one_process_applies_to_both(server, proto):
     for client in (a, b):
         assert client.is_model_ready("identity_fp32")
         assert client.infer("identity_fp32", [fp32(mod, "INPUT0", [3.0])]).as_numpy("OUTPUT0").tolist() == [3.0]
-    # a config override through one process: both serve the new config
-    config = ('{"name": "identity_fp32", "backend": "python", "max_batch_size": 0, '
-              '"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}], '
-              '"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [2]}]}')
-    a.load_model("identity_fp32", config=config)
+    a.load_model("identity_fp32", config=TWO_ELEMENTS)  # a config override through one process: both serve it
     for client in (a, b):
         meta = client.get_model_metadata("identity_fp32")
         dims = meta["inputs"][0]["shape"] if proto == "http" else list(meta.inputs[0].shape)
@@ -271,6 +267,11 @@ def test_model_control_through_one_process_applies_to_both(server, proto):
     index_a = a.get_model_repository_index()
     index_b = b.get_model_repository_index()
     assert index_a == index_b
+
+
+TWO_ELEMENTS = ('{"name": "identity_fp32", "backend": "python", "max_batch_size": 0, '
+                '"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}], '
+                '"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [2]}]}')
 
 
 def _inference_count(client, proto: str, model: str) -> int:
@@ -379,10 +380,14 @@ def test_metrics_sum_every_process(tmp_path):
 def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):
     repo = tmp_path / "models"
     build_repository(repo)
-    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=["--frontend-processes", "2"]).start()
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
+        "--frontend-processes", "2", "--model-control-mode", "explicit", "--load-model", "*"]).start()
     try:
         clients = by_process(srv, "http")
         victim = next(pid for pid in clients if pid != srv.proc.pid)
+        # what the API changed since the start: a restarted process must take it, not the start-up list
+        clients[srv.proc.pid].unload_model("batched")
+        clients[victim].load_model("identity_fp32", config=TWO_ELEMENTS)
         survivor = clients[srv.proc.pid]
         failed: list[InferenceServerException] = []
         through_0 = by_process(srv, "grpc")[srv.proc.pid]  # gRPC: its client may be used from a thread
@@ -404,7 +409,7 @@ def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):
             deadline = time.monotonic() + 30
             while True:  # a model the killed process owned answers once it is back
                 try:
-                    survivor.infer(model, [fp32(httpclient, "INPUT0", [1.0])])
+                    survivor.infer(model, [fp32(httpclient, "INPUT0", [1.0, 2.0])])
                     break
                 except InferenceServerException as e:
                     assert e.status() == "503", e.message()
@@ -414,7 +419,10 @@ def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):
         while len(frontend_pids(srv) - {victim}) < 2:
             assert time.monotonic() < deadline, srv.log()[-3000:]
             time.sleep(0.2)
-        by_process(srv, "http")  # both processes serve again
+        for client in by_process(srv, "http").values():  # both processes serve again, as the server is now
+            assert not client.is_model_ready("batched")
+            dims = client.get_model_metadata("identity_fp32")["inputs"][0]["shape"]
+            assert [int(d) for d in dims] == [2]
         assert "front-end process 1 exited" in srv.log()
     finally:
         srv.stop_cleanly()
@@ -485,5 +493,27 @@ def test_poll_mode_applies_a_new_model_in_every_process(tmp_path):
             time.sleep(0.2)
         for client in clients.values():
             assert client.infer("late", [fp32(httpclient, "INPUT0", [2.0])]).as_numpy("OUTPUT0").tolist() == [2.0]
+    finally:
+        srv.stop_cleanly()
+
+
+def test_sighup_reaches_every_process(tmp_path):
+    """SIGHUP rereads TLS and restricted-API files: in every front-end process, not only in
+    the one it was sent to."""
+    repo = tmp_path / "models"
+    whoami(repo)
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=["--frontend-processes", "2"]).start()
+    try:
+        pids = frontend_pids(srv)
+        assert len(pids) == 2
+        srv.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while True:
+            reloaded = {int(line.split()[2]) for line in srv.log().splitlines() if "SIGHUP: reloading" in line}
+            if reloaded == pids:
+                break
+            assert time.monotonic() < deadline, (reloaded, pids, srv.log()[-2000:])
+            time.sleep(0.1)
+        assert by_process(srv, "http")  # both serve on
     finally:
         srv.stop_cleanly()

@@ -66,7 +66,7 @@ async def serve(options: ServerOptions) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, _on_stop_signal, shutdown, processes, sig)
-    loop.add_signal_handler(signal.SIGHUP, security.reload)
+    loop.add_signal_handler(signal.SIGHUP, _on_reload_signal, security, processes)
     watch_parent(place, lambda: shutdown.received(signal.SIGINT))  # process 0 is gone: stop now
 
     runners = []
@@ -76,7 +76,9 @@ async def serve(options: ServerOptions) -> int:
         if processes is not None:
             await processes.start()  # they load their models while this one does
         await pool.start()
-        await models.start(options.load_model)
+        # a restarted process loads what the server has now (cluster.rejoin), not the start-up list
+        await models.start([] if place.restarted and options.model_control_mode == "explicit"
+                           else options.load_model)
         failed = models.failed_models()
         if cluster is not None:
             cluster.loaded.set()
@@ -169,6 +171,12 @@ def _cluster_arguments(place: Place, peers) -> dict:
     from .cluster.control import forwarding_to
     from .cluster.share import FrontendShare
     return {"share": FrontendShare(place.index, place.count), "forwarding": forwarding_to(peers)}
+
+
+def _on_reload_signal(security: Security, processes: FrontendProcesses | None) -> None:
+    security.reload()
+    if processes is not None:
+        processes.signal(signal.SIGHUP)  # every front-end process serves the renewed TLS files
 
 
 def _on_stop_signal(shutdown: "ShutdownSignals", processes: FrontendProcesses | None, sig: int) -> None:

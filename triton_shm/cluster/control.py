@@ -196,18 +196,19 @@ class Cluster:
     async def _current_state(self, _body: dict[str, Any]) -> dict[str, Any]:
         """Process 0: what a restarted process needs to be the same server again."""
         service = self.service
-        return {"loads": list(self.api_loads.values()),
+        loaded = [self.api_loads.get(name) or {"name": name}
+                  for name, entry in service.repository.models.items() if entry.ready_versions()]
+        return {"loaded": loaded,
                 "system_shm": service.shm.status("system") if service.shm.enabled else [],
                 "log": service.log_settings.to_dict()}
 
     async def rejoin(self) -> None:
-        """A restarted process: take the server's current state from process 0."""
+        """A restarted process: take the server's current state from process 0. In explicit
+        mode it loads what the server has loaded now (with the API's config overrides), not
+        the start-up models; in the other modes it loaded the repository as every process did."""
         state = await self.peers.call(0, "current_state", {})
-        for body in state["loads"]:
-            try:
-                await self._apply_load(body)
-            except TritonShmError as e:
-                log.error("reloading '%s' as the server has it: %s", body["name"], e.message)
+        if self.service.models.mode == "explicit":
+            await asyncio.gather(*(self._reload(body) for body in state["loaded"]))
         for region in state["system_shm"]:
             try:
                 self.service.shm.register_system(region["name"], region["key"], region["offset"],
@@ -217,6 +218,12 @@ class Cluster:
         log_state = {k: v for k, v in state["log"].items() if k != "log_file"}
         self.service.log_settings.update(log_state)
         self._serve_forwarded()
+
+    async def _reload(self, body: dict[str, Any]) -> None:
+        try:
+            await self._apply_load(body)
+        except TritonShmError as e:
+            log.error("loading '%s' as the server has it: %s", body["name"], e.message)
 
     # -- shared memory, settings ----------------------------------------------------------
     async def _register_system_shm(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -113,7 +113,8 @@ class FrontendProcesses:
             await self._spawn(index, restarted=True)
 
     def signal(self, sig: int) -> None:
-        """Pass a stop signal on to every child (they drain and stop as process 0 does)."""
+        """Pass a signal on to every child: SIGTERM or SIGINT (they drain and stop as process
+        0 does), SIGHUP (they read their TLS files again)."""
         if sig in (signal.SIGTERM, signal.SIGINT):
             self.stopping = True
         for child in self.children.values():
