@@ -8,8 +8,9 @@
    one from the sdist, one from `pip install <checkout>`.
 3. In each, from a directory outside the checkout, the `triton-shm` console script serves a
    copy of examples/model_repository and answers tritonclient over HTTP and gRPC; the wheel's
-   venv also checks `--version` and that `triton-shm perf` without the 'perf' extra says
-   what to install instead of failing on an import.
+   venv also checks `--version`, that `triton-shm perf` without the 'perf' extra says
+   what to install instead of failing on an import, and serves again with
+   `--frontend-processes 2`.
 
 Exits non-zero with the failing step's output. The driver (this script) runs in the test
 venv, which has tritonclient; the servers run from their own venvs.
@@ -110,12 +111,12 @@ def check_perf_without_extra(venv: Path, outside: Path) -> None:
         raise CheckFailed(f"triton-shm perf without the perf extra said:\n{proc.stderr}")
 
 
-def check_serves(venv: Path, outside: Path, repo: Path) -> None:
+def check_serves(venv: Path, outside: Path, repo: Path, extra_args: list[str] = ()) -> None:
     import tritonclient.grpc as grpcclient
     import tritonclient.http as httpclient
 
     server = ServerProcess(repo, outside / f"{venv.name}.log", program=[str(venv / "bin" / "triton-shm")],
-                           cwd=outside, env=clean_env())
+                           cwd=outside, env=clean_env(), extra_args=list(extra_args))
     server.start(timeout=120)
     try:
         a = np.arange(16, dtype=np.float32).reshape(1, 16)
@@ -171,6 +172,9 @@ def main() -> int:
                 check_perf_without_extra(venv, outside)
             check_serves(venv, outside, repo)
             print(f"check_install: {name}: serves HTTP and gRPC", flush=True)
+            if name == "from-wheel":  # the other front-end processes start from the installed package too
+                check_serves(venv, outside, repo, ["--frontend-processes", "2"])
+                print(f"check_install: {name}: serves with --frontend-processes 2", flush=True)
     except CheckFailed as e:
         print(f"check_install: FAILED: {e}", file=sys.stderr)
         return 1
