@@ -10,11 +10,13 @@ restarted, and the drain on SIGTERM.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
 import urllib.request
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -138,6 +140,17 @@ def server(tmp_path_factory):
     srv.start()
     yield srv
     srv.stop_cleanly()
+
+
+@contextlib.contextmanager
+def serving(repo, tmp_path, *args: str) -> Iterator[ServerProcess]:
+    """A server of its own for one test: PROCESSES front-end processes, stopped cleanly after."""
+    srv = ServerProcess(repo, tmp_path / "server.log",
+                        extra_args=["--frontend-processes", str(PROCESSES), *args]).start()
+    try:
+        yield srv
+    finally:
+        srv.stop_cleanly()
 
 
 def ask_pid(client, mod) -> int:
@@ -359,10 +372,8 @@ def test_metrics_sum_every_process(tmp_path):
     repo = tmp_path / "models"
     whoami(repo)
     metrics_port = free_port()
-    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
-        "--frontend-processes", "2", "--allow-metrics", "true", "--metrics-port", str(metrics_port),
-        "--allow-cpu-metrics", "false", "--allow-gpu-metrics", "false"]).start()
-    try:
+    with serving(repo, tmp_path, "--allow-metrics", "true", "--metrics-port", str(metrics_port),
+                 "--allow-cpu-metrics", "false", "--allow-gpu-metrics", "false") as srv:
         clients = by_process(srv, "http")
         for client in clients.values():
             for _ in range(2):
@@ -373,16 +384,12 @@ def test_metrics_sum_every_process(tmp_path):
         line = next(x for x in text.splitlines() if x.startswith("nv_inference_count{") and "whoami" in x)
         assert int(float(line.rsplit(" ", 1)[1])) == expected
         assert expected >= 4 + PROCESSES
-    finally:
-        srv.stop_cleanly()
 
 
 def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):
     repo = tmp_path / "models"
     build_repository(repo)
-    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
-        "--frontend-processes", "2", "--model-control-mode", "explicit", "--load-model", "*"]).start()
-    try:
+    with serving(repo, tmp_path, "--model-control-mode", "explicit", "--load-model", "*") as srv:
         clients = by_process(srv, "http")
         victim = next(pid for pid in clients if pid != srv.proc.pid)
         # what the API changed since the start: a restarted process must take it, not the start-up list
@@ -424,8 +431,6 @@ def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):
             dims = client.get_model_metadata("identity_fp32")["inputs"][0]["shape"]
             assert [int(d) for d in dims] == [2]
         assert "front-end process 1 exited" in srv.log()
-    finally:
-        srv.stop_cleanly()
 
 
 def test_sigterm_drains_and_stops_every_process(tmp_path):
@@ -482,9 +487,7 @@ def test_response_cache_is_one_for_the_whole_server(server):
 def test_poll_mode_applies_a_new_model_in_every_process(tmp_path):
     repo = tmp_path / "models"
     whoami(repo)
-    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
-        "--frontend-processes", "2", "--model-control-mode", "poll", "--repository-poll-secs", "1"]).start()
-    try:
+    with serving(repo, tmp_path, "--model-control-mode", "poll", "--repository-poll-secs", "1") as srv:
         clients = by_process(srv, "http")
         python_identity(repo, "late", "FP32")
         deadline = time.monotonic() + 30
@@ -493,8 +496,6 @@ def test_poll_mode_applies_a_new_model_in_every_process(tmp_path):
             time.sleep(0.2)
         for client in clients.values():
             assert client.infer("late", [fp32(httpclient, "INPUT0", [2.0])]).as_numpy("OUTPUT0").tolist() == [2.0]
-    finally:
-        srv.stop_cleanly()
 
 
 def test_sighup_reaches_every_process(tmp_path):
@@ -502,8 +503,7 @@ def test_sighup_reaches_every_process(tmp_path):
     the one it was sent to."""
     repo = tmp_path / "models"
     whoami(repo)
-    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=["--frontend-processes", "2"]).start()
-    try:
+    with serving(repo, tmp_path) as srv:
         pids = frontend_pids(srv)
         assert len(pids) == 2
         srv.proc.send_signal(signal.SIGHUP)
@@ -515,5 +515,3 @@ def test_sighup_reaches_every_process(tmp_path):
             assert time.monotonic() < deadline, (reloaded, pids, srv.log()[-2000:])
             time.sleep(0.1)
         assert by_process(srv, "http")  # both serve on
-    finally:
-        srv.stop_cleanly()

@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 
+from .cluster.forwarding import forwarding_to
 from .cluster.processes import FrontendProcesses, Place, place_from_environment, watch_parent
 from .options import ServerOptions
 from .core.models.manager import ModelManager
@@ -29,14 +30,15 @@ log = logging.getLogger("triton_shm.server")
 
 async def serve(options: ServerOptions) -> int:
     place = place_from_environment(options.frontend_processes)
-    if place.index == 0 and place.several:
-        _bind_ports(place, options)  # a port in use fails the start before anything else
-    processes = FrontendProcesses(place, options.command_line) if place.several and place.index == 0 else None
-    peers = None
+    processes = share = peers = None
     if place.several:
         from .cluster.peers import Peers
+        from .cluster.share import FrontendShare
+        if place.index == 0:
+            _bind_ports(place, options)  # a port in use fails the start before anything else
+            processes = FrontendProcesses(place, options.command_line)
         assert place.directory is not None
-        peers = Peers(place.index, place.count, place.directory)
+        share, peers = FrontendShare(place.index, place.count), Peers(place.index, place.count, place.directory)
     gpus = parse_gpus(options.gpus)
     pool = WorkerPool(gpus, options.log_verbose)
     repository = ModelRepository(options.model_repositories, gpus=gpus)
@@ -48,15 +50,14 @@ async def serve(options: ServerOptions) -> int:
                           latency_summaries=options.allow_metrics and metrics_config.summary_latencies,
                           auto_complete=options.auto_complete_config, config_name=options.model_config_name,
                           external_links=options.allow_external_model_links, limiter=limiter,
-                          **_cluster_arguments(place, peers))
+                          share=share, forwarding=None if peers is None else forwarding_to(peers))
     service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
                                strict_readiness=options.strict_readiness, server_id=options.server_id, cache=cache)
     service.tracer = Tracer.from_config(options.trace_config)
     cluster = None
-    if peers is not None:
+    if share is not None and peers is not None:
         from .cluster.control import Cluster
-        from .cluster.share import FrontendShare
-        cluster = service.cluster = Cluster(FrontendShare(place.index, place.count), peers, service)
+        cluster = service.cluster = Cluster(share, peers, service)
         if place.index == 0:
             models.after_poll = cluster.after_poll
         else:
@@ -71,8 +72,8 @@ async def serve(options: ServerOptions) -> int:
 
     runners = []
     try:
-        if peers is not None and cluster is not None:
-            await peers.start(cluster.handlers())  # forwarded requests: once every model is loaded
+        if cluster is not None:
+            await cluster.peers.start(cluster.handlers())  # forwarded requests: once every model is loaded
         if processes is not None:
             await processes.start()  # they load their models while this one does
         await pool.start()
@@ -151,8 +152,7 @@ async def serve(options: ServerOptions) -> int:
 
 def _bind_ports(place: Place, options: ServerOptions) -> None:
     """One of several front-end processes: bind the HTTP and gRPC ports with SO_REUSEPORT
-    (each process its own socket; the server listens once it serves). Process 0 also makes
-    the peer sockets' directory."""
+    (each process its own socket; the server listens once it serves)."""
     from .frontend.listeners import bind_listener
     if options.allow_http:
         place.listeners["http"] = bind_listener(options.http_address, options.http_port, reuse_port=True,
@@ -160,17 +160,6 @@ def _bind_ports(place: Place, options: ServerOptions) -> None:
     if options.allow_grpc:
         place.listeners["grpc"] = bind_listener(options.grpc_address, options.grpc_port, reuse_port=True,
                                                 listen=False)
-    if place.index == 0:
-        place.directory = FrontendProcesses.make_directory()
-
-
-def _cluster_arguments(place: Place, peers) -> dict:
-    """The model manager's share of the models, and how it forwards the others."""
-    if peers is None:
-        return {}
-    from .cluster.control import forwarding_to
-    from .cluster.share import FrontendShare
-    return {"share": FrontendShare(place.index, place.count), "forwarding": forwarding_to(peers)}
 
 
 def _on_reload_signal(security: Security, processes: FrontendProcesses | None) -> None:

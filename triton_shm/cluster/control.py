@@ -19,19 +19,17 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
-from ..core.models.version import ModelVersion
-from ..errors import NotFound, TritonShmError, Unavailable
+from ..errors import NotFound, TritonShmError
 
 if TYPE_CHECKING:
     from ..core.service import InferenceService
-    from .peers import Peers
+    from .peers import Handler, Peers
     from .share import FrontendShare
 
 log = logging.getLogger("triton_shm.frontends")
 
-Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 FAST_CONNECT_S = 2.0  # after start-up: a peer that does not answer by then is down (skipped)
 
 
@@ -64,16 +62,7 @@ class Cluster:
     async def everywhere(self, op: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         """``op`` in every other process; one that cannot be reached is skipped (it takes
         the state from process 0 when it starts again); raises the first other error."""
-        results = await asyncio.gather(*(self.peers.call(i, op, body) for i in self.others), return_exceptions=True)
-        replies = []
-        for peer, result in zip(self.others, results):
-            if isinstance(result, Unavailable):
-                log.warning("front-end process %d missed '%s': %s", peer, op, result.message)
-                continue
-            if isinstance(result, BaseException):
-                raise result
-            replies.append(result)
-        return replies
+        return await self.peers.broadcast(op, body, skip_unavailable=True)
 
     # -- model control: through process 0 -----------------------------------------------
     async def load(self, name: str, config: str | None, files: dict[str, bytes]) -> None:
@@ -265,9 +254,3 @@ class Cluster:
     async def _metrics_snapshots(self, _body: dict[str, Any]) -> dict[str, Any]:
         from ..frontend.metrics.collect import local_snapshots
         return {"snapshots": local_snapshots(self.service.repository)}
-
-
-def forwarding_to(peers: "Peers") -> Callable[[ModelVersion, int], Any]:
-    """The model manager's factory of schedulers for models another process owns."""
-    from .forwarding import ForwardingScheduler
-    return lambda mv, owner: ForwardingScheduler(peers, owner, mv.name)

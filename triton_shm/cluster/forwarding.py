@@ -3,7 +3,7 @@ the owner over the peer link, and the owner's scheduler queues, batches and runs
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Awaitable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..errors import Unavailable
 
@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from ..core.data.shm_registry import Region
     from ..core.data.types import InferRequest, InferResponse, ResponseStream
     from ..core.models.validation import RequestPlan
+    from ..core.models.version import ModelVersion
     from ..core.scheduling.interface import Instance, Scheduler
     from .peers import Peers
 
@@ -55,6 +56,11 @@ class ForwardingScheduler:
 
     def instance_up(self, instance: Instance) -> None:
         pass
+
+
+def forwarding_to(peers: Peers) -> Callable[[ModelVersion, int], ForwardingScheduler]:
+    """The model manager's factory of schedulers for the models another process owns."""
+    return lambda mv, owner: ForwardingScheduler(peers, owner, mv.name)
 
 
 if TYPE_CHECKING:

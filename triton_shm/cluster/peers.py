@@ -80,15 +80,23 @@ class Peers:
         link = self._links.get(peer) or await self._connect(peer)
         return await link.call(op, body)
 
-    async def broadcast(self, op: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    async def broadcast(self, op: str, body: dict[str, Any], *, skip_unavailable: bool = False
+                        ) -> list[dict[str, Any]]:
         """``op`` on every other process at once; once all have answered, the first error
-        (in process order) is raised, else the replies in process order."""
+        (in process order) is raised, else the replies in process order. ``skip_unavailable``:
+        a process that can not be reached (or exits meanwhile) is logged and left out
+        instead (it takes the server's state when it is back)."""
         others = [i for i in range(self.count) if i != self.index]
         results = await asyncio.gather(*(self.call(i, op, body) for i in others), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
+        replies = []
+        for peer, result in zip(others, results):
+            if skip_unavailable and isinstance(result, Unavailable):
+                log.warning("front-end process %d missed '%s': %s", peer, op, result.message)
+            elif isinstance(result, BaseException):
                 raise result
-        return results  # type: ignore[return-value]  # no exception among them
+            else:
+                replies.append(result)
+        return replies
 
     def forward(self, peer: int, request: InferRequest, stream: ResponseStream | None = None,
                 on_done: Callable[[], None] | None = None) -> Awaitable[InferResponse | None]:

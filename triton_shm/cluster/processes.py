@@ -75,12 +75,8 @@ class FrontendProcesses:
         self.stopping = False
         self._watchers: list[asyncio.Task] = []
         self._parent_read, self._parent_write = os.pipe()  # the children hold the read end
-        self.on_restart: list = []  # callbacks(index) once a child was started again
-
-    @staticmethod
-    def make_directory() -> Path:
-        """The peer sockets' directory: private to the server's user (mode 0700)."""
-        return Path(tempfile.mkdtemp(prefix="triton-shm-frontends-"))
+        # the peer sockets' directory: private to the server's user (mkdtemp: mode 0700)
+        place.directory = Path(tempfile.mkdtemp(prefix="triton-shm-frontends-"))
 
     async def start(self) -> None:
         for index in range(1, self.place.count):

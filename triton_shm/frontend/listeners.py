@@ -20,10 +20,11 @@ a client only a refused connection or one the server takes and answers:
 The filter is Linux's (``SO_ATTACH_FILTER``, classic BPF: no privilege needed); elsewhere
 step 1 is skipped, and only a handshake completing between steps 2 and 3 can be reset.
 
-A socket shared by several processes is one socket: the filter makes it deaf for all of
-them, and the process that takes the queue serves what it took. That is right when the
-whole server stops (every process drains); a process that stops alone while the others
-serve on must not use :func:`stop_listening`.
+Front-end processes that bind one port with SO_REUSEPORT (:func:`bind_listener`) each
+have a socket and a queue of their own: the filter deafens only the stopping process's
+socket, and the kernel sends new connections to the others. A socket several processes
+inherited is one socket: the filter makes it deaf for all of them, which is right only
+when the whole server stops.
 """
 from __future__ import annotations
 
@@ -126,9 +127,8 @@ async def stop_listening(server: asyncio.AbstractServer, accept: Callable[[socke
     taken from their queues to ``accept``; returns how many were taken. The event loop turns
     first, so the connections it has accepted already get their protocols while the server is
     still open (asyncio makes no transport for a closed server: it would drop them).
-    Its listening sockets may be shared with other processes (:func:`bind_listener`): the
-    filter then applies to all of them, which is meant only when they all stop (see the
-    module's note); each closes only its own descriptor."""
+    A socket inherited by other processes is deafened for them too (see the module's note);
+    each process closes only its own descriptor."""
     loop = asyncio.get_running_loop()
     listeners = list(getattr(server, "sockets", None) or ())  # asyncio.Server's and uvloop's have them
     sockets = [socket.socket(fileno=os.dup(s.fileno())) for s in listeners]

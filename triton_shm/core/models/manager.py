@@ -140,6 +140,8 @@ class ModelManager:
         self.external_links = external_links  # --allow-external-model-links: follow links out of the repository
         # --frontend-processes: this process's share of the models, and the scheduler of a
         # model another process owns (cluster/share.py, cluster/forwarding.py)
+        if (share is None) != (forwarding is None):
+            raise ValueError("a share of the models needs the forwarding of the others, and only it does")
         self.share, self.forwarding = share, forwarding
         # the other front-end processes re-scan after this one's poll (several processes only)
         self.after_poll: Callable[[], Awaitable[None]] | None = None
@@ -432,9 +434,7 @@ class ModelManager:
             if ensemble:
                 mv.scheduler = EnsembleScheduler(mv, self.repository, mv.stats)
             elif owner is not None and self.share is not None and owner != self.share.index:
-                if self.forwarding is None:
-                    raise Internal(f"model '{mv.name}' belongs to front-end process {owner}, and this one "
-                                   "has no link to it")
+                assert self.forwarding is not None  # given with the share (__init__)
                 mv.owner, mv.caches_responses = owner, False  # the owner caches its responses
                 mv.scheduler = self.forwarding(mv, owner)
             else:
