@@ -32,8 +32,12 @@ CLIENTS = 16
 
 # The smallest work, so that with sixteen clients most requests are between the protocol
 # front-end and the model, where a shutdown that refuses them too early shows. It logs each
-# value it ran: a request the clients saw fail must not be among them.
-PAUSE_PY = """
+# value it ran: a request the clients saw fail must not be among them. A negative value is
+# the slow request: it stays in the model for SLOW_SECS, so a signal can be sent while a
+# request is surely in flight.
+SLOW_SECS = 1.0
+PAUSE_PY = f"""
+import time
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
@@ -41,7 +45,9 @@ class TritonPythonModel:
         responses = []
         for r in requests:
             value = r.inputs()[0].as_numpy()
-            print(f"RAN {int(value[0])}", flush=True)
+            print(f"RAN {{int(value[0])}}", flush=True)
+            if value[0] < 0:
+                time.sleep({SLOW_SECS})
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", value)]))
         return responses
 """
@@ -214,23 +220,59 @@ def test_sigterm_drains_then_stops_losing_no_request(tmp_path, transport):
     assert "draining" in srv.log()
 
 
+class SlowRequest:
+    """One request that the model holds for ``SLOW_SECS``, sent from a thread of its own."""
+
+    VALUE = -1
+
+    def __init__(self, srv: ServerProcess, proto: str):
+        self.srv, self.client = srv, Client(srv, proto)
+        self.outcome: Outcome | None = None
+        self.thread = threading.Thread(target=self._send, daemon=True)
+        self.thread.start()
+
+    def _send(self) -> None:
+        sent = time.monotonic()
+        try:
+            out = self.client.infer(self.VALUE)
+            error = None if out.tolist() == [self.VALUE] else f"wrong answer {out.tolist()}"
+        except Exception as e:  # noqa: BLE001 -- judged by the test
+            error = f"{type(e).__name__}: {e}"
+        self.outcome = Outcome(self.VALUE, sent, time.monotonic(), error)
+
+    def wait_in_model(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while f"RAN {self.VALUE}\n" not in self.srv.log():
+            assert time.monotonic() < deadline, "the slow request did not reach the model"
+            time.sleep(0.01)
+
+    def result(self) -> Outcome:
+        self.thread.join(90)
+        self.client.close()
+        assert self.outcome is not None, "the slow request did not finish"
+        return self.outcome
+
+
 def test_sigterm_without_drain_loses_no_request(tmp_path, transport):
     """``--drain-secs 0``: straight to stopping; requests sent around the signal still
-    succeed or are refused before they started."""
+    succeed or are refused before they started, and one the model holds at the signal is
+    answered."""
     proto, args = transport
     srv = start(tmp_path, "--drain-secs", "0", *args)
     load = Load(srv, proto)
     try:
         load.wait_each_done(5, after=0.0)
+        slow = SlowRequest(srv, proto)
+        slow.wait_in_model()
         signalled = time.monotonic()
         srv.proc.send_signal(signal.SIGTERM)
         assert srv.proc.wait(60) == 0, srv.log()[-3000:]
+        held = slow.result()
     finally:
         load.stop()
         srv.stop()
     assert load.failures() == [], "\n".join(load.failures())
-    assert any(o.sent < signalled < o.done and o.error is None for m in load.outcomes for o in m), \
-        "no request was in flight at the signal"
+    assert held.error is None and held.sent < signalled < held.done, held
 
 
 def test_drain_ends_by_itself_and_exits_zero(tmp_path):
