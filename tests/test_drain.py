@@ -170,6 +170,9 @@ TRANSPORTS = {
     "http": ("http", []),
     "grpc-native": ("grpc", ["--grpc-transport", "native"]),
     "grpc-grpcio": ("grpc", ["--grpc-transport", "grpcio"]),
+    # two front-end processes: the pause model belongs to one, the other forwards its requests
+    "http-2-processes": ("http", ["--frontend-processes", "2"]),
+    "grpc-2-processes": ("grpc", ["--grpc-transport", "native", "--frontend-processes", "2"]),
 }
 
 

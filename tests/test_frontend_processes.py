@@ -16,6 +16,7 @@ import signal
 import threading
 import time
 import urllib.request
+import zlib
 from typing import Iterator
 
 import numpy as np
@@ -446,6 +447,73 @@ def test_sigterm_drains_and_stops_every_process(tmp_path):
     while any(os.path.exists(f"/proc/{pid}") for pid in everything):
         assert time.monotonic() < deadline, "a process of the server is still running"
         time.sleep(0.1)
+
+
+HOLD_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        print("HOLDING", flush=True)
+        time.sleep(2)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())])
+                for r in requests]
+"""
+
+
+def test_stop_waits_for_requests_the_other_process_still_forwards(tmp_path):
+    """SIGTERM without a drain, while process 1 runs an ensemble whose first step ("hold",
+    which process 1 owns) takes 2 s and whose second ("echo") process 0 owns: process 0 has
+    nothing in flight of its own, yet it keeps "echo" loaded until process 1's front-ends
+    have answered what they took in."""
+    assert zlib.crc32(b"hold") % PROCESSES == 1 and zlib.crc32(b"echo") % PROCESSES == 0  # share.py's owners
+    repo = tmp_path / "models"
+    whoami(repo)
+    write_model(repo, "hold", model_py=HOLD_PY, config="""
+        name: "hold"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        """)
+    python_identity(repo, "echo", "FP32")
+    write_model(repo, "held_then_echoed", config="""
+        name: "held_then_echoed"
+        platform: "ensemble"
+        max_batch_size: 0
+        input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        ensemble_scheduling { step [
+          { model_name: "hold" model_version: -1 input_map { key: "INPUT0" value: "X" }
+            output_map { key: "OUTPUT0" value: "H" } },
+          { model_name: "echo" model_version: -1 input_map { key: "INPUT0" value: "H" }
+            output_map { key: "OUTPUT0" value: "Y" } } ] }
+        """)
+    srv = ServerProcess(repo, tmp_path / "server.log",
+                        extra_args=["--frontend-processes", str(PROCESSES), "--drain-secs", "0"]).start()
+    try:
+        through_1 = next(c for pid, c in by_process(srv, "grpc").items() if pid != srv.proc.pid)
+        result: list[object] = []
+
+        def send() -> None:
+            try:
+                result.append(through_1.infer("held_then_echoed", [fp32(grpcclient, "X", [4.0, 2.0])]).as_numpy("Y"))
+            except InferenceServerException as e:
+                result.append(e)
+        thread = threading.Thread(target=send)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while "HOLDING" not in srv.log():
+            assert time.monotonic() < deadline, srv.log()[-3000:]
+            time.sleep(0.01)
+        srv.proc.send_signal(signal.SIGTERM)
+        thread.join(60)
+        assert srv.proc.wait(60) == 0, srv.log()[-3000:]
+    finally:
+        srv.stop()
+    assert len(result) == 1 and not isinstance(result[0], Exception), [str(r) for r in result]
+    assert np.asarray(result[0]).tolist() == [4.0, 2.0]
 
 
 def test_grpcio_transport_is_refused_with_several_processes(tmp_path):

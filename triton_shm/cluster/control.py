@@ -9,7 +9,9 @@ the client is answered:
   and the metadata agree wherever a client asks;
 - a shared-memory registration (or unregistration) is made where it arrives, then in every
   other process; trace and log settings likewise;
-- statistics and the metrics page sum every process's counters.
+- statistics and the metrics page sum every process's counters;
+- at shutdown no process unloads its models before every process's front-ends have
+  stopped (``frontends_stopped``): until then another may still forward requests to it.
 
 A process that cannot be reached (it died and is being started again) is skipped: when it
 comes back it takes the current state from process 0 (``current_state``).
@@ -21,7 +23,7 @@ import base64
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ..errors import NotFound, TritonShmError
+from ..errors import NotFound, TritonShmError, Unavailable
 
 if TYPE_CHECKING:
     from ..core.service import InferenceService
@@ -41,6 +43,8 @@ class Cluster:
         self.api_loads: dict[str, dict[str, Any]] = {}
         self.loaded = asyncio.Event()   # this process has loaded its start-up models
         self.serving = asyncio.Event()  # process 0 said every process has: start serving
+        self._stopped: set[int] = set()  # processes whose front-ends have stopped (shutdown)
+        self._all_stopped = asyncio.Event()
 
     @property
     def others(self) -> list[int]:
@@ -55,7 +59,7 @@ class Cluster:
             "register_system_shm": self._register_system_shm, "register_cuda_shm": self._register_cuda_shm,
             "unregister_shm": self._unregister_shm, "trace_update": self._trace_update,
             "log_update": self._log_update, "statistics": self._statistics,
-            "metrics_snapshots": self._metrics_snapshots,
+            "metrics_snapshots": self._metrics_snapshots, "frontends_stopped": self._frontends_stopped,
         }
 
     # -- calls to the other processes ------------------------------------------------------
@@ -254,3 +258,30 @@ class Cluster:
     async def _metrics_snapshots(self, _body: dict[str, Any]) -> dict[str, Any]:
         from ..frontend.metrics.collect import local_snapshots
         return {"snapshots": local_snapshots(self.service.repository)}
+
+    # -- shutdown ------------------------------------------------------------------------------
+    async def frontends_stopped(self, timeout: float) -> None:
+        """This process's front-ends have stopped and answered what they took in: tell the
+        others, then wait (up to ``timeout``) until each has said the same. Until then a
+        process keeps its models loaded, since another may still forward requests to it. A
+        process that cannot be reached forwards nothing, so it is not waited for."""
+        async def tell(peer: int) -> None:
+            try:
+                await self.peers.call(peer, "frontends_stopped", {"index": self.share.index})
+            except Unavailable:
+                self._stopped_at(peer)
+        await asyncio.gather(*(tell(i) for i in self.others))
+        try:
+            await asyncio.wait_for(self._all_stopped.wait(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("front-end processes %s did not stop their front-ends in time; unloading models",
+                        sorted(set(self.others) - self._stopped))
+
+    async def _frontends_stopped(self, body: dict[str, Any]) -> dict[str, Any]:
+        self._stopped_at(int(body["index"]))
+        return {}
+
+    def _stopped_at(self, peer: int) -> None:
+        self._stopped.add(peer)
+        if self._stopped.issuperset(self.others):
+            self._all_stopped.set()
