@@ -396,6 +396,8 @@ def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):
         # what the API changed since the start: a restarted process must take it, not the start-up list
         clients[srv.proc.pid].unload_model("batched")
         clients[victim].load_model("identity_fp32", config=TWO_ELEMENTS)
+        clients[victim].update_trace_settings(settings={"trace_rate": "7"})
+        clients[srv.proc.pid].update_trace_settings("whoami", {"trace_count": "3"})
         survivor = clients[srv.proc.pid]
         failed: list[InferenceServerException] = []
         through_0 = by_process(srv, "grpc")[srv.proc.pid]  # gRPC: its client may be used from a thread
@@ -431,6 +433,9 @@ def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):
             assert not client.is_model_ready("batched")
             dims = client.get_model_metadata("identity_fp32")["inputs"][0]["shape"]
             assert [int(d) for d in dims] == [2]
+            assert client.get_trace_settings()["trace_rate"] == "7"
+            assert client.get_trace_settings("whoami")["trace_count"] == "3"
+            assert client.get_trace_settings("whoami")["trace_rate"] == "7"
         assert "front-end process 1 exited" in srv.log()
 
 

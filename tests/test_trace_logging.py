@@ -429,3 +429,23 @@ def test_tracing_without_file_logs_it(repo, tmp_path):
 def test_bad_trace_config_flag(repo, tmp_path, flag):
     with pytest.raises(RuntimeError, match="exited with 1"):
         _start(repo, tmp_path, "bad", ["--trace-config", flag])
+
+
+def test_api_changes_replay_into_a_fresh_tracer():
+    """What a restarted front-end process replays: the API's changes since start-up, global
+    and per model (a model's override only; the rest follows the global settings)."""
+    from triton_shm.core.observability.tracing import Tracer
+    startup = {"trace_rate": 50}
+    tracer = Tracer(startup)
+    assert tracer.api_changes() == []
+    tracer.update("", {"trace_rate": "7", "trace_level": ["TIMESTAMPS"]})
+    tracer.update("m", {"trace_count": "3"})
+    tracer.update("cleared", {"trace_rate": "9"})
+    tracer.update("cleared", {"trace_rate": None})
+    fresh = Tracer(startup)
+    for model, changes in tracer.api_changes():
+        fresh.update(model, changes)
+    for model in ("", "m", "cleared"):
+        assert fresh.settings(model) == tracer.settings(model)
+    fresh.update("", {"trace_rate": "11"})  # the model's override did not pin the global rate
+    assert fresh.settings("m")["trace_rate"] == "11" and fresh.settings("m")["trace_count"] == "3"

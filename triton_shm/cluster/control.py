@@ -193,12 +193,13 @@ class Cluster:
                   for name, entry in service.repository.models.items() if entry.ready_versions()]
         return {"loaded": loaded,
                 "system_shm": service.shm.status("system") if service.shm.enabled else [],
-                "log": service.log_settings.to_dict()}
+                "log": service.log_settings.to_dict(), "trace": service.tracer.api_changes()}
 
     async def rejoin(self) -> None:
         """A restarted process: take the server's current state from process 0. In explicit
         mode it loads what the server has loaded now (with the API's config overrides), not
-        the start-up models; in the other modes it loaded the repository as every process did."""
+        the start-up models; in the other modes it loaded the repository as every process did.
+        Then the system-shm regions, the log settings and the trace settings the API changed."""
         state = await self.peers.call(0, "current_state", {})
         if self.service.models.mode == "explicit":
             await asyncio.gather(*(self._reload(body) for body in state["loaded"]))
@@ -210,6 +211,8 @@ class Cluster:
                 log.error("registering shared memory region '%s' again: %s", region["name"], e.message)
         log_state = {k: v for k, v in state["log"].items() if k != "log_file"}
         self.service.log_settings.update(log_state)
+        for model, changes in state["trace"]:
+            self.service.tracer.update(model, changes)
         self._serve_forwarded()
 
     async def _reload(self, body: dict[str, Any]) -> None:

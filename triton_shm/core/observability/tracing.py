@@ -333,6 +333,15 @@ class Tracer:
                      {k: v for k, v in self.settings(model).items() if k in parsed})
         return self.settings(model)
 
+    def api_changes(self) -> list[tuple[str, dict[str, Any]]]:
+        """What the settings API changed since start-up, as ``(model, changes)`` in the wire
+        form ``update`` takes (global first): a restarted front-end process replays them."""
+        def wire(values: dict[str, Any]) -> dict[str, Any]:
+            return {k: list(v) if k == "trace_level" else str(v) for k, v in values.items()}
+        changed = {k: v for k, v in self._global_values.items() if v != self.startup[k]}
+        scopes = [("", wire(changed))] + [(model, wire(over)) for model, over in self._overrides.items()]
+        return [(model, changes) for model, changes in scopes if changes]
+
     # -- recording ------------------------------------------------------------------------
     def sample(self, model_name: str, model_version: int, request_id: str, start_ns: int,
                request_span: RequestSpan | None = None) -> Trace | None:
