@@ -348,6 +348,9 @@ async def test_forward_returns_the_owners_response(directory: Path):
         assert response is not None and bytes(response.outputs[0].data) == big.tobytes()
         many = await asyncio.gather(*(peers[0].forward(1, infer_request("echo", str(n))) for n in range(30)))
         assert [r.id for r in many if r is not None] == [str(n) for n in range(30)]
+        huge = InferRequest("echo", "", "huge", {"note": "y" * MAX_HEADER}, [])  # a client's fault: 400
+        with pytest.raises(InvalidArgument, match="too large to pass to front-end process 1"):
+            await peers[0].forward(1, huge)
     finally:
         await close_all(peers)
 

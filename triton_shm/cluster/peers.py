@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, cast
 
 from ..core.data.types import Buffer, InferRequest, InferResponse, ResponseStream
-from ..errors import Internal, TritonShmError, Unavailable, Unsupported
+from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
 from .wire import (FrameDecoder, FrameError, encode_frame, request_from_wire, request_to_wire, response_from_wire,
                    response_to_wire)
 
@@ -244,6 +244,9 @@ class _Link(asyncio.Protocol):
         except (TypeError, FrameError) as e:  # a value JSON can not carry, a frame beyond the limits
             if on_done is not None:
                 on_done()
+            if isinstance(e, FrameError) and header["k"] == "infer":  # a client's request too big to pass on
+                raise InvalidArgument(f"the request is too large to pass to front-end process {self.peer}, "
+                                      f"which serves its model: {e}") from None
             raise Internal(f"a request to front-end process {self.peer} can not be encoded: {e}") from None
         waiter = self.pending[rid] = _Waiter(self, rid, stream, on_done)
         self.transport.writelines(frame)
