@@ -521,6 +521,48 @@ def test_stop_waits_for_requests_the_other_process_still_forwards(tmp_path):
     assert np.asarray(result[0]).tolist() == [4.0, 2.0]
 
 
+def test_stop_does_not_wait_for_a_process_that_died(tmp_path):
+    """Process 0, stopping, waits for process 1's front-ends (a request is held there); when
+    process 1 is killed meanwhile, process 0 stops at once, not at --exit-timeout-secs."""
+    repo = tmp_path / "models"
+    whoami(repo)
+    write_model(repo, "hold", model_py=HOLD_PY.replace("time.sleep(2)", "time.sleep(600)"), config="""
+        name: "hold"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        """)  # owned by process 1
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
+        "--frontend-processes", str(PROCESSES), "--drain-secs", "0", "--exit-timeout-secs", "600"]).start()
+    try:
+        clients = by_process(srv, "grpc")
+        victim = next(pid for pid in clients if pid != srv.proc.pid)
+        failed: list[InferenceServerException] = []
+
+        def send() -> None:
+            try:
+                clients[victim].infer("hold", [fp32(grpcclient, "INPUT0", [1.0])])
+            except InferenceServerException as e:
+                failed.append(e)
+        thread = threading.Thread(target=send)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while "HOLDING" not in srv.log():
+            assert time.monotonic() < deadline, srv.log()[-3000:]
+            time.sleep(0.01)
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # process 0's front-ends have stopped: it waits for process 1's
+        assert srv.proc.poll() is None, srv.log()[-3000:]
+        os.kill(victim, signal.SIGKILL)
+        assert srv.proc.wait(60) == 0, srv.log()[-3000:]
+        thread.join(30)
+    finally:
+        srv.stop()
+    assert len(failed) == 1 and failed[0].status() == "StatusCode.UNAVAILABLE", [str(e) for e in failed]
+    assert "did not stop their front-ends in time" not in srv.log()
+
+
 def test_grpcio_transport_is_refused_with_several_processes(tmp_path):
     srv = ServerProcess(tmp_path, tmp_path / "server.log",
                         extra_args=["--frontend-processes", "2", "--grpc-transport", "grpcio"])

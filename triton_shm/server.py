@@ -135,8 +135,8 @@ async def serve(options: ServerOptions) -> int:
         pool.begin_shutdown()
         deadline = loop.time() + options.exit_timeout_secs
         await _stop_frontends(runners, options.exit_timeout_secs)
-        if cluster is not None and cluster.serving.is_set():  # the others may forward requests here yet
-            await cluster.frontends_stopped(timeout=max(deadline - loop.time(), 1.0))
+        if cluster is not None:  # the others may forward requests here yet (if this process served)
+            await cluster.frontends_stopped(timeout=max(deadline - loop.time(), 1.0), wait=cluster.serving.is_set())
         service.accepting = False  # after the front-ends: what they took in was served
         try:  # in-flight requests are done or timed out: unload models (finalize runs)
             await asyncio.wait_for(models.stop(), timeout=max(deadline - loop.time(), 1.0))

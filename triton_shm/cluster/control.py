@@ -263,19 +263,28 @@ class Cluster:
         return {"snapshots": local_snapshots(self.service.repository)}
 
     # -- shutdown ------------------------------------------------------------------------------
-    async def frontends_stopped(self, timeout: float) -> None:
+    async def frontends_stopped(self, timeout: float, wait: bool = True) -> None:
         """This process's front-ends have stopped and answered what they took in: tell the
-        others, then wait (up to ``timeout``) until each has said the same. Until then a
-        process keeps its models loaded, since another may still forward requests to it. A
-        process that cannot be reached forwards nothing, so it is not waited for."""
+        others, then (``wait``: it served) wait up to ``timeout`` until each has said the
+        same. Until then a process keeps its models loaded, since another may still forward
+        requests to it. A process that cannot be reached, or whose link breaks meanwhile,
+        forwards nothing more, so it is not waited for."""
+        self.peers.on_lost = self._stopped_at
+
         async def tell(peer: int) -> None:
             try:
                 await self.peers.call(peer, "frontends_stopped", {"index": self.share.index})
             except Unavailable:
                 self._stopped_at(peer)
-        await asyncio.gather(*(tell(i) for i in self.others))
+            except TritonShmError as e:  # shutdown goes on whatever a peer answers
+                log.warning("front-end process %d was not told this one stopped: %s", peer, e.message)
+
+        async def tell_then_wait() -> None:
+            await asyncio.gather(*(tell(i) for i in self.others))
+            if wait:
+                await self._all_stopped.wait()
         try:
-            await asyncio.wait_for(self._all_stopped.wait(), timeout)
+            await asyncio.wait_for(tell_then_wait(), timeout)
         except asyncio.TimeoutError:
             log.warning("front-end processes %s did not stop their front-ends in time; unloading models",
                         sorted(set(self.others) - self._stopped))

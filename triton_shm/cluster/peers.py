@@ -58,6 +58,7 @@ class Peers:
         self._links: dict[int, _Link] = {}  # connected, to the peers we call
         self._connecting: dict[int, asyncio.Future[_Link]] = {}
         self._served: set[_Served] = set()  # connections from the peers that call us
+        self.on_lost: Callable[[int], None] | None = None  # told the peer whose link broke
         self._closed = False
 
     def path_of(self, i: int) -> Path:
@@ -157,6 +158,8 @@ class Peers:
     def _lost(self, link: _Link) -> None:
         if self._links.get(link.peer) is link:
             del self._links[link.peer]
+        if self.on_lost is not None:
+            self.on_lost(link.peer)
 
     async def close(self) -> None:
         """Stop listening, close every link; what is pending on them fails UNAVAILABLE."""
