@@ -3,9 +3,12 @@ generators, N = 1, 2, 4, 8 front-end processes, one server at a time.
 
     python bench/frontend_scaling.py [--processes 1,2,4,8] [--clients 4] [--concurrency 8]
                                      [--protocol grpc|http] [--seconds 8]
+                                     [--backend python|onnxruntime]
 
-The model is the python ``add_sub`` (two FP32[16] inputs) with as many instances as the
-largest N, so every front-end process serves its share where requests arrive. The load
+The model is ``add_sub`` (two FP32[16] inputs), in Python (each instance a process) or
+ONNX Runtime (the example repository's model, instances threads of each front-end
+process's CPU worker), with as many instances as the largest N, so every front-end
+process serves its share where requests arrive. The load
 comes from ``--clients`` processes of ``python -m triton_shm.perf``, each at
 ``--concurrency`` (each in-flight request its own connection over HTTP; over gRPC one
 connection per process). After a warm-up, one window of ``--seconds``: throughput from the
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,12 +38,27 @@ from compare_triton import ADD_SUB, cpu_seconds, free_port, process_tree
 SATURATED = 0.9  # of a core
 
 
-def write_repository(repo: Path, instances: int) -> None:
-    config, code = ADD_SUB
+EXAMPLE_ONNX = Path(__file__).resolve().parents[1] / "examples/model_repository/add_sub_onnx/1/model.onnx"
+ONNX_CONFIG = """
+    name: "add_sub"
+    backend: "onnxruntime"
+    max_batch_size: 0
+    input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] },
+            { name: "INPUT1" data_type: TYPE_FP32 dims: [ 1, 16 ] } ]
+    output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 1, 16 ] },
+             { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 1, 16 ] } ]
+    """
+
+
+def write_repository(repo: Path, instances: int, backend: str) -> None:
     (repo / "add_sub" / "1").mkdir(parents=True)
+    config, code = (ONNX_CONFIG, None) if backend == "onnxruntime" else ADD_SUB
     (repo / "add_sub" / "config.pbtxt").write_text(
         textwrap.dedent(config) + f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]\n")
-    (repo / "add_sub" / "1" / "model.py").write_text(textwrap.dedent(code))
+    if code is None:
+        shutil.copy(EXAMPLE_ONNX, repo / "add_sub" / "1" / "model.onnx")
+    else:
+        (repo / "add_sub" / "1" / "model.py").write_text(textwrap.dedent(code))
 
 
 def inference_count(http_port: int) -> int:
@@ -133,18 +152,19 @@ def main() -> None:
     p.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
     p.add_argument("--seconds", type=float, default=8.0, help="the measured window")
     p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--backend", choices=["python", "onnxruntime"], default="python")
     args = p.parse_args()
     counts = [int(n) for n in args.processes.split(",")]
     with tempfile.TemporaryDirectory() as tmp:
         repo = Path(tmp) / "models"
-        write_repository(repo, max(counts))
+        write_repository(repo, max(counts), args.backend)
         rows = []
         with open(Path(tmp) / "server.log", "wb") as log:
             for n in counts:
                 rows.append(measure(repo, n, args, log))
                 print(f"  N={n}: {rows[-1]['throughput']:,.0f} infer/s", file=sys.stderr, flush=True)
-    print(f"add_sub, {max(counts)} instances, {args.protocol}, {args.clients} load generators at concurrency "
-          f"{args.concurrency}, {args.seconds:g} s window, {rows[0]['cores']} cores\n")
+    print(f"add_sub ({args.backend}), {max(counts)} instances, {args.protocol}, {args.clients} load generators "
+          f"at concurrency {args.concurrency}, {args.seconds:g} s window, {rows[0]['cores']} cores\n")
     print("| front-end processes | infer/s | vs N = 1 | CPU of each front-end (cores) | instances (cores) "
           "| load generators (cores) | saturated |")
     print("|---|---|---|---|---|---|---|")

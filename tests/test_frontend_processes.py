@@ -28,7 +28,7 @@ from tritonclient.utils import InferenceServerException
 
 from .harness import ServerProcess, children, free_port
 from .helpers import connect, expect_error
-from .models import python_identity, sequence_model, write_model
+from .models import onnx_add_sub, python_identity, sequence_model, write_model
 
 PROCESSES = 2
 
@@ -45,11 +45,15 @@ class TritonPythonModel:
 """
 
 
-def whoami(repo, name: str = "whoami", count: int = PROCESSES) -> None:
-    """Partitioned (no batcher, ``count`` >= the processes): served where it arrives."""
+def whoami(repo, name: str = "whoami", count: int = PROCESSES, threads: bool = False) -> None:
+    """Partitioned (no batcher, ``count`` >= the processes): served where it arrives.
+    ``threads``: its instances are threads of each process's CPU worker (whose parent is
+    the front-end process too), not processes of their own."""
+    parameters = 'parameters { key: "PROCESS_PER_INSTANCE" value { string_value: "no" } }' if threads else ""
     write_model(repo, name, model_py=WHOAMI_PY, config=f"""
         name: "{name}"
         backend: "python"
+        {parameters}
         max_batch_size: 0
         input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
         output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }},
@@ -100,6 +104,18 @@ class TritonPythonModel:
 
 def build_repository(repo) -> None:
     whoami(repo)
+    whoami(repo, "whoami_threads", threads=True)
+    onnx_add_sub(repo / "add_sub" / "1" / "model.onnx")  # ONNX Runtime, two CPU instances: partitioned
+    (repo / "add_sub" / "config.pbtxt").write_text("""
+        name: "add_sub"
+        backend: "onnxruntime"
+        max_batch_size: 8
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+                { name: "INPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] },
+                 { name: "OUTPUT1" data_type: TYPE_FP32 dims: [ 16 ] } ]
+        instance_group [ { count: 2 kind: KIND_CPU } ]
+        """)
     python_identity(repo, "cached", "FP32")  # owned: one cache for the whole server
     with open(repo / "cached" / "config.pbtxt", "a") as f:
         f.write("response_cache { enable: true }\n")
@@ -221,6 +237,42 @@ def test_both_processes_serve_and_forward(server, proto):
         assert name == "identity_fp32"
         expect_error(proto, lambda c=client: c.infer("identity_fp32", [fp32(mod, "WRONG", [1.0])]),
                      "INVALID_ARGUMENT", "WRONG")
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_instances_in_the_cpu_worker_are_served_where_the_request_arrives(server, proto):
+    """A model whose instances are threads of the CPU worker is partitioned too: each
+    process's own CPU worker runs its share, so no request is forwarded."""
+    mod = httpclient if proto == "http" else grpcclient
+    for pid, client in by_process(server, proto).items():
+        for _ in range(4):
+            out = client.infer("whoami_threads", [fp32(mod, "INPUT0", [1.0])])
+            assert int(out.as_numpy("PID")[0]) == pid
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_onnx_model_in_the_cpu_worker_serves_through_both(server, proto):
+    mod = httpclient if proto == "http" else grpcclient
+    clients = by_process(server, proto)
+    before = _inference_count(next(iter(clients.values())), proto, "add_sub")
+    a = np.arange(16, dtype=np.float32).reshape(1, 16)
+    for client in clients.values():
+        for _ in range(3):
+            inputs = [mod.InferInput(n, [1, 16], "FP32") for n in ("INPUT0", "INPUT1")]
+            inputs[0].set_data_from_numpy(a)
+            inputs[1].set_data_from_numpy(np.ones_like(a))
+            out = client.infer("add_sub", inputs)
+            assert out.as_numpy("OUTPUT0").tolist() == (a + 1).tolist()
+            assert out.as_numpy("OUTPUT1").tolist() == (a - 1).tolist()
+    for client in clients.values():  # both processes' shares, counted once wherever asked
+        assert _inference_count(client, proto, "add_sub") == before + 3 * len(clients)
+
+
+def _inference_count(client, proto: str, model: str) -> int:
+    stats = client.get_inference_statistics(model)
+    if proto == "http":
+        return sum(int(s["inference_count"]) for s in stats["model_stats"])
+    return sum(s.inference_count for s in stats.model_stats)
 
 
 def _regions(client, proto: str) -> list[str]:

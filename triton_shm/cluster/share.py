@@ -4,10 +4,10 @@ With ``--frontend-processes N`` every process loads every model, and a model is 
 one of two ways (docs/design/frontend-processes.md):
 
 - **partitioned**: each process starts and drives its share of the instances (instance
-  ordinal ``k`` belongs to process ``k mod N``), so a request is served wherever it
-  arrives, at today's cost. For models whose instances are processes of their own and
-  that keep no state shared between requests: no batcher, no sequences, no response cache,
-  no rate limiter, at least N instances.
+  ordinal ``k`` belongs to process ``k mod N``) in its own workers, so a request is served
+  wherever it arrives, at today's cost. For models that keep no state shared between
+  requests (no batcher, no sequences, no response cache, no rate limiter), with at least N
+  instances, whose instances are processes of their own or threads of the CPU worker.
 - **owned**: one process (``owner``) starts every instance and schedules every request;
   the others hold the model's config (metadata, validation) and forward its requests to
   the owner. A dynamic-batching queue, a sequence's slot or the cache stays one state.
@@ -53,12 +53,16 @@ class FrontendShare:
 
 
 def keeps_shared_state(config: "mc.ModelConfig") -> bool:
-    """Whether the model's requests share a state one process must hold: a batching queue,
-    sequence slots, the response cache, or instances that are threads of a shared worker
-    (linked to one front-end process)."""
-    from ..supervisor.pool import process_per_instance
+    """Whether the model's requests share a state one process must hold (a batching queue,
+    sequence slots, the response cache), or its instances are threads of a GPU worker:
+    partitioned, each process's GPU worker would open a CUDA context and load the model on
+    the device. Instances in processes of their own, or threads of the CPU worker (each
+    process has its own), are split as they are."""
+    from ..supervisor.pool import instance_kind, process_per_instance
+    on_gpu_worker = not process_per_instance(config) and any(
+        instance_kind(g) != "KIND_CPU" for g in config.instance_group)
     return (config.HasField("dynamic_batching") or config.HasField("sequence_batching")
-            or config.response_cache.enable or not process_per_instance(config))
+            or config.response_cache.enable or on_gpu_worker)
 
 
 def instance_count(config: "mc.ModelConfig") -> int:
