@@ -223,6 +223,58 @@ def fp32(mod, name: str, values) -> object:
     return inp
 
 
+HOLD_PY = """
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        print("HOLDING", flush=True)
+        time.sleep({seconds})
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())])
+                for r in requests]
+"""
+
+
+def hold_model(repo, seconds: float) -> None:
+    """"hold": logs HOLDING, then holds each request ``seconds``; process 1 owns it."""
+    assert zlib.crc32(b"hold") % PROCESSES == 1  # share.py's owner
+    write_model(repo, "hold", model_py=HOLD_PY.format(seconds=seconds), config="""
+        name: "hold"
+        backend: "python"
+        max_batch_size: 0
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        """)
+
+
+class InFlight:
+    """One gRPC request sent from a thread of its own; ``outcome()``: its output or error."""
+
+    def __init__(self, client, model: str, inputs: list, output: str):
+        self._outcome: list[object] = []
+        self.thread = threading.Thread(target=self._send, args=(client, model, inputs, output))
+        self.thread.start()
+
+    def _send(self, client, model: str, inputs: list, output: str) -> None:
+        try:
+            self._outcome.append(client.infer(model, inputs).as_numpy(output))
+        except InferenceServerException as e:
+            self._outcome.append(e)
+
+    def outcome(self) -> object:
+        self.thread.join(60)
+        assert len(self._outcome) == 1, "the request did not finish"
+        return self._outcome[0]
+
+
+def wait_for_log(srv: ServerProcess, text: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in srv.log():
+        assert time.monotonic() < deadline, srv.log()[-3000:]
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("proto", ["http", "grpc"])
 def test_both_processes_serve_and_forward(server, proto):
     mod = httpclient if proto == "http" else grpcclient
@@ -451,21 +503,15 @@ def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):
         clients[victim].update_trace_settings(settings={"trace_rate": "7"})
         clients[srv.proc.pid].update_trace_settings("whoami", {"trace_count": "3"})
         survivor = clients[srv.proc.pid]
-        failed: list[InferenceServerException] = []
         through_0 = by_process(srv, "grpc")[srv.proc.pid]  # gRPC: its client may be used from a thread
-
-        def in_flight() -> None:  # forwarded to the victim, which owns "slow", when it dies
-            try:
-                through_0.infer("slow", [fp32(grpcclient, "INPUT0", [1.0])])
-            except InferenceServerException as e:
-                failed.append(e)
-        thread = threading.Thread(target=in_flight)
-        thread.start()
+        # forwarded to the victim, which owns "slow", when it dies
+        request = InFlight(through_0, "slow", [fp32(grpcclient, "INPUT0", [1.0])], "OUTPUT0")
         time.sleep(1.0)
         os.kill(victim, signal.SIGKILL)
-        thread.join(30)
-        assert len(failed) == 1 and failed[0].status() == "StatusCode.UNAVAILABLE", failed
-        assert "front-end process 1" in failed[0].message(), failed[0].message()
+        failed = request.outcome()
+        assert isinstance(failed, InferenceServerException) and failed.status() == "StatusCode.UNAVAILABLE", \
+            str(failed)
+        assert "front-end process 1" in failed.message(), failed.message()
         # the other process serves on, its own models and the ones it forwards or owns
         for model in ("whoami", "identity_fp32"):
             deadline = time.monotonic() + 30
@@ -506,34 +552,15 @@ def test_sigterm_drains_and_stops_every_process(tmp_path):
         time.sleep(0.1)
 
 
-HOLD_PY = """
-import time
-import triton_python_backend_utils as pb_utils
-
-class TritonPythonModel:
-    def execute(self, requests):
-        print("HOLDING", flush=True)
-        time.sleep(2)
-        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())])
-                for r in requests]
-"""
-
-
 def test_stop_waits_for_requests_the_other_process_still_forwards(tmp_path):
     """SIGTERM without a drain, while process 1 runs an ensemble whose first step ("hold",
     which process 1 owns) takes 2 s and whose second ("echo") process 0 owns: process 0 has
     nothing in flight of its own, yet it keeps "echo" loaded until process 1's front-ends
     have answered what they took in."""
-    assert zlib.crc32(b"hold") % PROCESSES == 1 and zlib.crc32(b"echo") % PROCESSES == 0  # share.py's owners
+    assert zlib.crc32(b"echo") % PROCESSES == 0  # share.py's owner
     repo = tmp_path / "models"
     whoami(repo)
-    write_model(repo, "hold", model_py=HOLD_PY, config="""
-        name: "hold"
-        backend: "python"
-        max_batch_size: 0
-        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-        """)
+    hold_model(repo, 2)
     python_identity(repo, "echo", "FP32")
     write_model(repo, "held_then_echoed", config="""
         name: "held_then_echoed"
@@ -551,26 +578,15 @@ def test_stop_waits_for_requests_the_other_process_still_forwards(tmp_path):
                         extra_args=["--frontend-processes", str(PROCESSES), "--drain-secs", "0"]).start()
     try:
         through_1 = next(c for pid, c in by_process(srv, "grpc").items() if pid != srv.proc.pid)
-        result: list[object] = []
-
-        def send() -> None:
-            try:
-                result.append(through_1.infer("held_then_echoed", [fp32(grpcclient, "X", [4.0, 2.0])]).as_numpy("Y"))
-            except InferenceServerException as e:
-                result.append(e)
-        thread = threading.Thread(target=send)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while "HOLDING" not in srv.log():
-            assert time.monotonic() < deadline, srv.log()[-3000:]
-            time.sleep(0.01)
+        request = InFlight(through_1, "held_then_echoed", [fp32(grpcclient, "X", [4.0, 2.0])], "Y")
+        wait_for_log(srv, "HOLDING")
         srv.proc.send_signal(signal.SIGTERM)
-        thread.join(60)
+        outcome = request.outcome()
         assert srv.proc.wait(60) == 0, srv.log()[-3000:]
     finally:
         srv.stop()
-    assert len(result) == 1 and not isinstance(result[0], Exception), [str(r) for r in result]
-    assert np.asarray(result[0]).tolist() == [4.0, 2.0]
+    assert not isinstance(outcome, Exception), str(outcome)
+    assert np.asarray(outcome).tolist() == [4.0, 2.0]
 
 
 def test_stop_does_not_wait_for_a_process_that_died(tmp_path):
@@ -578,40 +594,24 @@ def test_stop_does_not_wait_for_a_process_that_died(tmp_path):
     process 1 is killed meanwhile, process 0 stops at once, not at --exit-timeout-secs."""
     repo = tmp_path / "models"
     whoami(repo)
-    write_model(repo, "hold", model_py=HOLD_PY.replace("time.sleep(2)", "time.sleep(600)"), config="""
-        name: "hold"
-        backend: "python"
-        max_batch_size: 0
-        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-        """)  # owned by process 1
+    hold_model(repo, 600)
     srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
         "--frontend-processes", str(PROCESSES), "--drain-secs", "0", "--exit-timeout-secs", "600"]).start()
     try:
         clients = by_process(srv, "grpc")
         victim = next(pid for pid in clients if pid != srv.proc.pid)
-        failed: list[InferenceServerException] = []
-
-        def send() -> None:
-            try:
-                clients[victim].infer("hold", [fp32(grpcclient, "INPUT0", [1.0])])
-            except InferenceServerException as e:
-                failed.append(e)
-        thread = threading.Thread(target=send)
-        thread.start()
-        deadline = time.monotonic() + 30
-        while "HOLDING" not in srv.log():
-            assert time.monotonic() < deadline, srv.log()[-3000:]
-            time.sleep(0.01)
+        request = InFlight(clients[victim], "hold", [fp32(grpcclient, "INPUT0", [1.0])], "OUTPUT0")
+        wait_for_log(srv, "HOLDING")
         srv.proc.send_signal(signal.SIGTERM)
         time.sleep(1.0)  # process 0's front-ends have stopped: it waits for process 1's
         assert srv.proc.poll() is None, srv.log()[-3000:]
         os.kill(victim, signal.SIGKILL)
         assert srv.proc.wait(60) == 0, srv.log()[-3000:]
-        thread.join(30)
+        outcome = request.outcome()
     finally:
         srv.stop()
-    assert len(failed) == 1 and failed[0].status() == "StatusCode.UNAVAILABLE", [str(e) for e in failed]
+    assert isinstance(outcome, InferenceServerException) and outcome.status() == "StatusCode.UNAVAILABLE", \
+        str(outcome)
     assert "did not stop their front-ends in time" not in srv.log()
 
 
