@@ -11,6 +11,7 @@ restarted, and the drain on SIGTERM.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -613,6 +614,40 @@ def test_stop_does_not_wait_for_a_process_that_died(tmp_path):
     assert isinstance(outcome, InferenceServerException) and outcome.status() == "StatusCode.UNAVAILABLE", \
         str(outcome)
     assert "did not stop their front-ends in time" not in srv.log()
+
+
+@pytest.mark.parametrize("log_frequency", [0, 3])
+def test_one_trace_file_for_the_whole_server(tmp_path, log_frequency):
+    """``--trace-config file=``: process 0 writes the one file (or its indexed files), the
+    other process passes it its traces; every request traced once, every id unique."""
+    repo = tmp_path / "models"
+    whoami(repo)
+    python_identity(repo, "identity_fp32", "FP32")  # owned by one process, forwarded by the other
+    trace_file = tmp_path / "trace.json"
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
+        "--frontend-processes", str(PROCESSES), "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1",
+        "--trace-config", f"log_frequency={log_frequency}", "--trace-config", f"file={trace_file}"]).start()
+    sent = 0
+    try:
+        for client in by_process(srv, "http").values():
+            for model in ("whoami", "identity_fp32"):
+                for _ in range(4):
+                    client.infer(model, [fp32(httpclient, "INPUT0", [1.0])])
+                    sent += 1
+    finally:
+        srv.stop_cleanly()
+    sent += 2 * PROCESSES  # by_process asked each process's pid at least once: traced too
+    files = [trace_file] if log_frequency == 0 else sorted(tmp_path.glob("trace.json.*"))
+    traces = [t for f in files for t in json.loads(f.read_text())]
+    ids = [t["id"] for t in traces]
+    assert len(ids) == len(set(ids)), "a trace id appears twice"
+    by_model = {m: sum(t["model_name"] == m for t in traces) for m in ("whoami", "identity_fp32")}
+    assert by_model["identity_fp32"] == 4 * PROCESSES
+    assert by_model["whoami"] >= 4 * PROCESSES and len(traces) <= sent
+    assert all(t["timestamps"][-1]["name"] == "REQUEST_END" for t in traces)
+    if log_frequency:  # full files, but for each process's last
+        sizes = [len(json.loads(f.read_text())) for f in files]
+        assert all(size <= log_frequency for size in sizes) and sum(s < log_frequency for s in sizes) <= PROCESSES
 
 
 def test_grpcio_transport_is_refused_with_several_processes(tmp_path):

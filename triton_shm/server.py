@@ -58,6 +58,7 @@ async def serve(options: ServerOptions) -> int:
     if share is not None and peers is not None:
         from .cluster.control import Cluster
         cluster = service.cluster = Cluster(share, peers, service)
+        cluster.share_trace_file()
         if place.index == 0:
             models.after_poll = cluster.after_poll
         else:
@@ -144,9 +145,9 @@ async def serve(options: ServerOptions) -> int:
             log.warning("models did not unload within --exit-timeout-secs; stopping workers")
         await pool.stop(timeout=max(deadline - loop.time(), 1.0))  # then workers are killed
         service.shm.close()
-        await service.tracer.close()
         if processes is not None:  # they drain since the signal reached them
             await processes.stop(timeout=max(deadline - loop.time(), 1.0))
+        await service.tracer.close()  # after the other processes: they pass their last traces here
         if peers is not None:
             await peers.close()
     return 0

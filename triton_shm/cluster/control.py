@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("triton_shm.frontends")
 
 FAST_CONNECT_S = 2.0  # after start-up: a peer that does not answer by then is down (skipped)
+PEER_WRITE_S = 60.0  # a batch of traces handed to process 0 (the writer thread waits for it)
 
 
 class Cluster:
@@ -60,6 +61,7 @@ class Cluster:
             "unregister_shm": self._unregister_shm, "trace_update": self._trace_update,
             "log_update": self._log_update, "statistics": self._statistics,
             "metrics_snapshots": self._metrics_snapshots, "frontends_stopped": self._frontends_stopped,
+            "trace_docs": self._trace_docs,
         }
 
     # -- calls to the other processes ------------------------------------------------------
@@ -243,6 +245,16 @@ class Cluster:
         self.service.log_settings.update(body["changes"])
         return {}
 
+    def share_trace_file(self) -> None:
+        """One trace file for the server: process 0 writes it, the others pass it their
+        finished traces; trace ids stay unique across processes."""
+        writer = None if self.share.index == 0 else PeerTraceFile(self.peers, asyncio.get_running_loop())
+        self.service.tracer.share_file(self.share.index, self.share.count, writer)
+
+    async def _trace_docs(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.service.tracer.write_from_peer(bool(body["indexed"]), [doc.encode() for doc in body["docs"]])
+        return {}
+
     # -- statistics ---------------------------------------------------------------------------
     async def statistics(self, local: list[dict[str, Any]], name: str, version: str) -> list[dict[str, Any]]:
         from ..core.observability.statistics import merge_statistics
@@ -297,3 +309,24 @@ class Cluster:
         self._stopped.add(peer)
         if self._stopped.issuperset(self.others):
             self._all_stopped.set()
+
+
+class PeerTraceFile:
+    """A front-end process's trace file, other than process 0's: the finished traces go to
+    process 0, which writes them to the one file. Called in the tracer's writer thread."""
+
+    def __init__(self, peers: "Peers", loop: asyncio.AbstractEventLoop):
+        self.peers, self.loop = peers, loop
+
+    def _send(self, indexed: bool, docs: list[bytes]) -> None:
+        body = {"indexed": indexed, "docs": [doc.decode() for doc in docs]}
+        asyncio.run_coroutine_threadsafe(self.peers.call(0, "trace_docs", body), self.loop).result(PEER_WRITE_S)
+
+    def append(self, docs: list[bytes]) -> None:
+        self._send(False, docs)
+
+    def write_indexed(self, docs: list[bytes]) -> None:
+        self._send(True, docs)
+
+    def close(self) -> None:
+        pass  # process 0 finishes the file

@@ -30,7 +30,7 @@ import concurrent.futures
 import logging
 import os
 import time
-from typing import Any, BinaryIO, Iterable
+from typing import Any, BinaryIO, Iterable, Protocol
 
 import orjson
 
@@ -224,6 +224,17 @@ class SpanTrace(Trace):
 
 
 # -- the trace file ---------------------------------------------------------------------------
+class TraceWriter(Protocol):
+    """Where finished traces go, called in the tracer's one writer thread: the trace file,
+    or (a front-end process other than 0) process 0, which writes them to its file."""
+
+    def append(self, docs: list[bytes]) -> None: ...
+
+    def write_indexed(self, docs: list[bytes]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class TraceFile:
     """Triton's TraceFile: one JSON array in ``path`` built up across appends and closed
     at shutdown, plus whole arrays in ``path.0``, ``path.1``, ... Called in one thread."""
@@ -273,12 +284,14 @@ class Tracer:
         self.active = False        # the hot-path check: some scope traces TIMESTAMPS
         self.spans = False         # the front-ends' check: active, in OpenTelemetry mode
         self._next_id = 1
+        self._id_step = 1  # several front-end processes: each numbers its own residue class
         self._live: dict[int, Trace] = {}  # traces not yet finished, by id: a BLS call names its parent
         self._indexed: list[bytes] = []   # log_frequency > 0: traces for the next <file>.<index>
         self._streamed: list[bytes] = []  # log_frequency 0: traces for <file>
-        self._writer = TraceFile(file) if file else None
+        self._writer: TraceWriter | None = TraceFile(file) if file else None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._warned_no_file = False
+        self._closed = False  # the file is finished (shutdown)
         self._refresh()
 
     @classmethod
@@ -342,6 +355,26 @@ class Tracer:
         scopes = [("", wire(changed))] + [(model, wire(over)) for model, over in self._overrides.items()]
         return [(model, changes) for model, changes in scopes if changes]
 
+    # -- several front-end processes -----------------------------------------------------------
+    def share_file(self, index: int, count: int, writer: TraceWriter | None) -> None:
+        """Front-end process ``index`` of ``count``: trace ids unique in the whole server (this
+        process takes ``index + 1``, then every ``count``-th), and, other than process 0,
+        finished traces handed to ``writer`` (which passes them to process 0) rather than
+        written to the file here."""
+        self._next_id, self._id_step = index + 1, count
+        if self._writer is not None and writer is not None:
+            self._writer = writer
+
+    def write_from_peer(self, indexed: bool, docs: list[bytes]) -> None:
+        """Process 0: another process's finished traces, written to the file in this
+        process's writer thread (after what it queued before)."""
+        writer = self._writer
+        if self._closed:
+            log.warning("%d traces from another front-end process came after the trace file was finished; "
+                        "dropped", len(docs))
+        elif writer is not None and docs:
+            self._submit(writer.write_indexed if indexed else writer.append, docs)
+
     # -- recording ------------------------------------------------------------------------
     def sample(self, model_name: str, model_version: int, request_id: str, start_ns: int,
                request_span: RequestSpan | None = None) -> Trace | None:
@@ -350,7 +383,7 @@ class Tracer:
         setting = self._models.get(model_name) or self._global
         if not setting.sample(request_span is not None and request_span.parent_id is not None):
             return None
-        trace_id, self._next_id = self._next_id, self._next_id + 1
+        trace_id, self._next_id = self._next_id, self._next_id + self._id_step
         trace: Trace
         if self._exporter is None:
             trace = Trace(trace_id, model_name, model_version, request_id, setting.log_frequency, start_ns)
@@ -376,7 +409,7 @@ class Tracer:
     def child(self, parent: Trace, model_name: str, model_version: int, request_id: str) -> Trace:
         """The trace of an ensemble step or a BLS call of traced ``parent`` (always traced,
         as Triton traces a child trace)."""
-        trace_id, self._next_id = self._next_id, self._next_id + 1
+        trace_id, self._next_id = self._next_id, self._next_id + self._id_step
         now = time.monotonic_ns()
         trace: Trace
         if isinstance(parent, SpanTrace):
@@ -444,7 +477,9 @@ class Tracer:
         if self._writer is None:
             return
         await asyncio.get_running_loop().run_in_executor(None, self._flush_all)
-        log.info("trace file %s written", self.file)
+        self._closed = True
+        if isinstance(self._writer, TraceFile):  # not when another process writes the file
+            log.info("trace file %s written", self.file)
 
 
 def _log_write_error(future: concurrent.futures.Future) -> None:
