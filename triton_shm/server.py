@@ -58,7 +58,7 @@ async def serve(options: ServerOptions) -> int:
     if share is not None and peers is not None:
         from .cluster.control import Cluster
         cluster = service.cluster = Cluster(share, peers, service)
-        cluster.share_trace_file()
+        cluster.share_trace_file(place.restarted)
         if place.index == 0:
             models.after_poll = cluster.after_poll
         else:

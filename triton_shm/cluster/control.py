@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..errors import NotFound, TritonShmError, Unavailable
@@ -245,11 +246,13 @@ class Cluster:
         self.service.log_settings.update(body["changes"])
         return {}
 
-    def share_trace_file(self) -> None:
+    def share_trace_file(self, restarted: bool) -> None:
         """One trace file for the server: process 0 writes it, the others pass it their
-        finished traces; trace ids stay unique across processes."""
+        finished traces. Trace ids stay unique across processes (process ``i`` numbers
+        ``i + 1 + k N``) and across a restart (which starts ``k`` at the time in ms)."""
         writer = None if self.share.index == 0 else PeerTraceFile(self.peers, asyncio.get_running_loop())
-        self.service.tracer.share_file(self.share.index, self.share.count, writer)
+        k = time.time_ns() // 1_000_000 if restarted else 0
+        self.service.tracer.share_file(self.share.index + 1 + k * self.share.count, self.share.count, writer)
 
     async def _trace_docs(self, body: dict[str, Any]) -> dict[str, Any]:
         self.service.tracer.write_from_peer(bool(body["indexed"]), [doc.encode() for doc in body["docs"]])

@@ -356,12 +356,12 @@ class Tracer:
         return [(model, changes) for model, changes in scopes if changes]
 
     # -- several front-end processes -----------------------------------------------------------
-    def share_file(self, index: int, count: int, writer: TraceWriter | None) -> None:
-        """Front-end process ``index`` of ``count``: trace ids unique in the whole server (this
-        process takes ``index + 1``, then every ``count``-th), and, other than process 0,
-        finished traces handed to ``writer`` (which passes them to process 0) rather than
-        written to the file here."""
-        self._next_id, self._id_step = index + 1, count
+    def share_file(self, first_id: int, count: int, writer: TraceWriter | None) -> None:
+        """One of ``count`` front-end processes: trace ids unique in the whole server (this
+        process takes ``first_id``, then every ``count``-th: ids of one residue class), and,
+        other than process 0, finished traces handed to ``writer`` (which passes them to
+        process 0) rather than written to the file here."""
+        self._next_id, self._id_step = first_id, count
         if self._writer is not None and writer is not None:
             self._writer = writer
 
