@@ -13,13 +13,16 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 import numpy as np
+import orjson
 import pytest
 import uvloop
 
 from triton_shm.cluster.forwarding import ForwardingScheduler
 from triton_shm.cluster.peers import Peers
-from triton_shm.cluster.wire import (MAX_FRAME, MAX_HEADER, FrameDecoder, FrameError, encode_frame, request_from_wire,
-                                     request_to_wire, response_from_wire, response_to_wire)
+from triton_shm.cluster.wire import (MAX_FRAME, MAX_HEADER, FrameDecoder, FrameError, encode_frame, handover_from_wire,
+                                     handover_to_wire, request_from_wire, request_to_wire, response_from_wire,
+                                     response_to_wire)
+from triton_shm.core.observability.tracing import Handover
 from triton_shm.core.data.types import (InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput,
                                         ResponseStream)
 from triton_shm.errors import (AlreadyExists, Internal, InvalidArgument, NotFound, TritonShmError, Unavailable,
@@ -135,6 +138,18 @@ def test_a_size_declared_and_not_sent_costs_nothing():
     assert list(decoder.feed(struct.pack("<IIQ", 2, 1, MAX_FRAME - 2**32) + b"{}" + b"x" * 1000)) == []
 
 
+def test_trace_handover_round_trip():
+    for handover in (Handover(123, 3, 7), Handover(5, 0, 0, ("0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"))):
+        assert handover_from_wire(orjson.loads(orjson.dumps(handover_to_wire(handover)))) == handover
+
+
+@pytest.mark.parametrize("wire", [None, [], {}, {"s": 1, "lf": 0}, {"s": "x", "lf": 0, "p": 0},
+                                  {"s": 1, "lf": 0, "p": 0, "o": ["only one"]}, {"s": 1, "lf": 0, "p": 0, "o": [1, 2]}])
+def test_a_bad_trace_handover_is_a_frame_error(wire):
+    with pytest.raises(FrameError, match="trace handover"):
+        handover_from_wire(wire)
+
+
 @pytest.mark.parametrize("header", [{}, {"m": "x", "v": "", "id": "", "p": {}, "in": [["a", "FP32", [1], {}, 5]],
                                          "out": []},
                                     {"m": "x", "v": "", "id": "", "p": {"a": [1]}, "in": [], "out": []},
@@ -165,7 +180,7 @@ class EchoService:
             self.released.append(request.id + tag)
         return InferResponse(request.model_name, "1", request.id + tag, {"echoed": True}, outputs, release)
 
-    async def infer_stream(self, request: InferRequest, sample: bool = True
+    async def infer_stream(self, request: InferRequest, sample: bool = True, parent: object = None
                            ) -> AsyncIterator[tuple[InferResponse | TritonShmError | None, bool]]:
         assert sample is False  # a forwarded request was sampled by the process it reached
         self.running[request.id] = event = asyncio.Event()

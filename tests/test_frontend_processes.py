@@ -619,7 +619,8 @@ def test_stop_does_not_wait_for_a_process_that_died(tmp_path):
 @pytest.mark.parametrize("log_frequency", [0, 3])
 def test_one_trace_file_for_the_whole_server(tmp_path, log_frequency):
     """``--trace-config file=``: process 0 writes the one file (or its indexed files), the
-    other process passes it its traces; every request traced once, every id unique."""
+    other process passes it its traces; every request traced once, by the process that ran
+    it, every id unique."""
     repo = tmp_path / "models"
     whoami(repo)
     python_identity(repo, "identity_fp32", "FP32")  # owned by one process, forwarded by the other
@@ -642,10 +643,36 @@ def test_one_trace_file_for_the_whole_server(tmp_path, log_frequency):
     ids = [t["id"] for t in traces]
     assert len(ids) == len(set(ids)), "a trace id appears twice"
     assert {m: sum(t["model_name"] == m for t in traces) for m in counts} == counts  # each request once
-    assert all(t["timestamps"][-1]["name"] == "REQUEST_END" for t in traces)
+    for t in traces:  # a forwarded request too: its model's owner traced it, queue and compute
+        names = [stamp["name"] for stamp in t["timestamps"]]
+        assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END" and "COMPUTE_START" in names, t
     if log_frequency:  # full files, but for each process's last
         sizes = [len(json.loads(f.read_text())) for f in files]
         assert all(size <= log_frequency for size in sizes) and sum(s < log_frequency for s in sizes) <= PROCESSES
+
+
+def test_opentelemetry_spans_of_a_forwarded_request(tmp_path):
+    """Mode opentelemetry: the request's InferRequest span comes from the process it reached,
+    its model and compute spans from the process that owns the model, under it."""
+    from .test_trace_otel import HTTP_EVENTS, PARENT, TRACE_ID, TRACEPARENT, Collector, _check_request, _otel_args
+    repo = tmp_path / "models"
+    whoami(repo)
+    python_identity(repo, "identity_fp32", "FP32")  # owned by one process, forwarded by the other
+    collector = Collector()
+    try:
+        with serving(repo, tmp_path, *_otel_args(collector.url, "rate=1")) as srv:
+            for client in by_process(srv, "http").values():  # whoami's spans: not in the caller's trace
+                collector.clear()
+                client.infer("identity_fp32", [fp32(httpclient, "INPUT0", [1.0, 2.0])],
+                             headers={"traceparent": TRACEPARENT})
+                deadline = time.monotonic() + 10
+                while len(mine := [s for s in collector.spans() if s["traceId"] == TRACE_ID]) < 3:
+                    assert time.monotonic() < deadline, mine
+                    time.sleep(0.05)
+                root, _, _ = _check_request(mine, HTTP_EVENTS)
+                assert root["parentSpanId"] == PARENT
+    finally:
+        collector.close()
 
 
 def test_grpcio_transport_is_refused_with_several_processes(tmp_path):

@@ -3,7 +3,7 @@ the owner over the peer link, and the owner's scheduler queues, batches and runs
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from ..errors import Unavailable
 
@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from ..core.data.shm_registry import Region
     from ..core.data.types import InferRequest, InferResponse, ResponseStream
     from ..core.models.validation import RequestPlan
+    from ..core.observability.tracing import Trace
     from ..core.models.version import ModelVersion
     from ..core.scheduling.interface import Instance, Scheduler
     from .peers import Peers
@@ -28,12 +29,13 @@ class ForwardingScheduler:
         self._draining = False
         self._idle: asyncio.Event | None = None  # set when nothing is in flight, while draining
 
-    def submit(self, request: InferRequest, plan: RequestPlan, regions: dict[str, Region], trace: Any = None,
+    def submit(self, request: InferRequest, plan: RequestPlan, regions: dict[str, Region], trace: Trace | None = None,
                stream: ResponseStream | None = None) -> Awaitable[InferResponse | None]:
         if self._draining:
             raise Unavailable(f"model '{self.model_name}' is unloading")
         self._inflight += 1
-        return self.peers.forward(self.owner, request, stream, self._answered)
+        handover = trace.hand_over() if trace is not None else None  # the owner traces it
+        return self.peers.forward(self.owner, request, stream, self._answered, handover)
 
     def _answered(self) -> None:
         self._inflight -= 1

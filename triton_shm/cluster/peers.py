@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, cast
 
 from ..core.data.types import Buffer, InferRequest, InferResponse, ResponseStream
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
-from .wire import (FrameDecoder, FrameError, encode_frame, request_from_wire, request_to_wire, response_from_wire,
-                   response_to_wire)
+from .wire import (FrameDecoder, FrameError, encode_frame, handover_from_wire, handover_to_wire, request_from_wire,
+                   request_to_wire, response_from_wire, response_to_wire)
 
 if TYPE_CHECKING:
+    from ..core.observability.tracing import Handover
     from ..core.service import InferenceService
 
 log = logging.getLogger(__name__)
@@ -100,25 +101,28 @@ class Peers:
         return replies
 
     def forward(self, peer: int, request: InferRequest, stream: ResponseStream | None = None,
-                on_done: Callable[[], None] | None = None) -> Awaitable[InferResponse | None]:
+                on_done: Callable[[], None] | None = None, handover: Handover | None = None
+                ) -> Awaitable[InferResponse | None]:
         """Have ``peer`` serve ``request``: resolves to its response, or with ``stream`` (a
         decoupled model) to None once its first response is on ``stream.queue``; raises
         what refused it. ``on_done`` is called once the request is over, however it ends
-        (the last response, an error, a cancel, a lost peer)."""
+        (the last response, an error, a cancel, a lost peer). ``handover``: the request was
+        sampled for tracing here; ``peer`` records its trace."""
         link = self._links.get(peer)
         if link is not None:
-            return link.forward(request, stream, on_done)
-        return self._forward_once_connected(peer, request, stream, on_done)
+            return link.forward(request, stream, on_done, handover)
+        return self._forward_once_connected(peer, request, stream, on_done, handover)
 
     async def _forward_once_connected(self, peer: int, request: InferRequest, stream: ResponseStream | None,
-                                      on_done: Callable[[], None] | None) -> InferResponse | None:
+                                      on_done: Callable[[], None] | None, handover: Handover | None
+                                      ) -> InferResponse | None:
         try:
             link = await self._connect(peer)
         except BaseException:
             if on_done is not None:
                 on_done()
             raise
-        return await link.forward(request, stream, on_done)
+        return await link.forward(request, stream, on_done, handover)
 
     async def _connect(self, peer: int) -> _Link:
         if self._closed:
@@ -259,9 +263,11 @@ class _Link(asyncio.Protocol):
         return await self._request({"k": "call", "op": op, "b": body})
 
     def forward(self, request: InferRequest, stream: ResponseStream | None,
-                on_done: Callable[[], None] | None) -> _Waiter:
+                on_done: Callable[[], None] | None, handover: Handover | None = None) -> _Waiter:
         header, buffers = request_to_wire(request)
         header["k"] = "infer"
+        if handover is not None:
+            header["t"] = handover_to_wire(handover)
         waiter = self._request(header, buffers, stream, on_done)
         if stream is not None:
             stream.cancel = partial(self.withdraw, waiter.rid)
@@ -388,7 +394,8 @@ class _Served(asyncio.Protocol):
             if rid in self.tasks:
                 raise FrameError(f"request id {rid} is in use")
             request = request_from_wire(header, buffers)
-            self.tasks[rid] = asyncio.ensure_future(self._serve(rid, request))
+            handover = handover_from_wire(header["t"]) if "t" in header else None
+            self.tasks[rid] = asyncio.ensure_future(self._serve(rid, request, handover))
         elif kind == "cancel":
             task = self.tasks.pop(rid, None)  # here: a task cancelled before it starts runs no finally
             if task is not None:
@@ -419,8 +426,9 @@ class _Served(asyncio.Protocol):
                 log.exception("peer operation '%s' failed", op)
             self._send_error("reply", rid, e)
 
-    async def _serve(self, rid: int, request: InferRequest) -> None:
-        """Run a forwarded request; send each response, or what refused it."""
+    async def _serve(self, rid: int, request: InferRequest, handover: Handover | None) -> None:
+        """Run a forwarded request (traced here if the sender sampled it: ``handover``); send
+        each response, or what refused it."""
         service = self.peers.service
         started = False
         try:
@@ -428,7 +436,7 @@ class _Served(asyncio.Protocol):
                 raise Unavailable("the front-end process is not serving yet")
             # closed here whatever happens (its finally tells the model when we stop early)
             items = cast("AsyncGenerator[tuple[InferResponse | None, bool], None]",
-                         service.infer_stream(request, sample=False))
+                         service.infer_stream(request, parent=handover, sample=False))
             async with contextlib.aclosing(items):
                 async for item, final in items:
                     started = True

@@ -15,6 +15,7 @@ from typing import Any, Iterator, Sequence
 import orjson
 
 from ..core.data.types import Buffer, InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
+from ..core.observability.tracing import Handover
 
 MAX_HEADER = 16 << 20        # bytes of a frame's JSON header
 MAX_BUFFERS = 1 << 16        # buffers in one frame (a request's inputs, a response's outputs)
@@ -159,6 +160,26 @@ def request_from_wire(header: dict[str, Any], buffers: Sequence[Buffer]) -> Infe
                             inputs, outputs)
     except (KeyError, TypeError, ValueError) as e:
         raise FrameError(f"peer frame does not describe an inference request: {e!r}") from None
+
+
+def handover_to_wire(handover: Handover) -> dict[str, Any]:
+    wire: dict[str, Any] = {"s": handover.start_ns, "lf": handover.log_frequency, "p": handover.parent_id}
+    if handover.otel is not None:
+        wire["o"] = list(handover.otel)
+    return wire
+
+
+def handover_from_wire(wire: Any) -> Handover:
+    """The ``Handover`` ``handover_to_wire`` described; anything else raises FrameError."""
+    try:
+        otel = wire.get("o")
+        if otel is not None and not (isinstance(otel, list) and len(otel) == 2
+                                     and all(isinstance(v, str) for v in otel)):
+            raise ValueError(f"otel context {otel!r}")
+        return Handover(int(wire["s"]), int(wire["lf"]), int(wire["p"]),
+                        None if otel is None else (otel[0], otel[1]))
+    except (AttributeError, KeyError, TypeError, ValueError) as e:
+        raise FrameError(f"peer frame has a bad trace handover: {e!r}") from None
 
 
 def response_to_wire(response: InferResponse) -> tuple[dict[str, Any], list[Buffer]]:

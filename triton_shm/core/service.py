@@ -19,7 +19,7 @@ from .models.manager import ModelManager, decode_load_parameters
 from .data.response_cache import ResponseCache
 from .data.shm_registry import SharedMemoryRegistry
 from .observability.otel import RequestSpan
-from .observability.tracing import Trace, Tracer
+from .observability.tracing import Handover, Trace, Tracer
 from .data.types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
 from .models.validation import RequestPlan, checked_plan, plain_plan, validate_request
 
@@ -234,7 +234,7 @@ class InferenceService:
         return self._model_for(request)
 
     async def infer_stream(self, request: InferRequest, model: "ModelVersion | None" = None,
-                           span: RequestSpan | None = None, parent: Trace | None = None, sample: bool = True
+                           span: RequestSpan | None = None, parent: Trace | Handover | None = None, sample: bool = True
                            ) -> AsyncIterator[tuple[InferResponse | None, bool]]:
         """Every response of one request as ``(item, final)``: ``item`` is a response, a
         TritonShmError (a decoupled model may send errors and go on), or None; the last
@@ -242,8 +242,9 @@ class InferenceService:
         the model runs are raised. Works for every model; the caller releases each
         response. ``model``: what ``model_for`` returned for it, if the caller asked;
         ``span``: as for ``infer``; ``parent``: the trace of the request whose BLS call this
-        is (``trace=request.trace()``), traced as its child; ``sample``: False for a BLS call,
-        which is traced as a child or not at all, as in Triton."""
+        is (``trace=request.trace()``), traced as its child, or the Handover of a request
+        another front-end process sampled and forwarded; ``sample``: False for a BLS call
+        (or a forwarded request), which is traced as a child or not at all, as in Triton."""
         if model is None:
             model = self._model_for(request)
         if not model.decoupled:
@@ -324,7 +325,7 @@ class InferenceService:
         return None
 
     def _infer(self, model: "ModelVersion", request: InferRequest, stream: ResponseStream | None = None,
-               span: RequestSpan | None = None, parent: Trace | None = None,
+               span: RequestSpan | None = None, parent: Trace | Handover | None = None,
                sample: bool = True) -> Awaitable[InferResponse | None]:
         """What runs the request: the response, or None for a decoupled model (its
         responses went to ``stream``). Not a coroutine itself: a request that is not
@@ -343,7 +344,7 @@ class InferenceService:
 
     async def _infer_with_features(self, model: "ModelVersion", request: InferRequest,
                                    stream: ResponseStream | None, plan: RequestPlan | None = None,
-                                   span: RequestSpan | None = None, parent: Trace | None = None,
+                                   span: RequestSpan | None = None, parent: Trace | Handover | None = None,
                                    sample: bool = True) -> InferResponse | None:
         """``_infer`` for a request that is traced, or uses client shared memory or the
         cache (``plan``: its validation, done already when neither traced nor cached)."""

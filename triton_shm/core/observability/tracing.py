@@ -30,6 +30,7 @@ import concurrent.futures
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterable, Protocol
 
 import orjson
@@ -144,11 +145,23 @@ class TraceSetting:
         return True
 
 
+@dataclass(frozen=True)
+class Handover:
+    """A sampled request that a front-end process forwards to the one owning its model: the
+    owner records its trace (queue and compute times, BLS calls) from the start the
+    forwarding process saw, under the same parent; the forwarding process records none.
+    ``otel``: the W3C trace id and the span the model's span goes under."""
+    start_ns: int
+    log_frequency: int
+    parent_id: int = 0
+    otel: tuple[str, str] | None = None
+
+
 class Trace:
     """Timestamps of one sampled request (``parent_id``: its ensemble's trace, else 0)."""
 
     __slots__ = ("id", "model_name", "model_version", "request_id", "stamps", "log_frequency", "parent_id",
-                 "tracer")
+                 "tracer", "handed_over")
 
     def __init__(self, trace_id: int, model_name: str, model_version: int, request_id: str,
                  log_frequency: int, start_ns: int, parent_id: int = 0):
@@ -156,6 +169,12 @@ class Trace:
         self.request_id, self.log_frequency, self.parent_id = request_id, log_frequency, parent_id
         self.stamps: list[tuple[str, int]] = [("REQUEST_START", start_ns)]
         self.tracer: Tracer | None = None  # set by the Tracer that made it (an ensemble's steps are its children)
+        self.handed_over = False  # another front-end process records it (``hand_over``)
+
+    def hand_over(self) -> Handover:
+        """The request goes to the front-end process owning its model, which traces it."""
+        self.handed_over = True
+        return Handover(self.stamps[0][1], self.log_frequency, self.parent_id)
 
     def context(self) -> str:
         """What a Python model's ``request.trace().get_context()`` carries: nothing here."""
@@ -199,6 +218,10 @@ class SpanTrace(Trace):
     def context(self) -> str:
         """The W3C traceparent of this request's model span: a BLS call's spans go under it."""
         return f"00-{self.trace_id}-{self.span_id}-01"
+
+    def hand_over(self) -> Handover:
+        self.handed_over = True
+        return Handover(self.stamps[0][1], 0, self.parent_id, (self.trace_id, self.parent_span))
 
     def spans(self) -> list[dict[str, Any]]:
         """The model's span and, if the model ran, its ``compute`` span (the stamps end with
@@ -406,13 +429,21 @@ class Tracer:
         (finished, never sampled, or a worker's bad id)."""
         return self._live.get(trace_id) if type(trace_id) is int else None
 
-    def child(self, parent: Trace, model_name: str, model_version: int, request_id: str) -> Trace:
+    def child(self, parent: Trace | Handover, model_name: str, model_version: int, request_id: str) -> Trace:
         """The trace of an ensemble step or a BLS call of traced ``parent`` (always traced,
-        as Triton traces a child trace)."""
+        as Triton traces a child trace), or of a request another front-end process sampled
+        and forwarded here (``Handover``)."""
         trace_id, self._next_id = self._next_id, self._next_id + self._id_step
         now = time.monotonic_ns()
         trace: Trace
-        if isinstance(parent, SpanTrace):
+        if isinstance(parent, Handover):
+            if parent.otel is not None and self._exporter is not None:
+                trace = SpanTrace(trace_id, model_name, model_version, request_id, parent.start_ns, parent.parent_id,
+                                  *parent.otel)
+            else:
+                trace = Trace(trace_id, model_name, model_version, request_id, parent.log_frequency, parent.start_ns,
+                              parent.parent_id)
+        elif isinstance(parent, SpanTrace):
             trace = SpanTrace(trace_id, model_name, model_version, request_id, now, parent.id, parent.trace_id,
                               parent.span_id)
         else:
@@ -429,6 +460,10 @@ class Tracer:
     def finish(self, trace: Trace) -> None:
         self._live.pop(trace.id, None)
         trace.stamp("REQUEST_END")
+        if trace.handed_over:  # the owner of its model records it; a request span made here ends here
+            if isinstance(trace, SpanTrace) and trace.own is not None and self._exporter is not None:
+                self._exporter.add([trace.own.to_span(trace.stamps[-1][1])])
+            return
         if isinstance(trace, SpanTrace):
             if self._exporter is not None:
                 self._exporter.add(trace.spans())
