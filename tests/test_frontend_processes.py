@@ -388,6 +388,53 @@ def test_model_control_through_one_process_applies_to_both(server, proto):
     assert index_a == index_b
 
 
+FAILS_IN_PROCESS_1_PY = """
+import os
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if os.environ.get("TRITON_SHM_FRONTEND", "").startswith("1/"):  # process 0 has none
+            raise pb_utils.TritonModelException("no room here")
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())])
+                for r in requests]
+"""
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_a_model_that_fails_in_one_process_fails_in_every_process(tmp_path, proto):
+    """A partitioned model whose instances load in process 0 but not in process 1: the load
+    fails, and neither process reports it ready or serves it (as one server that could not
+    load one of its instances)."""
+    mod = httpclient if proto == "http" else grpcclient
+    repo = tmp_path / "models"
+    whoami(repo)
+    write_model(repo, "half", model_py=FAILS_IN_PROCESS_1_PY, config=f"""
+        name: "half"
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        instance_group [ {{ count: {PROCESSES} kind: KIND_CPU }} ]
+        """)
+    with serving(repo, tmp_path, "--model-control-mode", "explicit", "--load-model", "whoami") as srv:
+        clients = by_process(srv, proto)
+        for client in clients.values():  # through either process
+            expect_error(proto, lambda c=client: c.load_model("half"), "INVALID_ARGUMENT", "no room here")
+            for other in clients.values():
+                assert not other.is_model_ready("half")
+                expect_error(proto, lambda c=other: c.infer("half", [fp32(mod, "INPUT0", [1.0])]), "NOT_FOUND",
+                             "has no available versions")
+                index = other.get_model_repository_index()
+                entries = index if proto == "http" else [
+                    {"name": m.name, "state": m.state, "reason": m.reason} for m in index.models]
+                half, = [m for m in entries if m["name"] == "half"]
+                assert half["state"] == "UNAVAILABLE" and "no room here" in half["reason"], half
+        assert "failed to load in another front-end process" in srv.log()
+
+
 TWO_ELEMENTS = ('{"name": "identity_fp32", "backend": "python", "max_batch_size": 0, '
                 '"input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [2]}], '
                 '"output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [2]}]}')

@@ -24,9 +24,11 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
+from ..core.models.version import UNAVAILABLE
 from ..errors import NotFound, TritonShmError, Unavailable
 
 if TYPE_CHECKING:
+    from ..core.models.repository import ModelEntry
     from ..core.service import InferenceService
     from .peers import Handler, Peers
     from .share import FrontendShare
@@ -128,31 +130,49 @@ class Cluster:
         for name, entry in self.service.repository.models.items():
             versions = list(entry.versions.values())
             if versions and all(mv.owner is None for mv in versions):
-                states[name] = {"state": entry.state, "reason": entry.reason,
+                states[name] = {"state": entry.state, "reason": entry.reason, "ready": _all_ready(entry),
                                 "versions": {str(mv.version): [mv.state, mv.reason] for mv in versions}}
         return states
 
-    def adopt_states(self, states: dict[str, Any]) -> None:
+    async def adopt_states(self, states: dict[str, Any]) -> None:
         """Models this process forwards take their owner's state (a load that failed there
-        is UNAVAILABLE here too, with its reason)."""
-        for name, entry in self.service.repository.models.items():
-            owned = states.get(name)
+        is UNAVAILABLE here too, with its reason). A partitioned model that failed in
+        another process fails here too: its instances here are unloaded, so no process
+        serves a model the server reports unavailable."""
+        for name, entry in list(self.service.repository.models.items()):
+            settled = states.get(name)
             versions = list(entry.versions.values())
-            if owned is None or not versions or any(mv.owner is None for mv in versions):
+            if settled is None or not versions:
                 continue
-            entry.state, entry.reason = owned["state"], owned["reason"]
+            if any(mv.owner is None for mv in versions):  # run here: partitioned
+                if settled["ready"] or not _all_ready(entry):
+                    continue
+                reasons = "; ".join(reason for _, reason in settled["versions"].values() if reason) or settled["reason"]
+                log.error("model '%s' failed to load in another front-end process; unloading it here: %s",
+                          name, reasons)
+                await self.service.models.unload(name)
+                entry.state, entry.reason = UNAVAILABLE, reasons
+                for mv in versions:
+                    mv.state, mv.reason = UNAVAILABLE, reasons
+                continue
+            entry.state, entry.reason = settled["state"], settled["reason"]
             for mv in versions:
-                state = owned["versions"].get(str(mv.version))
+                state = settled["versions"].get(str(mv.version))
                 if state is not None:
                     mv.state, mv.reason = state
 
     async def sync_states(self) -> dict[str, Any]:
-        """Process 0: gather the owners' states and have every process adopt them."""
+        """Process 0: gather the states of the models each process runs and have every
+        process adopt them. A model several processes run (partitioned) takes the first
+        failure among them: the server loads a model whole or not at all."""
+        replies = [reply["states"] for reply in await self.everywhere("owned_states", {})]
         states: dict[str, Any] = {}
-        for reply in await self.everywhere("owned_states", {}):
-            states.update(reply["states"])
-        states.update(self.owned_states())
-        self.adopt_states(states)
+        for reply in [self.owned_states(), *replies]:
+            for name, state in reply.items():
+                known = states.get(name)
+                if known is None or (known["ready"] and not state["ready"]):
+                    states[name] = state
+        await self.adopt_states(states)
         await self.everywhere("adopt_states", {"states": states})
         return states
 
@@ -160,7 +180,7 @@ class Cluster:
         return {"states": self.owned_states()}
 
     async def _adopt_states(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.adopt_states(body["states"])
+        await self.adopt_states(body["states"])
         return {}
 
     # -- start-up ---------------------------------------------------------------------------
@@ -312,6 +332,11 @@ class Cluster:
         self._stopped.add(peer)
         if self._stopped.issuperset(self.others):
             self._all_stopped.set()
+
+
+def _all_ready(entry: "ModelEntry") -> bool:
+    """Every version the model chose is serving (a failed one makes the model failed)."""
+    return bool(entry.versions) and all(mv.ready for mv in entry.versions.values())
 
 
 class PeerTraceFile:
