@@ -522,21 +522,36 @@ def test_decoupled_stream_through_either_process(server):
 
 
 def test_metrics_sum_every_process(tmp_path):
+    """Process 0's page counts every process's requests, and the response cache of the
+    process that owns a cached model (process 1 owns "remembered")."""
+    assert zlib.crc32(b"remembered") % PROCESSES == 1  # share.py's owner
     repo = tmp_path / "models"
     whoami(repo)
+    python_identity(repo, "remembered", "FP32")
+    with open(repo / "remembered" / "config.pbtxt", "a") as f:
+        f.write("response_cache { enable: true }\n")
     metrics_port = free_port()
     with serving(repo, tmp_path, "--allow-metrics", "true", "--metrics-port", str(metrics_port),
-                 "--allow-cpu-metrics", "false", "--allow-gpu-metrics", "false") as srv:
+                 "--allow-cpu-metrics", "false", "--allow-gpu-metrics", "false",
+                 "--cache-config", "local,size=1048576") as srv:
         clients = by_process(srv, "http")
         for client in clients.values():
             for _ in range(2):
                 client.infer("whoami", [fp32(httpclient, "INPUT0", [1.0])])
+                client.infer("remembered", [fp32(httpclient, "INPUT0", [2.0])])  # one miss, then hits
         expected = _inference_count(next(iter(clients.values())), "http", "whoami")
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
             text = r.read().decode()
-        line = next(x for x in text.splitlines() if x.startswith("nv_inference_count{") and "whoami" in x)
-        assert int(float(line.rsplit(" ", 1)[1])) == expected
+
+        def value(prefix: str) -> float:
+            return float(next(x for x in text.splitlines() if x.startswith(prefix)).rsplit(" ", 1)[1])
+        assert int(value('nv_inference_count{model="whoami"')) == expected
         assert expected >= 4 + PROCESSES
+        lookups = 2 * PROCESSES
+        assert (value("nv_cache_num_lookups "), value("nv_cache_num_hits "), value("nv_cache_num_misses ")) == \
+            (lookups, lookups - 1, 1)
+        assert value("nv_cache_num_entries ") == 1 and 0 < value("nv_cache_util ") < 1
+        assert int(value('nv_cache_num_hits_per_model{model="remembered"')) == lookups - 1
 
 
 def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):

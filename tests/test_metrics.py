@@ -618,3 +618,29 @@ def test_exposition_matches_triton_2_51(tmp_path):
     assert set(ours) == set(triton) - NOT_EXPORTED
     for name, family in ours.items():
         assert family == triton[name], name
+
+
+def test_cache_gauges_sum_the_peer_processes_caches():
+    """Each front-end process caches the responses of the models it owns: the page shows
+    every process's cache as one (utilization: the bytes used of all their capacity)."""
+    import asyncio
+    from triton_shm.core.data.response_cache import ResponseCache
+    from triton_shm.frontend.metrics.collect import CACHE, local_snapshots
+
+    own, peer = ResponseCache(1000), ResponseCache(3000)
+    for cache, misses in ((own, 2), (peer, 3)):
+        for i in range(misses):
+            assert cache.lookup(b"k%d" % i) is None
+    peer.used = 600  # as if it held 600 bytes of responses
+    peers = [local_snapshots(fake_repository({}), peer)]
+    assert peers[0][CACHE]["capacity"] == 3000
+
+    async def peer_snapshots():
+        return peers
+
+    collector = MetricsCollector(fake_repository({}), cpu=False, gpu=False, cache=own, peer_snapshots=peer_snapshots)
+    samples = parse(asyncio.run(collector.render_async()))
+    assert samples[key("nv_cache_num_lookups")] == samples[key("nv_cache_num_misses")] == 5
+    assert samples[key("nv_cache_util")] == 600 / 4000
+    alone = parse(MetricsCollector(fake_repository({}), cpu=False, gpu=False, cache=own).render())
+    assert alone[key("nv_cache_num_lookups")] == 2 and alone[key("nv_cache_util")] == 0

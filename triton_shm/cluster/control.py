@@ -295,7 +295,7 @@ class Cluster:
 
     async def _metrics_snapshots(self, _body: dict[str, Any]) -> dict[str, Any]:
         from ..frontend.metrics.collect import local_snapshots
-        return {"snapshots": local_snapshots(self.service.repository)}
+        return {"snapshots": local_snapshots(self.service.repository, self.service.cache)}
 
     # -- shutdown ------------------------------------------------------------------------------
     async def frontends_stopped(self, timeout: float, wait: bool = True) -> None:

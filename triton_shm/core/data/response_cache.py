@@ -74,6 +74,13 @@ class ResponseCache:
     def utilization(self) -> float:
         return self.used / self.capacity if self.capacity else 0.0
 
+    def counters(self) -> dict[str, int]:
+        """What the metrics page shows of it, to be summed with the other front-end
+        processes' caches (``CacheTotals``)."""
+        return {"capacity": self.capacity, "used": self.used, "entries": self.entries, "lookups": self.lookups,
+                "hits": self.hits, "misses": self.misses, "evictions": self.evictions,
+                "lookup_ns": self.lookup_ns, "insertion_ns": self.insertion_ns}
+
     def lookup(self, key: bytes) -> tuple[CachedTensor, ...] | None:
         start = time.monotonic_ns()
         entry = self._entries.get(key)

@@ -1,10 +1,12 @@
 """The response cache's families, under Triton 2.51's names, types and HELP texts: per
 model (models with ``response_cache`` on, at zero when the server has no cache, as
 Triton shows them) from their statistics, and server-wide gauges read from the cache at
-scrape time (only with ``--cache-config``)."""
+scrape time (only with ``--cache-config``; with several front-end processes, every
+process's cache summed: each caches the responses of the models it owns)."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, Callable
 
 from .exposition import Family, Sample
 
@@ -22,7 +24,29 @@ _PER_MODEL: tuple[tuple[str, str, Callable[["ModelStats"], int]], ...] = (
      lambda s: s.phases["cache_miss"].ns // 1000),
 )
 
-_SERVER: tuple[tuple[str, str, Callable[["ResponseCache"], float | int]], ...] = (
+@dataclass(frozen=True)
+class CacheTotals:
+    """Several processes' response caches as one (``ResponseCache.counters`` summed)."""
+    capacity: int
+    used: int
+    entries: int
+    lookups: int
+    hits: int
+    misses: int
+    evictions: int
+    lookup_ns: int
+    insertion_ns: int
+
+    @property
+    def utilization(self) -> float:
+        return self.used / self.capacity if self.capacity else 0.0
+
+    @classmethod
+    def summed(cls, counters: list[dict[str, Any]]) -> "CacheTotals":
+        return cls(**{f.name: sum(int(c.get(f.name, 0)) for c in counters) for f in fields(cls)})
+
+
+_SERVER: tuple[tuple[str, str, Callable[["ResponseCache | CacheTotals"], float | int]], ...] = (
     ("nv_cache_util", "Cache utilization [0.0 - 1.0]", lambda c: c.utilization),
     ("nv_cache_num_entries", "Number of responses stored in response cache", lambda c: c.entries),
     ("nv_cache_num_hits", "Number of cache hits in response cache", lambda c: c.hits),
@@ -43,5 +67,5 @@ def model_cache_families(versions: list["Loaded"]) -> list[Family]:
             for name, help_text, value in _PER_MODEL]
 
 
-def cache_families(cache: "ResponseCache") -> list[Family]:
+def cache_families(cache: "ResponseCache | CacheTotals") -> list[Family]:
     return [Family(name, "gauge", help_text, [Sample({}, value(cache))]) for name, help_text, value in _SERVER]

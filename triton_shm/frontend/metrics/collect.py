@@ -3,8 +3,8 @@ statistics at scrape time, and the latest CPU/GPU readings.
 
 With several front-end processes the page is served by one and counts the whole server:
 its ``peer_snapshots`` hook gathers the others' :func:`local_snapshots`, added to a copy of
-each loaded version's statistics. Latency summaries and the response cache's families stay
-this process's own (neither can be summed)."""
+each loaded version's statistics, and their response caches' counters, summed with this
+process's cache. Latency summaries stay this process's own (quantiles can not be summed)."""
 from __future__ import annotations
 
 import logging
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ...core.observability.statistics import SUMMARY_PHASES
 from .system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
-from .cache import cache_families, model_cache_families
+from .cache import CacheTotals, cache_families, model_cache_families
 from .config import MetricsConfig
 from .exposition import Family, Sample, render
 
@@ -98,8 +98,10 @@ _GPU_SERIES = (
 )
 
 
-# Each peer process's {"<model>/<version>": snapshot} (see local_snapshots).
+# Each peer process's {"<model>/<version>": snapshot} (see local_snapshots), and its
+# response cache's counters under CACHE (no model key lacks a "/").
 PeerSnapshots = Callable[[], Awaitable[list[dict[str, dict[str, Any]]]]]
+CACHE = "cache"
 
 
 @dataclass(frozen=True)
@@ -142,11 +144,15 @@ def loaded_versions(repository: "ModelRepository") -> list[Loaded]:
     return sorted(loaded, key=lambda m: (m.version.name, m.version.version))
 
 
-def local_snapshots(repository: "ModelRepository") -> dict[str, dict[str, Any]]:
+def local_snapshots(repository: "ModelRepository", cache: "ResponseCache | None" = None
+                    ) -> dict[str, dict[str, Any]]:
     """What a front-end process sends for the metrics page: each loaded version's
     :meth:`ModelStats.snapshot` under ``"<model>/<version>"``, with ``queued`` (what its
-    pending-request gauge shows here)."""
-    return {m.key: {**m.stats.snapshot(), "queued": m.local_queued()} for m in loaded_versions(repository)}
+    pending-request gauge shows here), and ``cache``'s counters under ``CACHE``."""
+    snapshots = {m.key: {**m.stats.snapshot(), "queued": m.local_queued()} for m in loaded_versions(repository)}
+    if cache is not None:
+        snapshots[CACHE] = cache.counters()
+    return snapshots
 
 
 def with_peers(versions: list[Loaded], peers: list[dict[str, dict[str, Any]]]) -> list[Loaded]:
@@ -251,9 +257,12 @@ class MetricsCollector:
         versions = loaded_versions(self.repository)
         if peers:
             versions = with_peers(versions, peers)
+        cache: ResponseCache | CacheTotals | None = self.cache
+        if self.cache is not None and peers:
+            cache = CacheTotals.summed([self.cache.counters(), *(p[CACHE] for p in peers if CACHE in p)])
         return (model_families(versions, self.config)
                 + cpu_families(self.cpu_reading) + gpu_families(self.gpu_readings)
-                + (cache_families(self.cache) if self.cache is not None else []))
+                + (cache_families(cache) if cache is not None else []))
 
     def render(self) -> str:
         """This process's page (the peers' statistics are only gathered by :meth:`render_async`)."""
