@@ -22,17 +22,19 @@ class CallGate:
 
     grpc core cancels (CANCELLED) the calls it has received but not yet handed to the
     handlers when the server stops; so a stopping server first answers new calls with
-    UNAVAILABLE, which clients may retry elsewhere, and stops grpc core once it is quiet.
+    UNAVAILABLE, which clients may retry elsewhere, and stops grpc core once it is quiet:
+    no call in a handler, and none begun or ended for QUIET_SECS (a client answered just
+    now sends its next call at once: it is refused, not cancelled).
     """
 
     def __init__(self) -> None:
         self.stopping = False
         self.in_flight = 0
-        self.last_call = 0.0
+        self.last_activity = 0.0  # a call entered or left
 
     def enter(self) -> bool:
         """False: the call is to be refused."""
-        self.last_call = asyncio.get_running_loop().time()
+        self.last_activity = asyncio.get_running_loop().time()
         if self.stopping:
             return False
         self.in_flight += 1
@@ -40,12 +42,13 @@ class CallGate:
 
     def leave(self) -> None:
         self.in_flight -= 1
+        self.last_activity = asyncio.get_running_loop().time()
 
     async def quiesce(self, timeout: float) -> None:
         self.stopping = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while loop.time() < deadline and (self.in_flight or loop.time() - self.last_call < QUIET_SECS):
+        while loop.time() < deadline and (self.in_flight or loop.time() - self.last_activity < QUIET_SECS):
             await asyncio.sleep(0.01)
 
 
