@@ -135,6 +135,47 @@ def test_cuda_shared_memory_round_trip(proto, server):
         cl.close()
 
 
+def test_cuda_shared_memory_across_frontend_processes(proto, tmp_path):
+    """``--frontend-processes 2``: CUDA regions registered through one process's connection
+    serve requests through the other's (every process opens the handle in its own GPU
+    worker), for a CPU model and a GPU model, whichever process owns each, and are
+    unregistered everywhere through either."""
+    from .test_frontend_processes import by_process, whoami
+    repo = tmp_path / "models"
+    whoami(repo)
+    python_identity(repo, "identity_fp32", "FP32")
+    write_model(repo, "cupy_double", config="""
+        name: "cupy_double"
+        backend: "python"
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+        instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
+        """, model_py=CUPY_DOUBLE_PY)
+    srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
+        "--frontend-processes", "2", "--allow-client-shm=true", "--gpus", "0"]).start()
+    try:
+        (_, a), (_, b) = by_process(srv, proto).items()
+        mod = __import__(f"tritonclient.{proto}", fromlist=["InferInput"])
+        values = np.arange(256, dtype=np.float32)
+        src, dst = DeviceBuffer(values.nbytes), DeviceBuffer(values.nbytes)
+        src.put(values)
+        a.register_cuda_shared_memory("fe_in", src.raw_handle, 0, values.nbytes)
+        a.register_cuda_shared_memory("fe_out", dst.raw_handle, 0, values.nbytes)
+        for model, factor in (("identity_fp32", 1), ("cupy_double", 2)):
+            inp = mod.InferInput("INPUT0", list(values.shape), "FP32")
+            inp.set_shared_memory("fe_in", values.nbytes)
+            out = mod.InferRequestedOutput("OUTPUT0")
+            out.set_shared_memory("fe_out", values.nbytes)
+            result = b.infer(model, [inp], outputs=[out])
+            _assert_output_in_shared_memory(proto, result, "OUTPUT0", list(values.shape))
+            np.testing.assert_array_equal(dst.get(np.float32, values.size), values * factor)
+        b.unregister_cuda_shared_memory()
+        status = a.get_cuda_shared_memory_status()
+        assert (status if proto == "http" else list(status.regions)) == []
+    finally:
+        srv.stop_cleanly()
+
+
 def test_gpu_python_model_writes_device_to_device(proto, server):
     cl = connect(server, proto)
     try:
