@@ -50,11 +50,8 @@ class TritonPythonModel:
 """
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory) -> ServerProcess:
-    root = tmp_path_factory.mktemp("gpu")
-    repo = root / "models"
-    python_identity(repo, "identity_fp32", "FP32")
+def cupy_double_model(repo: Path) -> None:
+    """"cupy_double" on GPU 0 (CUPY_DOUBLE_PY)."""
     write_model(repo, "cupy_double", config="""
         name: "cupy_double"
         backend: "python"
@@ -62,6 +59,14 @@ def server(tmp_path_factory) -> ServerProcess:
         output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
         instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
         """, model_py=CUPY_DOUBLE_PY)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> ServerProcess:
+    root = tmp_path_factory.mktemp("gpu")
+    repo = root / "models"
+    python_identity(repo, "identity_fp32", "FP32")
+    cupy_double_model(repo)
     srv = ServerProcess(repo, root / "server.log",
                         extra_args=["--allow-client-shm=true", "--gpus", "0"]).start()
     yield srv
@@ -144,13 +149,7 @@ def test_cuda_shared_memory_across_frontend_processes(proto, tmp_path):
     repo = tmp_path / "models"
     whoami(repo)
     python_identity(repo, "identity_fp32", "FP32")
-    write_model(repo, "cupy_double", config="""
-        name: "cupy_double"
-        backend: "python"
-        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-        output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-        instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
-        """, model_py=CUPY_DOUBLE_PY)
+    cupy_double_model(repo)
     srv = ServerProcess(repo, tmp_path / "server.log", extra_args=[
         "--frontend-processes", "2", "--allow-client-shm=true", "--gpus", "0"]).start()
     try:
