@@ -97,6 +97,9 @@ def test_registry_lists_cuda_regions_by_kind_and_shares_names():
     assert reg.status("cuda") == [{"name": "c", "device_id": 1, "byte_size": 4096}]
     assert reg.status("cuda", "c") == [{"name": "c", "device_id": 1, "byte_size": 4096}]
     assert reg.status("system") == []
+    # what another front-end process (or a restarted one) registers: the same region again
+    again = _registry([0, 1]).prepare_cuda(**reg.cuda_registrations()[0])
+    assert (again.name, again.raw_handle, again.device_id, again.byte_size) == ("c", HANDLE, 1, 4096)
     with pytest.raises(NotFound, match="Unable to find system shared memory region: 'c'"):
         reg.status("system", "c")
     with pytest.raises(AlreadyExists, match="shared memory region 'c' already in manager"):

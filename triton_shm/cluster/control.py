@@ -216,13 +216,15 @@ class Cluster:
                   for name, entry in service.repository.models.items() if entry.ready_versions()]
         return {"loaded": loaded,
                 "system_shm": service.shm.status("system") if service.shm.enabled else [],
+                "cuda_shm": service.shm.cuda_registrations() if service.shm.enabled else [],
                 "log": service.log_settings.to_dict(), "trace": service.tracer.api_changes()}
 
     async def rejoin(self) -> None:
         """A restarted process: take the server's current state from process 0. In explicit
         mode it loads what the server has loaded now (with the API's config overrides), not
         the start-up models; in the other modes it loaded the repository as every process did.
-        Then the system-shm regions, the log settings and the trace settings the API changed."""
+        Then the system and CUDA shared-memory regions, the log settings and the trace
+        settings the API changed."""
         state = await self.peers.call(0, "current_state", {})
         if self.service.models.mode == "explicit":
             await asyncio.gather(*(self._reload(body) for body in state["loaded"]))
@@ -232,6 +234,11 @@ class Cluster:
                                                  region["byte_size"])
             except TritonShmError as e:
                 log.error("registering shared memory region '%s' again: %s", region["name"], e.message)
+        for body in state["cuda_shm"]:
+            try:
+                await self._register_cuda_shm(body)
+            except TritonShmError as e:
+                log.error("registering CUDA shared memory region '%s' again: %s", body["name"], e.message)
         log_state = {k: v for k, v in state["log"].items() if k != "log_file"}
         self.service.log_settings.update(log_state)
         for model, changes in state["trace"]:

@@ -6,7 +6,6 @@ adapters map those to HTTP/gRPC status once.
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable
 
@@ -96,9 +95,7 @@ class InferenceService:
         listed once open."""
         region = await self.open_cuda_shm(name, raw_handle, device_id, byte_size)
         if self.cluster is not None:
-            await self._everywhere_or_undo("register_cuda_shm", {
-                "name": name, "raw_handle": base64.b64encode(region.raw_handle).decode(),
-                "device_id": region.device_id, "byte_size": region.byte_size}, "cuda", name)
+            await self._everywhere_or_undo("register_cuda_shm", region.cuda_registration(), "cuda", name)
 
     async def _everywhere_or_undo(self, op: str, body: dict[str, Any], kind: str, name: str) -> None:
         """A registration made here, made in the other front-end processes too; undone

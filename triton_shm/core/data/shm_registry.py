@@ -44,6 +44,12 @@ class Region:
     device_id: int = 0  # CUDA regions: the GPU the memory lives on
     raw_handle: bytes = b""  # CUDA regions: the cudaIpcMemHandle_t, opened by the worker of device_id
 
+    def cuda_registration(self) -> dict:
+        """A CUDA region as another front-end process registers it too (``raw_handle`` in
+        base64, as clients send it)."""
+        return {"name": self.name, "raw_handle": base64.b64encode(self.raw_handle).decode(),
+                "device_id": self.device_id, "byte_size": self.byte_size}
+
     def status(self) -> dict:
         if self.kind == "cuda":
             return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
@@ -139,6 +145,10 @@ class SharedMemoryRegistry:
             raise InvalidArgument("shared memory region name must be a non-empty string")
         if name in self._regions:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
+
+    def cuda_registrations(self) -> list[dict]:
+        """Every CUDA region, as ``Region.cuda_registration`` gives it."""
+        return [r.cuda_registration() for r in self._regions.values() if r.kind == "cuda"]
 
     # -- status and removal --------------------------------------------------------------
     def status(self, kind: str, name: str = "") -> list[dict]:
