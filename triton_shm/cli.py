@@ -270,8 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
              "without the C extensions and httptools)")
     add("--frontend-processes", type=positive_int, default=1, metavar="N",
         help="front-end processes serving the ports as one server, each on a core of its own; models "
-             "without a batcher, sequences or cache and with at least N instances are served where a request "
-             "arrives, the others by one process (default 1; docs/deployment.md says how to size it)")
+             "without a batcher, sequences or cache, with at least N instances in instance processes or on the "
+             "CPU, are served where a request arrives, the others by one process (default 1; docs/deploy.md "
+             "says how to size it)")
     add("--gpus", default=None, metavar="IDS",
         help="comma-separated GPU ids to serve, one worker each (default: all visible GPUs; 'none' for none)")
     _add_implemented(p)

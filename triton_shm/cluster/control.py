@@ -228,17 +228,13 @@ class Cluster:
         state = await self.peers.call(0, "current_state", {})
         if self.service.models.mode == "explicit":
             await asyncio.gather(*(self._reload(body) for body in state["loaded"]))
-        for region in state["system_shm"]:
-            try:
-                self.service.shm.register_system(region["name"], region["key"], region["offset"],
-                                                 region["byte_size"])
-            except TritonShmError as e:
-                log.error("registering shared memory region '%s' again: %s", region["name"], e.message)
-        for body in state["cuda_shm"]:
-            try:
-                await self._register_cuda_shm(body)
-            except TritonShmError as e:
-                log.error("registering CUDA shared memory region '%s' again: %s", body["name"], e.message)
+        for register, regions in ((self._register_system_shm, state["system_shm"]),
+                                  (self._register_cuda_shm, state["cuda_shm"])):
+            for region in regions:  # as the broadcast of a registration carries it
+                try:
+                    await register(region)
+                except TritonShmError as e:
+                    log.error("registering shared memory region '%s' again: %s", region["name"], e.message)
         log_state = {k: v for k, v in state["log"].items() if k != "log_file"}
         self.service.log_settings.update(log_state)
         for model, changes in state["trace"]:

@@ -30,7 +30,7 @@ import concurrent.futures
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, Iterable, Protocol
 
 import orjson
@@ -220,8 +220,7 @@ class SpanTrace(Trace):
         return f"00-{self.trace_id}-{self.span_id}-01"
 
     def hand_over(self) -> Handover:
-        self.handed_over = True
-        return Handover(self.stamps[0][1], 0, self.parent_id, (self.trace_id, self.parent_span))
+        return replace(super().hand_over(), otel=(self.trace_id, self.parent_span))
 
     def spans(self) -> list[dict[str, Any]]:
         """The model's span and, if the model ran, its ``compute`` span (the stamps end with

@@ -12,7 +12,6 @@ from .exposition import Family, Sample
 
 if TYPE_CHECKING:
     from .collect import Loaded
-    from ...core.data.response_cache import ResponseCache
     from ...core.observability.statistics import ModelStats
 
 _PER_MODEL: tuple[tuple[str, str, Callable[["ModelStats"], int]], ...] = (
@@ -26,7 +25,8 @@ _PER_MODEL: tuple[tuple[str, str, Callable[["ModelStats"], int]], ...] = (
 
 @dataclass(frozen=True)
 class CacheTotals:
-    """Several processes' response caches as one (``ResponseCache.counters`` summed)."""
+    """The server's response caches as one: ``ResponseCache.counters`` of each front-end
+    process that has one, summed (one process: its own cache)."""
     capacity: int
     used: int
     entries: int
@@ -46,7 +46,7 @@ class CacheTotals:
         return cls(**{f.name: sum(int(c.get(f.name, 0)) for c in counters) for f in fields(cls)})
 
 
-_SERVER: tuple[tuple[str, str, Callable[["ResponseCache | CacheTotals"], float | int]], ...] = (
+_SERVER: tuple[tuple[str, str, Callable[[CacheTotals], float | int]], ...] = (
     ("nv_cache_util", "Cache utilization [0.0 - 1.0]", lambda c: c.utilization),
     ("nv_cache_num_entries", "Number of responses stored in response cache", lambda c: c.entries),
     ("nv_cache_num_hits", "Number of cache hits in response cache", lambda c: c.hits),
@@ -67,5 +67,5 @@ def model_cache_families(versions: list["Loaded"]) -> list[Family]:
             for name, help_text, value in _PER_MODEL]
 
 
-def cache_families(cache: "ResponseCache | CacheTotals") -> list[Family]:
+def cache_families(cache: CacheTotals) -> list[Family]:
     return [Family(name, "gauge", help_text, [Sample({}, value(cache))]) for name, help_text, value in _SERVER]

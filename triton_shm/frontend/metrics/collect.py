@@ -257,12 +257,10 @@ class MetricsCollector:
         versions = loaded_versions(self.repository)
         if peers:
             versions = with_peers(versions, peers)
-        cache: ResponseCache | CacheTotals | None = self.cache
-        if self.cache is not None and peers:
-            cache = CacheTotals.summed([self.cache.counters(), *(p[CACHE] for p in peers if CACHE in p)])
+        caches = [] if self.cache is None else [self.cache.counters(), *(p[CACHE] for p in peers or () if CACHE in p)]
         return (model_families(versions, self.config)
                 + cpu_families(self.cpu_reading) + gpu_families(self.gpu_readings)
-                + (cache_families(cache) if cache is not None else []))
+                + (cache_families(CacheTotals.summed(caches)) if caches else []))
 
     def render(self) -> str:
         """This process's page (the peers' statistics are only gathered by :meth:`render_async`)."""
