@@ -67,12 +67,21 @@ class InferenceService:
     def live(self) -> bool:
         return True
 
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
         """Live, not shutting down, workers up; with strict readiness every model that
-        should be loaded is READY."""
+        should be loaded is READY, and, as in Triton, every READY Python model that
+        defines ``is_ready()`` says so."""
         if self.draining or not (self.accepting and self.workers.all_alive()):
             return False
-        return self.repository.all_ready() if self.strict_readiness else True
+        if not self.strict_readiness:
+            return True
+        if not self.repository.all_ready():
+            return False
+        for entry in list(self.repository.models.values()):
+            for mv in list(entry.versions.values()):
+                if mv.ready and not await self._own_readiness(mv):
+                    return False
+        return True
 
     def server_metadata(self) -> dict[str, Any]:
         extensions = list(EXTENSIONS)
@@ -130,11 +139,28 @@ class InferenceService:
         if self.cluster is not None:
             await self.cluster.everywhere("unregister_shm", {"kind": kind, "name": name})
 
-    def model_ready(self, name: str, version: str = "") -> bool:
+    async def model_ready(self, name: str, version: str = "") -> bool:
         try:
-            return self.repository.get(name, version).ready
+            mv = self.repository.get(name, version)
         except NotFound:
             return False
+        return mv.ready and await self._own_readiness(mv)
+
+    async def _own_readiness(self, mv: "ModelVersion") -> bool:
+        """A READY version's own say (a Python model's ``is_ready()``), asked where its
+        instances run: here, in the process that owns it, or with several processes
+        sharing its instances in each of them. Free for a model that defines none."""
+        cluster = self.cluster
+        if cluster is not None:
+            if mv.owner is not None:
+                return await cluster.model_ready(mv)
+            if mv.instance_slice[1] > 1 and self.workers.readiness.defined(mv):
+                return await self.local_model_ready(mv) and await cluster.model_ready(mv, everywhere=True)
+        return await self.local_model_ready(mv)
+
+    async def local_model_ready(self, mv: "ModelVersion") -> bool:
+        """The instances of ``mv`` this process runs say they are ready."""
+        return await self.workers.model_ready(mv)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """``{"name", "versions", "platform", "inputs", "outputs"}`` as Triton reports it."""

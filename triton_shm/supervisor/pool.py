@@ -28,6 +28,7 @@ from ..ipc import protocol
 from ..ipc.arena import Arena, Block
 from ..ipc.protocol import PLACE_ARENA, PLACE_REGION
 from .handle import WorkerHandle
+from .readiness import Readiness
 
 if TYPE_CHECKING:
     from ..core.models.version import ModelVersion
@@ -75,6 +76,7 @@ class WorkerPool:
         # once its process runs again (it then loads the models placed there)
         self.on_worker_down: Callable[[str], None] | None = None
         self.on_worker_back: Callable[[str], Awaitable[None]] | None = None
+        self.readiness = Readiness()  # the instances whose models define is_ready()
 
     @property
     def gpu_count(self) -> int:
@@ -131,6 +133,11 @@ class WorkerPool:
             await self.on_worker_back(worker.name)
         if worker.alive:
             self._restarts[worker.name] = 0
+
+    async def model_ready(self, mv: "ModelVersion") -> bool:
+        """Whether the instances of ``mv`` here whose model defines ``is_ready()`` say they
+        are ready (True at once when none does)."""
+        return await self.readiness.ready(mv, self.workers)
 
     def placed_on(self, worker: str) -> list["ModelVersion"]:
         """The model versions with instances in ``worker``."""
@@ -204,7 +211,7 @@ class WorkerPool:
         specs = self._instances_by_worker(mv)[worker]
         msg = self._model_message("load", mv, config_to_json(mv.config))
         msg["instances"] = specs
-        await self.workers[worker].call(msg)
+        self.readiness.loaded(mv.key, worker, await self.workers[worker].call(msg))
 
     async def load(self, mv: "ModelVersion") -> None:
         by_worker = self._instances_by_worker(mv, with_groups=True)
@@ -243,6 +250,7 @@ class WorkerPool:
     async def unload(self, mv: "ModelVersion") -> None:
         """``mv``'s instances are finalized in every worker at once; its instance
         processes then stop."""
+        self.readiness.forget(mv.key)
         await asyncio.gather(*(self._unload_from(w, mv) for w in {w for w, _ in mv.instances}))
 
     async def _unload_from(self, w: str, mv: "ModelVersion") -> None:

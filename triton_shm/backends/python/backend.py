@@ -220,6 +220,7 @@ class PythonModelInstance(ModelInstance):
         self.context = context
         self.spec = spec
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready_loop: asyncio.AbstractEventLoop | None = None  # async is_ready(): beside execute's loop
         config = context.config
         self._all_outputs = [o["name"] for o in config.get("output", []) or [] if "name" in o]
         # sequence batching's state outputs: always taken from a response, never listed as requested
@@ -255,6 +256,27 @@ class PythonModelInstance(ModelInstance):
                 log.error("initialize of %s failed:\n%s", where, traceback.format_exc())
                 self._close_loop()
                 raise Internal(f"failed to initialize {where}: {_describe(e)}") from None
+        # Triton asks a model that defines is_ready() for its readiness (found once, as its stub does)
+        self.has_is_ready = hasattr(self.model, "is_ready")
+
+    def check_ready(self) -> tuple[bool, str]:
+        """The model's own ``is_ready()`` (plain or ``async def``), run beside executions as
+        Triton's stub runs it: ``(ready, why not)``. An exception or a value that is not a
+        bool is not ready, with Triton's words."""
+        try:
+            result = self.model.is_ready()
+            if inspect.isawaitable(result):
+                if self._ready_loop is None:
+                    self._ready_loop = asyncio.new_event_loop()
+                result = self._ready_loop.run_until_complete(result)
+            if not isinstance(result, bool):
+                return False, "is_ready() must return a boolean value"
+            return result, ""
+        except BaseException as e:  # noqa: BLE001 - user code
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            log.error("is_ready of Python model '%s' raised:\n%s", self.spec.name, traceback.format_exc())
+            return False, _describe(e)
 
     # ------------------------------------------------------------------ async support
     def _run_coroutine(self, awaitable):
@@ -390,6 +412,9 @@ class PythonModelInstance(ModelInstance):
                 log.error("finalize of Python model '%s' raised:\n%s",
                           self.spec.name, traceback.format_exc())
         self._close_loop()
+        loop, self._ready_loop = self._ready_loop, None
+        if loop is not None and not loop.is_running():  # a check still running keeps its loop
+            loop.close()
 
 
 def _output_array(t: pb_utils.Tensor) -> np.ndarray:
