@@ -349,18 +349,24 @@ class WorkerPool:
             results: list[InferResponse | Exception | None] = []
             i = 0
             for status, payload in responses:  # a loop, not zip or enumerate: no objects of their own
-                if status is _ERROR:
+                if status is _ERROR or status is _ANSWERED:
                     error = TritonShmError.from_wire(payload)
+                    if status is _ANSWERED:  # the model's own answer: counted a success, as Triton does
+                        error.answered = True  # type: ignore[attr-defined]
                     if on_stream is not None:  # the request ends here: its stream gets the error
                         on_stream({"index": i, "error": payload, "final": True})
                     results.append(error)
                 elif on_stream is not None:
                     results.append(None)  # executed; its responses arrive on its stream
-                elif status is not _OK:  # DECOUPLED from a model that is not
+                elif status is not _OK and status is not _PARAMS:  # DECOUPLED from a model that is not
                     results.append(Internal(f"worker '{worker.name}' sent a malformed response: 'outputs'"))
                 else:
                     try:
-                        results.append(self._response(worker, mv, batch[i], payload, True))
+                        if status is _PARAMS:
+                            outputs, parameters = payload
+                            results.append(self._response(worker, mv, batch[i], outputs, True, parameters))
+                        else:
+                            results.append(self._response(worker, mv, batch[i], payload, True))
                     except Exception as e:  # noqa: BLE001 - the worker is not trusted: a malformed entry fails its request
                         results.append(e if isinstance(e, TritonShmError)
                                        else Internal(f"worker '{worker.name}' sent a malformed response: {e}"))
@@ -399,7 +405,7 @@ class WorkerPool:
                 item: InferResponse | Exception | None = TritonShmError.from_wire(msg["error"])
             elif "outputs" in msg:
                 try:
-                    item = self._response(worker, mv, batch[index], msg["outputs"])
+                    item = self._response(worker, mv, batch[index], msg["outputs"], False, msg.get("parameters"))
                 except TritonShmError as e:
                     item = e
             else:
@@ -457,7 +463,8 @@ class WorkerPool:
         return region
 
     def _response(self, worker: WorkerHandle, mv: "ModelVersion", p: BatchRequest,
-                  encoded: list[list[Any]], complete: bool = False) -> InferResponse:
+                  encoded: list[list[Any]], complete: bool = False,
+                  parameters: dict[str, Any] | None = None) -> InferResponse:
         """``complete``: every requested output, once each (a decoupled response may
         carry some of them). ``encoded`` comes from the decoder, which has checked the
         types: names and datatypes are str, shapes lists of ints >= 0 (each its own, made
@@ -509,11 +516,23 @@ class WorkerPool:
         except Exception:
             worker.release(descriptors)
             raise
-        return InferResponse(mv.name, mv.version_name, request.id, {}, outputs,  # positional: no keywords to parse
+        if parameters is not None:  # a worker is not trusted: only what the protocols carry
+            parameters = _checked_parameters(mv, parameters)
+        return InferResponse(mv.name, mv.version_name, request.id, parameters or {}, outputs,  # positional
                              functools.partial(worker.release, descriptors))
 
 
-_OK, _ERROR = protocol.Status.OK, protocol.Status.ERROR  # the decoder's statuses: compared by identity
+# the decoder's statuses: compared by identity
+_OK, _ERROR, _PARAMS, _ANSWERED = (protocol.Status.OK, protocol.Status.ERROR, protocol.Status.PARAMS,
+                                   protocol.Status.ANSWERED)
+
+
+def _checked_parameters(mv: "ModelVersion", parameters: dict[str, Any]) -> dict[str, Any]:
+    for key, value in parameters.items():
+        if not isinstance(value, (bool, int, str)) or (
+                type(value) is int and not -(1 << 63) <= value < (1 << 63)):
+            raise Internal(f"worker returned response parameter '{key}' of model '{mv.name}' of an unsupported type")
+    return parameters
 
 # bytes per element of every fixed-size datatype (BYTES is variable: not here)
 _ELEMENT_SIZE = {dt: element_size(dt) for dt in protocol.DATATYPES if element_size(dt)}

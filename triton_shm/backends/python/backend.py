@@ -72,6 +72,14 @@ def _error_from_triton_error(err: Any) -> TritonShmError:
     return Internal(str(err))
 
 
+def _answered(err: Any) -> WorkerResponse:
+    """An error response the model returned: the request's answer, which Triton's
+    statistics count as a success (an execution that raised is a failure)."""
+    error = _error_from_triton_error(err)
+    error.answered = True  # type: ignore[attr-defined]
+    return WorkerResponse(error=error)
+
+
 def _describe(exc: BaseException) -> str:
     """``"<ExceptionType>: <message>"``, the form Triton's python backend reports."""
     return f"{type(exc).__name__}: {exc}"
@@ -371,11 +379,11 @@ class PythonModelInstance(ModelInstance):
     def _response(self, req: WorkerRequest, resp: Any) -> WorkerResponse:
         if type(resp) is _InferenceResponse:  # not a subclass: its fields, not the accessors
             if resp._error is not None:
-                return WorkerResponse(error=_error_from_triton_error(resp._error))
+                return _answered(resp._error)
             tensors = resp._output_tensors
         elif isinstance(resp, pb_utils.InferenceResponse):
             if resp.has_error():
-                return WorkerResponse(error=_error_from_triton_error(resp.error()))
+                return _answered(resp.error())
             tensors = resp.output_tensors()
         else:
             return WorkerResponse(error=Internal(
@@ -397,7 +405,8 @@ class PythonModelInstance(ModelInstance):
             array = t._array
             # a host array of numbers goes as it is; strings and GPU tensors are converted
             outputs[name] = array if t._device_array is None and array.dtype.kind not in "US" else _output_array(t)
-        return WorkerResponse(outputs)
+        params = getattr(resp, "_params", None)
+        return WorkerResponse(outputs) if params is None else WorkerResponse(outputs, None, params)
 
     def finalize(self) -> None:
         fin = getattr(self.model, "finalize", None)
