@@ -46,8 +46,13 @@ class TritonPythonModel:
 
     def is_ready(self):
         a = self.answer
-        if a == "slow":
-            time.sleep(7)
+        if a.startswith("wait:"):  # counts its calls, then holds until the flag file is there
+            flag, calls = a[5:].split("|")
+            with open(calls, "a") as f:
+                f.write("call ")
+            deadline = time.monotonic() + 60
+            while not os.path.exists(flag) and time.monotonic() < deadline:
+                time.sleep(0.01)
             return True
         if a == "exception":
             raise RuntimeError("Internal check failed - model is not ready")
@@ -88,8 +93,9 @@ def _model(repo: Path, name: str, answer: str, py: str = MODEL_PY, count: int = 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = tmp_path_factory.mktemp("readiness_models")
-    for answer in ("true", "false", "exception", "non_boolean", "slow"):
+    for answer in ("true", "false", "exception", "non_boolean"):
         _model(repo, f"is_ready_{answer}", answer)
+    _model(repo, "is_ready_slow", f"wait:{repo / 'slow_flag'}|{repo / 'slow_calls'}")
     _model(repo, "is_ready_async", "true", ASYNC_PY)
     _model(repo, "no_is_ready", "true", PLAIN_PY)
     _model(repo, "two_instances", "instance1:false", count=2)
@@ -131,15 +137,20 @@ def test_the_model_says_whether_it_is_ready(clients, model, ready):
     assert h.is_model_ready(model, "1") is ready
 
 
-def test_a_slow_check_is_not_ready_then_its_answer_is_shared(server, clients):
-    """Triton's test_is_ready_takes_long_time: the first caller gives up after 5 s (not ready);
-    the next joins the check still running (no second call) and gets its True. Neither the
-    server nor the model waits meanwhile."""
+def test_a_slow_check_is_not_ready_and_is_not_asked_again_while_it_runs(server, clients):
+    """Triton's test_is_ready_takes_long_time: a caller gives up after 5 s (not ready); the
+    next, while the check still runs, waits for that one instead of calling is_ready() again;
+    once it has answered, its True is the answer. Neither the server nor the model waits
+    meanwhile."""
     h, g = clients
+    repo = server.repositories[0]
     assert h.is_model_ready("is_ready_slow") is False
     _infer(h, "is_ready_slow")
     assert h.is_model_ready("is_ready_true") is True
-    assert g.is_model_ready("is_ready_slow") is True
+    assert g.is_model_ready("is_ready_slow") is False  # the same check, still held
+    assert (repo / "slow_calls").read_text().count("call") == 1
+    (repo / "slow_flag").touch()
+    assert g.is_model_ready("is_ready_slow") is True and h.is_model_ready("is_ready_slow") is True
 
 
 def test_checks_and_decoupled_inference_together(server):
