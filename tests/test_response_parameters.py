@@ -122,6 +122,33 @@ class TritonPythonModel:
         return out
 """
 
+# The cancellation part, from ``async def execute`` with ``await async_exec(decoupled=True)``.
+BLS_ASYNC_PY = """
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0")
+            responses = await pb_utils.InferenceRequest(
+                model_name="until_cancelled", inputs=[x], requested_output_names=["OUTPUT0"]).async_exec(decoupled=True)
+            seen, errors = 0, []
+            for q in responses:
+                if q.has_error():
+                    errors.append(q.error().code())
+                    continue
+                seen += 1
+                if seen == 3:
+                    responses.cancel()
+            report = {"seen": seen, "errors": errors, "cancelled_code": pb_utils.TritonError.CANCELLED}
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([json.dumps(report).encode()],
+                                                                                     dtype=np.object_))]))
+        return out
+"""
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
@@ -132,6 +159,7 @@ def server(tmp_path_factory):
     write_model(repo, "until_cancelled", config=IDENTITY.format(name="until_cancelled", extra=decoupled),
                 model_py=UNTIL_CANCELLED_PY)
     write_model(repo, "bls", config=BLS_CONFIG, model_py=BLS_PY)
+    write_model(repo, "bls_async", config=BLS_CONFIG.replace('"bls"', '"bls_async"'), model_py=BLS_ASYNC_PY)
     srv = ServerProcess(repo, tmp_path_factory.mktemp("parameters") / "server.log").start()
     yield srv
     srv.stop_cleanly()
@@ -196,3 +224,9 @@ def test_bls_reads_parameters_and_cancels_a_decoupled_call(server):
     # cancelled after 3: the called model saw it and ended with CANCELLED, far before its 500
     assert 3 <= report["seen"] < 100
     assert report["errors"] == [report["cancelled_code"]]
+
+
+def test_an_async_bls_caller_cancels_its_decoupled_call(server):
+    with httpclient.InferenceServerClient(server.http_url) as c:
+        report = json.loads(c.infer("bls_async", _input(httpclient)).as_numpy("OUT")[0])
+    assert 3 <= report["seen"] < 100 and report["errors"] == [report["cancelled_code"]]

@@ -488,11 +488,14 @@ class InferenceRequest:
         return result or InferenceResponse(error=TritonError("no response", TritonError.INTERNAL))
 
     def async_exec(self, decoupled: bool = False, timeout: float | None = None):
-        """Awaitable form of :meth:`exec` for ``async def execute``."""
+        """Awaitable form of :meth:`exec` for ``async def execute``. ``decoupled=True``
+        gives the responses' iterator (``cancel()`` included), iterated as in Triton."""
         import asyncio
         loop = asyncio.get_running_loop()
         if decoupled:
-            return loop.run_in_executor(None, lambda: list(self.exec(True, timeout)))
+            done = loop.create_future()
+            done.set_result(self.exec(True, timeout))
+            return done
         return loop.run_in_executor(None, self.exec, False, timeout)
 
     def __repr__(self) -> str:
