@@ -56,6 +56,17 @@ def process_per_instance(config: "mc.ModelConfig") -> bool:
     return param is None or param.string_value.strip().lower() not in ("no", "false", "0", "off")
 
 
+def runs_in_own_process(config: "mc.ModelConfig", kind: str) -> bool:
+    """Whether an instance of ``kind`` runs in a process of its own. A Python model's
+    ``KIND_GPU`` instance always does, whatever PROCESS_PER_INSTANCE says: its process sees
+    the server's GPUs, so Triton's idiom ``torch.device(f"cuda:{args['model_instance_device_id']}")``
+    names its device; in the shared worker of its GPU, which sees that GPU alone as
+    ``cuda:0``, any id but 0 would fail."""
+    if config.backend != "python":
+        return False
+    return kind == "KIND_GPU" or process_per_instance(config)
+
+
 class WorkerPool:
     def __init__(self, gpus: list[int], log_verbose: int = 0):
         self.cpu = WorkerHandle("cpu", None, log_verbose)
@@ -178,11 +189,11 @@ class WorkerPool:
         it and the load (``<instance>@<model>/<version>#<generation>``: a reload's new
         processes start beside the old ones); a shared worker hosts them all."""
         by_worker: dict[str, list[Any]] = {}
-        own = process_per_instance(mv.config)
         mine, processes = mv.instance_slice  # several front-end processes: this one's share
         ordinal = -1
         for group in mv.config.instance_group:
             kind = instance_kind(group)
+            own = runs_in_own_process(mv.config, kind)
             devices = list(group.gpus) if kind == "KIND_GPU" else [None]
             for device in devices:
                 for i in range(group.count):
@@ -223,10 +234,11 @@ class WorkerPool:
             self._placements.setdefault(w, []).append(mv)
 
     def _start_instance_process(self, name: str, spec: dict[str, Any], device: int | None) -> WorkerHandle:
-        """A process of its own for one model instance (on GPU ``device``, seeing only it).
-        Started with fork and exec (``subprocess``), never a bare fork: the front-end has
-        threads."""
-        worker = WorkerHandle(name, device, self.log_verbose, what=f"model instance '{spec['name']}'")
+        """A process of its own for one model instance (on GPU ``device``, seeing the
+        server's GPUs). Started with fork and exec (``subprocess``), never a bare fork: the
+        front-end has threads."""
+        worker = WorkerHandle(name, device, self.log_verbose, what=f"model instance '{spec['name']}'",
+                              sees_all_gpus=True)
         self._supervise(worker)
         self.workers[name] = worker
         self._restarts[name] = 0
