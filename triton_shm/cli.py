@@ -237,7 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--metrics-config", dest="metrics_config", action="append", default=[], metavar="SETTING=VALUE",
         help="as in tritonserver (repeatable): summary_latencies=true adds latency summaries "
              "(nv_inference_*_summary_us, quantiles over the last 60 s), summary_quantiles=0.5:0.05,0.99:0.001 "
-             "picks their quantiles, counter_latencies=false drops the latency counters")
+             "picks their quantiles, histogram_latencies=true adds nv_inference_first_response_histogram_ms "
+             "(buckets 100, 500, 2000, 5000 ms, or a model's model_metrics), counter_latencies=false drops the "
+             "latency counters")
     add("--http-max-input-size", type=positive_int, default=64 * 1024 * 1024, metavar="BYTES",
         help="largest HTTP request body accepted, after decompression (default 64 MiB)")
     add("--http-header-timeout-secs", type=float, default=30.0, metavar="SECONDS",
