@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import signal
 import threading
 import time
@@ -35,6 +36,7 @@ PROCESSES = 2
 
 WHOAMI_PY = """
 import os
+import queue
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -390,6 +392,7 @@ def test_model_control_through_one_process_applies_to_both(server, proto):
 
 FAILS_IN_PROCESS_1_PY = """
 import os
+import queue
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
@@ -552,6 +555,48 @@ def test_metrics_sum_every_process(tmp_path):
             (lookups, lookups - 1, 1)
         assert value("nv_cache_num_entries ") == 1 and 0 < value("nv_cache_util ") < 1
         assert int(value('nv_cache_num_hits_per_model{model="remembered"')) == lookups - 1
+
+
+def test_histograms_sum_every_process(tmp_path):
+    """histogram_latencies=true: process 0's page counts each request's first response once,
+    wherever it arrived: "whoami" is served where it arrives, the decoupled "stream" by the one
+    process that owns it (forwarded from the other, and timed only there)."""
+    repo = tmp_path / "models"
+    whoami(repo)
+    write_model(repo, "stream", model_py=STREAM_PY, config="""
+        name: "stream"
+        backend: "python"
+        max_batch_size: 0
+        model_transaction_policy { decoupled: true }
+        input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        """)
+    metrics_port = free_port()
+    with serving(repo, tmp_path, "--allow-metrics", "true", "--metrics-port", str(metrics_port),
+                 "--allow-cpu-metrics", "false", "--allow-gpu-metrics", "false",
+                 "--metrics-config", "histogram_latencies=true") as srv:
+        for client in by_process(srv, "http").values():
+            client.infer("whoami", [fp32(httpclient, "INPUT0", [1.0])])
+        streams = by_process(srv, "grpc")
+        for client in streams.values():
+            answers: queue.SimpleQueue = queue.SimpleQueue()
+            client.start_stream(callback=lambda result, error, answers=answers: answers.put(error or result))
+            inp = grpcclient.InferInput("IN", [3], "INT32")
+            inp.set_data_from_numpy(np.array([7, 8, 9], dtype=np.int32))
+            client.async_stream_infer("stream", [inp])
+            for _ in range(3):
+                assert not isinstance(answers.get(timeout=30), Exception)
+            client.stop_stream()
+        answered = _inference_count(next(iter(streams.values())), "grpc", "whoami")  # by_process asks it too
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+
+        def value(prefix: str) -> float:
+            return float(next(x for x in text.splitlines() if x.startswith(prefix)).rsplit(" ", 1)[1])
+        histogram = "nv_inference_first_response_histogram_ms"
+        assert value(f'{histogram}_count{{model="whoami"') == answered >= 2 * PROCESSES
+        assert value(f'{histogram}_bucket{{model="whoami",version="1",le="+Inf"}}') == answered
+        assert value(f'{histogram}_count{{model="stream"') == len(streams) == PROCESSES  # once per request
 
 
 def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):

@@ -48,6 +48,7 @@ async def serve(options: ServerOptions) -> int:
     models = ModelManager(repository, pool, mode=options.model_control_mode, poll_secs=options.repository_poll_secs,
                           load_threads=options.model_load_thread_count,
                           latency_summaries=options.allow_metrics and metrics_config.summary_latencies,
+                          latency_histograms=options.allow_metrics and metrics_config.histogram_latencies,
                           auto_complete=options.auto_complete_config, config_name=options.model_config_name,
                           external_links=options.allow_external_model_links, limiter=limiter,
                           share=share, forwarding=None if peers is None else forwarding_to(peers))

@@ -248,6 +248,8 @@ class InferenceService:
             yield await self._infer(model, request, None, span, parent, sample), True
             return
         stream = ResponseStream(asyncio.Queue())
+        if model.stats is not None and model.stats.first_response is not None:  # histograms on
+            stream.opened_ns = time.monotonic_ns()
         queue = stream.queue
         run = asyncio.ensure_future(self._infer(model, request, stream, span, parent, sample))
         final = False

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Sequence
 from ..core.data import codec
 from ..core.data.datatypes import element_size
 from ..core.models.config import config_to_json, mc
+from ..core.observability.histogram import FirstResponse
 from ..core.scheduling.request_future import RequestFuture
 from ..core.data.types import BatchRequest, InferResponse, OutputTensor
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
@@ -382,11 +383,15 @@ class WorkerPool:
         """Routes a decoupled batch's responses to each request's stream queue, until
         every request has had its final response; then the batch's stream (``msg_id``) ends."""
         open_requests = set(range(len(batch)))
-        queues = []
+        queues: list[Any] = []
+        first = mv.stats.first_response if mv.stats is not None else None  # latency histograms on
         for p in batch:
             if p.stream is None:
                 raise Internal(f"model '{mv.name}' is decoupled but a request of its batch has no stream")
-            queues.append(p.stream.queue)
+            if first is not None and p.stream.opened_ns:  # (a sequence's null request has no client)
+                queues.append(FirstResponse(p.stream.queue, first, p.stream.opened_ns))
+            else:
+                queues.append(p.stream.queue)
 
         def handle(msg: dict[str, Any] | None) -> None:
             if msg is None:  # the worker died

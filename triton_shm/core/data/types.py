@@ -37,6 +37,9 @@ def request_id_prefix(request_id: str) -> str:
 @dataclass(eq=False)
 class ResponseStream:
     """Where a decoupled model's responses go: ``(response | error | None, final)``
-    items, and how to tell the model the client is gone (set once the request runs)."""
+    items, and how to tell the model the client is gone (set once the request runs).
+    ``opened_ns``: when it was opened (monotonic), while latency histograms time the first
+    response (else 0)."""
     queue: "asyncio.Queue"
     cancel: Callable[[], None] | None = None
+    opened_ns: int = 0

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..data.response_cache import check_cache_config
+from ..observability.histogram import check_model_metrics, histogram_buckets
 from ..observability.statistics import ModelStats
 from ..scheduling.dynamic import DynamicScheduler, check_batching_config
 from ..scheduling.ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
@@ -125,6 +126,7 @@ def check_name_length(name: str) -> None:
 class ModelManager:
     def __init__(self, repository: ModelRepository, pool: "WorkerPool", *, mode: str = "none",
                  poll_secs: float = 15.0, load_threads: int = 4, latency_summaries: bool = False,
+                 latency_histograms: bool = False,
                  auto_complete: bool = True, config_name: str = "", limiter: RateLimiter | None = None,
                  external_links: bool = False, share: "FrontendShare | None" = None,
                  forwarding: "Callable[[ModelVersion, int], Scheduler] | None" = None):
@@ -133,6 +135,7 @@ class ModelManager:
         self.repository, self.pool, self.mode = repository, pool, mode
         self.poll_secs = poll_secs
         self.latency_summaries = latency_summaries  # keep per-request latencies for metric summaries
+        self.latency_histograms = latency_histograms  # count first-response times in metric histograms
         # complete configs from the model files (off: --disable-auto-complete-config)
         self.auto_complete = auto_complete
         self.config_name = config_name      # --model-config-name: configs/<name>.pbtxt before config.pbtxt
@@ -425,10 +428,13 @@ class ModelManager:
                 check_batching_config(config)
                 check_sequence_config(config, mv.model_dir)
             check_cache_config(config)
+            check_model_metrics(config)
             mv.set_config(config)
             mv.stats = ModelStats(mv.name, str(mv.version))
             if self.latency_summaries:
                 mv.stats.enable_summaries()
+            if self.latency_histograms:
+                mv.stats.enable_histograms(histogram_buckets(config), decoupled=mv.decoupled)
             owner = None if ensemble or self.share is None else \
                 self.share.owner_of(mv.name, config, rate_limited=self.limiter is not None)
             if ensemble:
