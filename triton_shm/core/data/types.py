@@ -40,3 +40,6 @@ class ResponseStream:
     items, and how to tell the model the client is gone (set once the request runs)."""
     queue: "asyncio.Queue"
     cancel: Callable[[], None] | None = None
+    # (counts, batched, labels) when outputs were asked for as classes: each response's
+    # outputs become their top classes (core/data/classification.py) as they are read
+    classify: tuple | None = None
