@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import http.client
 import json
+import queue
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from triton_shm.errors import InvalidArgument, Unsupported
 
 from .classification_models import build_classification_repository
 from .harness import ServerProcess
+from .models import write_model
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -112,10 +114,35 @@ def observe(http_port: int, grpc_port: int) -> list[dict[str, Any]]:
 
 
 # --------------------------------------------------------------------------- end to end
+# A decoupled model: two responses per request, INPUT0 then its negation.
+STREAM_PY = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            sender = request.get_response_sender()
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("PROB", x)]))
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("PROB", -x)]),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("classification")
-    srv = ServerProcess(build_classification_repository(root / "models"), root / "server.log",
+    repo = build_classification_repository(root / "models")
+    write_model(repo, "cls_stream", model_py=STREAM_PY, config="""
+        name: "cls_stream"
+        backend: "python"
+        max_batch_size: 0
+        model_transaction_policy { decoupled: true }
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 3 ] } ]
+        output [ { name: "PROB" data_type: TYPE_FP32 dims: [ 3 ] } ]
+        """)
+    srv = ServerProcess(repo, root / "server.log",
                         extra_args=["--allow-client-shm=true"]).start()
     yield srv
     srv.stop_cleanly()
@@ -162,6 +189,25 @@ def test_tritonclient_class_count(server, proto):
         meta = client.get_server_metadata()
         assert "classification" in (meta["extensions"] if proto == "http" else meta.extensions)
     finally:
+        client.close()
+
+
+def test_decoupled_responses_are_classified(server):
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: results.put((result, error)))
+        inp = grpcclient.InferInput("INPUT0", [3], "FP32")
+        inp.set_data_from_numpy(np.array([0.25, 0.75, 0.5], dtype=np.float32))
+        client.async_stream_infer("cls_stream", [inp], outputs=[grpcclient.InferRequestedOutput("PROB", class_count=2)])
+        got = []
+        for _ in range(2):
+            result, error = results.get(timeout=60)
+            assert error is None, error
+            got.append(result.as_numpy("PROB").tolist())
+        assert got == [[b"0.750000:1", b"0.500000:2"], [b"-0.250000:0", b"-0.500000:2"]]
+    finally:
+        client.stop_stream()
         client.close()
 
 

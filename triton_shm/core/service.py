@@ -360,8 +360,10 @@ class InferenceService:
         try:
             if plan is None:
                 plan = validate_request(model, request)
-            if plan.classification and stream is not None:  # a decoupled model's responses
-                stream.classify = (plan.classification, model.max_batch_size > 0, model.labels)
+            # the classes are made where the model runs: a forwarded request's owner makes them
+            classes = plan.classification if model.owner is None else None
+            if classes and stream is not None:  # a decoupled model's responses
+                stream.classify = (classes, model.max_batch_size > 0, model.labels)
             cache = self._cache_for(model, request, stream)
             if not (plan.shm_inputs or plan.shm_outputs or cache is not None):
                 response = await model.queue().submit(request, plan, {}, trace, stream)
@@ -378,8 +380,8 @@ class InferenceService:
                 finally:  # the worker has finished with the regions once it replied
                     for region in regions.values():
                         self.shm.release(region)
-            if plan.classification and response is not None:
-                classify_response(response, plan.classification, model.max_batch_size > 0, model.labels)
+            if classes and response is not None:
+                classify_response(response, classes, model.max_batch_size > 0, model.labels)
             return response
         finally:
             if trace is not None:
