@@ -614,9 +614,9 @@ def test_dotdot_model_name(server, path):
     method = "POST" if path.endswith("infer") else "GET"
     status, rheaders, rbody = raw(server, method, path, body if method == "POST" else None, headers)
     name = urllib.parse.unquote(path.split("/")[3])
-    if method == "POST":  # refused before any lookup (Triton 2.51: 404, unknown model)
+    if method == "POST" and name != "a..b":  # refused before any lookup (Triton 2.51: 404, unknown model)
         assert_error(status, rheaders, rbody, 400, f"invalid model name '{name}'")
-    else:  # as Triton 2.51
+    else:  # as Triton 2.51 ("a..b" is a name: it leaves nothing)
         assert_error(status, rheaders, rbody, 404, f"Request for unknown model: '{name}' is not found")
     assert_serving(server)
 

@@ -14,7 +14,7 @@ from ..errors import Internal, InvalidArgument, NotFound, TritonShmError, Unavai
 from .observability import log_settings
 from .data.cached_inference import infer_cached
 from .data.classification import classify_response
-from .models.config import config_to_json, validate_model_name
+from .models.config import check_load_name, config_to_json, validate_model_name
 from .models.manager import ModelManager, decode_load_parameters
 from .data.response_cache import ResponseCache
 from .data.shm_registry import SharedMemoryRegistry
@@ -162,6 +162,7 @@ class InferenceService:
         """Explicit mode only: (re)load ``name``; ``parameters`` may carry ``config`` (a JSON
         model config that overrides config.pbtxt) and ``file:<version>/<file>`` contents."""
         self.models.check_api_allowed()
+        check_load_name(name)
         config, files = decode_load_parameters(parameters or {})
         if self.cluster is not None:
             await self.cluster.load(name, config, files)
