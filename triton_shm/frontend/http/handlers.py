@@ -60,7 +60,7 @@ class HttpHandlers:
     async def repository_index(self, request: web.Request) -> web.Response:
         ready_only = _json_object(await self._read_body(request)).get("ready", False)
         if not isinstance(ready_only, bool):
-            raise InvalidArgument("'ready' must be a boolean")
+            raise InvalidArgument("Invalid value for 'ready': expected a boolean")  # Triton's words
         return _json(request, self.service.repository_index(ready_only))
 
     # -- inference -----------------------------------------------------------------------
