@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Callable
 import grpc
 
 from ...core.observability.otel import RequestSpan
+from ..header_forward import HeaderForward
 from ..restricted import Restrictions
 from .rpc import Method, rpc_status
 
@@ -82,18 +83,25 @@ def _refusal(restrictions: Restrictions | None, method: Method, context: grpc.ai
 # Responses are serialized inside the handler (grpcio's serializer hook is not used): a
 # ModelInfer response holds arena blocks until it is encoded, and the handler is the one
 # place sure to run to the end or be cancelled as a whole.
-def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate
-           ) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
+def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate,
+           header_forward: "HeaderForward | None" = None) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
+    forward = header_forward if method.forwards_headers else None
+
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if (refusal := _refusal(restrictions, method, context)) is not None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         if not gate.enter():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         try:
-            if method.spans is not None and method.spans.tracer.spans:
-                return await _traced(method, request, context)
             # decoded here, not by grpcio, so a malformed message is answered like any bad input
-            return method.serialize(await method.handler(method.deserialize(request)), False)
+            decoded = method.deserialize(request)
+            if forward is not None:
+                decoded.parameters = forward.parameters(
+                    ((k, v if isinstance(v, str) else v.decode("latin-1"))
+                     for k, v in context.invocation_metadata() or ()), decoded.parameters)
+            if method.spans is not None and method.spans.tracer.spans:
+                return await _traced(method, decoded, context)
+            return method.serialize(await method.handler(decoded), False)
         except grpc.aio.AbortError:
             raise
         except Exception as e:  # noqa: BLE001 - the client must get an answer
@@ -105,13 +113,13 @@ def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate
 
 
 async def _traced(method: Method, request: Any, context: grpc.aio.ServicerContext) -> Any:
-    """ModelInfer with its InferRequest span; grpcio sends what it returns (GRPC_SEND_END
-    is when it has it)."""
+    """ModelInfer (``request`` decoded) with its InferRequest span; grpcio sends what it
+    returns (GRPC_SEND_END is when it has it)."""
     span = RequestSpan(_traceparent(context))
     span.stamp("GRPC_WAITREAD_START")
     span.stamp("GRPC_WAITREAD_END")
     try:
-        response = await method.handler(method.deserialize(request), span)
+        response = await method.handler(request, span)
         span.stamp("INFER_RESPONSE_COMPLETE")
         span.stamp("GRPC_SEND_START")
         return method.serialize(response, False)
@@ -144,7 +152,8 @@ def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate
 
 
 def generic_handlers(methods: list[Method], restrictions: Restrictions | None = None,
-                     gate: CallGate | None = None) -> list[grpc.GenericRpcHandler]:
+                     gate: CallGate | None = None, header_forward: "HeaderForward | None" = None
+                     ) -> list[grpc.GenericRpcHandler]:
     restrictions = restrictions or None
     gate = gate or CallGate()
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = defaultdict(dict)
@@ -153,13 +162,13 @@ def generic_handlers(methods: list[Method], restrictions: Restrictions | None = 
         kwargs = dict(request_deserializer=None, response_serializer=None)
         by_service[service][name] = (
             grpc.stream_stream_rpc_method_handler(_stream(m, restrictions, gate), **kwargs) if m.streaming
-            else grpc.unary_unary_rpc_method_handler(_unary(m, restrictions, gate), **kwargs))
+            else grpc.unary_unary_rpc_method_handler(_unary(m, restrictions, gate, header_forward), **kwargs))
     return [grpc.method_handlers_generic_handler(s, handlers) for s, handlers in by_service.items()]
 
 
 async def start_aio(methods: list[Method], host: str, port: int, options: list[tuple[str, int]], *,
                     restrictions: Restrictions | None = None, credentials: Any = None,
-                    sock: socket.socket | None = None) -> AioServer:
+                    sock: socket.socket | None = None, header_forward: "HeaderForward | None" = None) -> AioServer:
     """``credentials``: grpcio server credentials (TLS), else plaintext. grpcio binds its
     ports itself: it cannot serve on a listening socket made elsewhere (``sock``)."""
     if sock is not None:
@@ -167,7 +176,7 @@ async def start_aio(methods: list[Method], host: str, port: int, options: list[t
                          "use --grpc-transport native")
     server = grpc.aio.server(options=options)
     gate = CallGate()
-    server.add_generic_rpc_handlers(generic_handlers(methods, restrictions, gate))
+    server.add_generic_rpc_handlers(generic_handlers(methods, restrictions, gate, header_forward))
     address = f"{host}:{port}"
     try:
         bound = (server.add_insecure_port(address) if credentials is None

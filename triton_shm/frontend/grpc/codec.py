@@ -68,12 +68,20 @@ _CONTROL_TYPES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+# The only "triton_" request parameter a gRPC client may send (Triton's list).
+_TRITON_ALLOWED = "triton_enable_empty_final_response"
+
+
 def decode_request_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, ParamValue]:
-    """A request's own parameters: ``decode_parameters`` and the sequence controls' types."""
+    """A request's own parameters: ``decode_parameters``, the sequence controls' types, and
+    the "triton_" keys Triton keeps for itself refused."""
     if not len(params):
         return {}
     out: dict[str, ParamValue] = {}
     for key, param in params.items():
+        if key.startswith("triton_") and key != _TRITON_ALLOWED:
+            raise InvalidArgument("parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+                                  f"following keys starting with 'triton_' are allowed: {_TRITON_ALLOWED}")
         which = param.WhichOneof("parameter_choice")
         control = _CONTROL_TYPES.get(key)
         if control is not None:

@@ -88,6 +88,8 @@ class Method:
     # ModelStreamInfer: the service too; its handler always takes a 2nd argument, a
     # RequestSpan holding the call's traceparent, of which each request's span is ``fresh``.
     spans: Any = None
+    # ModelInfer: --grpc-header-forward-pattern applies (its request's parameters take the headers)
+    forwards_headers: bool = False
 
 
 def rpc_status(exc: BaseException, path: str) -> tuple[int, str]:

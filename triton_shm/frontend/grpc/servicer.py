@@ -318,6 +318,8 @@ def methods(service: "InferenceService") -> list[Method]:
         handler = service.infer if m.name == "ModelInfer" else getattr(rpcs, m.name)
         if m.name in ("ModelInfer", "ModelStreamInfer"):
             kwargs["spans"] = service
+        if m.name == "ModelInfer":
+            kwargs["forwards_headers"] = True
         out.append(Method(f"/{SERVICE}/{m.name}", handler,
                           streaming=m.client_streaming or m.server_streaming, group=GROUPS[m.name], **kwargs))
     out.append(Method("/grpc.health.v1.Health/Check", functools.partial(_health_check, service),

@@ -26,7 +26,7 @@ class Call:
 
     __slots__ = ("stream_id", "method", "encoding", "reader", "task", "timer", "send_encoding",
                  "headers_sent", "finished", "remote_closed", "messages", "queue", "deferred_ack",
-                 "writable", "span")
+                 "writable", "span", "forwarded")
 
     def __init__(self, stream_id: int, method: Method, encoding: bytes, send_encoding: bytes | None):
         self.stream_id = stream_id
@@ -48,6 +48,8 @@ class Call:
         # ModelInfer's InferRequest span (OpenTelemetry tracing); ModelStreamInfer's trace
         # context (its requests' spans are made from it)
         self.span: RequestSpan | None = None
+        # ModelInfer under --grpc-header-forward-pattern: its headers, as request parameters
+        self.forwarded: dict[str, str] | None = None
 
 
 class CallRunner:
@@ -84,7 +86,10 @@ class CallRunner:
             # The request message is not kept here: once the handler is done with it, a large
             # one is freed before its response is encoded (the allocator then reuses its
             # pages for the response instead of faulting in fresh ones).
-            response = await method.handler(method.deserialize(call.messages.pop()))
+            request = method.deserialize(call.messages.pop())
+            if call.forwarded:
+                request.parameters = {**request.parameters, **call.forwarded}
+            response = await method.handler(request)
             if call.finished:  # reset or timed out meanwhile; a response may own shared memory
                 release = getattr(response, "release", None)
                 if release is not None:
@@ -105,7 +110,10 @@ class CallRunner:
         method = call.method
         span.stamp("GRPC_WAITREAD_END")
         try:
-            response = await method.handler(method.deserialize(call.messages.pop()), span)
+            request = method.deserialize(call.messages.pop())
+            if call.forwarded:
+                request.parameters = {**request.parameters, **call.forwarded}
+            response = await method.handler(request, span)
             span.stamp("INFER_RESPONSE_COMPLETE")
             if call.finished:
                 response.release()

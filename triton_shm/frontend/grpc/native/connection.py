@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 import ngh2
 
 from ....core.observability.otel import RequestSpan
+from ....errors import TritonShmError
+from ...header_forward import call_metadata
 from ...restricted import first_header
 from ..rpc import Mailbox, Method
 from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner
@@ -26,6 +28,7 @@ from .framing import (
     INTERNAL,
     PREFACE,
     UNAVAILABLE,
+    INVALID_ARGUMENT,
     UNIMPLEMENTED,
     UNKNOWN,
     GrpcError,
@@ -406,6 +409,12 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             refusal = restrictions.refusal(target.group, lambda name: first_header(event.headers, name))
             if refusal is not None:
                 self._finish(call, UNAVAILABLE, refusal)
+                return
+        if target.forwards_headers and self.server.header_forward is not None:
+            try:
+                call.forwarded = self.server.header_forward.parameters(call_metadata(event.headers), {})
+            except TritonShmError as e:
+                self._finish(call, INVALID_ARGUMENT, e.message)
                 return
         if encoding is not None and not supported_encoding(encoding):
             self._finish(call, UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')} is not supported")
