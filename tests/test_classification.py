@@ -34,7 +34,7 @@ from triton_shm.errors import InvalidArgument, Unsupported
 
 from .classification_models import build_classification_repository
 from .harness import ServerProcess
-from .models import write_model
+from .models import python_identity, write_model
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -142,8 +142,11 @@ def server(tmp_path_factory):
         input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 3 ] } ]
         output [ { name: "PROB" data_type: TYPE_FP32 dims: [ 3 ] } ]
         """)
+    python_identity(repo, "cls_cached", "FP32")
+    with open(repo / "cls_cached" / "config.pbtxt", "a") as f:
+        f.write("response_cache { enable: true }\n")
     srv = ServerProcess(repo, root / "server.log",
-                        extra_args=["--allow-client-shm=true"]).start()
+                        extra_args=["--allow-client-shm=true", "--cache-config", "local,size=1048576"]).start()
     yield srv
     srv.stop_cleanly()
 
@@ -188,6 +191,24 @@ def test_tritonclient_class_count(server, proto):
         assert (float(value), int(index)) == (0.9, 3)
         meta = client.get_server_metadata()
         assert "classification" in (meta["extensions"] if proto == "http" else meta.extensions)
+    finally:
+        client.close()
+
+
+def test_classification_with_the_response_cache(server):
+    """The cache keeps the model's output; each answer, a hit too, is classified from it."""
+    client = httpclient.InferenceServerClient(server.http_url)
+    try:
+        inp = httpclient.InferInput("INPUT0", [3], "FP32")
+        inp.set_data_from_numpy(np.array([0.5, 2.5, 1.0], dtype=np.float32))
+        for count, expected in ((2, [b"2.500000:1", b"1.000000:2"]), (2, [b"2.500000:1", b"1.000000:2"]),
+                                (1, [b"2.500000:1"])):
+            outputs = [httpclient.InferRequestedOutput("OUTPUT0", class_count=count)]
+            assert client.infer("cls_cached", [inp], outputs=outputs).as_numpy("OUTPUT0").tolist() == expected
+        plain = client.infer("cls_cached", [inp]).as_numpy("OUTPUT0").tolist()
+        assert plain == [0.5, 2.5, 1.0]
+        stats = client.get_inference_statistics("cls_cached")["model_stats"][0]["inference_stats"]
+        assert int(stats["cache_hit"]["count"]) >= 1, stats
     finally:
         client.close()
 
