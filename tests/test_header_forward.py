@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import queue
 
 import grpc
 import numpy as np
@@ -147,6 +148,34 @@ def test_grpc_triton_parameters_are_refused(server):
     # the one Triton allows, and the reserved keys with their meaning (the model sees neither)
     assert _grpc_infer(server, [], {"triton_enable_empty_final_response": True, "priority": 1, "k": "v"}) == \
         {"k": "v"}
+
+
+def _stream(server, headers: dict[str, str], count: int = 2) -> list:
+    results: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        client.start_stream(callback=lambda result, error: results.put((result, error)), headers=headers)
+        inp = grpcclient.InferInput("INPUT0", [1], "INT32")
+        inp.set_data_from_numpy(np.array([1], dtype=np.int32))
+        for i in range(count):
+            client.async_stream_infer("echo", [inp], request_id=str(i), parameters={"i": i})
+        got = [results.get(timeout=60) for _ in range(count)]
+    finally:
+        client.stop_stream()
+        client.close()
+    return [error.message() if error is not None else json.loads(result.as_numpy("PARAMS")[0])
+            for result, error in sorted(got, key=lambda r: r[0].get_response().id if r[0] is not None else "")]
+
+
+def test_grpc_stream_headers_reach_every_request(server):
+    assert _stream(server, {"grpc-fwd-s": "v", "other": "w"}) == [{"i": 0, "grpc-fwd-s": "v"},
+                                                                   {"i": 1, "grpc-fwd-s": "v"}]
+
+
+def test_grpc_stream_reserved_header_answers_each_request(server):
+    """As Triton: each request of the stream is answered the error; the stream stays open."""
+    assert _stream(server, {"triton_s": "1"}) == [
+        "Header 'triton_s' is reserved for Triton usage and cannot be forwarded."] * 2
 
 
 def test_tritonclient_refuses_them_itself(server):

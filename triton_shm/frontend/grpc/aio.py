@@ -4,11 +4,12 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import defaultdict
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
 
 from ...core.observability.otel import RequestSpan
+from ...errors import TritonShmError
 from ..header_forward import HeaderForward
 from ..restricted import Restrictions
 from .rpc import Method, rpc_status
@@ -96,9 +97,7 @@ def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate,
             # decoded here, not by grpcio, so a malformed message is answered like any bad input
             decoded = method.deserialize(request)
             if forward is not None:
-                decoded.parameters = forward.parameters(
-                    ((k, v if isinstance(v, str) else v.decode("latin-1"))
-                     for k, v in context.invocation_metadata() or ()), decoded.parameters)
+                decoded.parameters = forward.parameters(_metadata(context), decoded.parameters)
             if method.spans is not None and method.spans.tracer.spans:
                 return await _traced(method, decoded, context)
             return method.serialize(await method.handler(decoded), False)
@@ -132,8 +131,11 @@ def _traceparent(context: grpc.aio.ServicerContext) -> str | None:
     return next((v for k, v in context.invocation_metadata() or () if k == "traceparent"), None)
 
 
-def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate
+def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate,
+            header_forward: "HeaderForward | None" = None
             ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    forward = header_forward if method.forwards_headers else None
+
     async def handler(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if (refusal := _refusal(restrictions, method, context)) is not None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
@@ -142,13 +144,29 @@ def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate
         try:
             serialize, deserialize = method.serialize, method.deserialize
             decoded = (deserialize(r) async for r in requests)
-            replies = method.handler(decoded) if method.spans is None else \
-                method.handler(decoded, RequestSpan(_traceparent(context)))
+            if forward is None:
+                replies = method.handler(decoded) if method.spans is None else \
+                    method.handler(decoded, RequestSpan(_traceparent(context)))
+            else:
+                replies = method.handler(decoded, RequestSpan(_traceparent(context)), _forwarded(forward, context))
             async for reply in replies:
                 yield serialize(reply, False)
         finally:
             gate.leave()
     return handler
+
+
+def _metadata(context: grpc.aio.ServicerContext) -> Iterator[tuple[str, str]]:
+    for k, v in context.invocation_metadata() or ():
+        yield k, v if isinstance(v, str) else v.decode("latin-1")
+
+
+def _forwarded(forward: "HeaderForward", context: grpc.aio.ServicerContext) -> "dict[str, str] | TritonShmError":
+    """A stream's forwarded headers, or the error each of its requests is answered."""
+    try:
+        return forward.parameters(_metadata(context), {})
+    except TritonShmError as e:
+        return e
 
 
 def generic_handlers(methods: list[Method], restrictions: Restrictions | None = None,
@@ -161,7 +179,8 @@ def generic_handlers(methods: list[Method], restrictions: Restrictions | None = 
         service, name = m.path[1:].split("/")
         kwargs = dict(request_deserializer=None, response_serializer=None)
         by_service[service][name] = (
-            grpc.stream_stream_rpc_method_handler(_stream(m, restrictions, gate), **kwargs) if m.streaming
+            grpc.stream_stream_rpc_method_handler(_stream(m, restrictions, gate, header_forward), **kwargs)
+            if m.streaming
             else grpc.unary_unary_rpc_method_handler(_unary(m, restrictions, gate, header_forward), **kwargs))
     return [grpc.method_handlers_generic_handler(s, handlers) for s, handlers in by_service.items()]
 

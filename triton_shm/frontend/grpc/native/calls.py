@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Sequence
 import ngh2
 
 from ....core.observability.otel import RequestSpan
+from ....errors import TritonShmError
 from ..rpc import Mailbox, Method, identity, rpc_status
 from .framing import ACCEPT_ENCODING, DEADLINE_EXCEEDED, OK, MessageReader, compress, encode_message_text, prefix
 
@@ -48,8 +49,9 @@ class Call:
         # ModelInfer's InferRequest span (OpenTelemetry tracing); ModelStreamInfer's trace
         # context (its requests' spans are made from it)
         self.span: RequestSpan | None = None
-        # ModelInfer under --grpc-header-forward-pattern: its headers, as request parameters
-        self.forwarded: dict[str, str] | None = None
+        # ModelInfer / ModelStreamInfer under --grpc-header-forward-pattern: its headers, as
+        # request parameters (a stream's: or the error each of its requests is answered)
+        self.forwarded: dict[str, str] | TritonShmError | None = None
 
 
 class CallRunner:
@@ -87,7 +89,7 @@ class CallRunner:
             # one is freed before its response is encoded (the allocator then reuses its
             # pages for the response instead of faulting in fresh ones).
             request = method.deserialize(call.messages.pop())
-            if call.forwarded:
+            if call.forwarded is not None and isinstance(call.forwarded, dict):  # a unary call's: never an error
                 request.parameters = {**request.parameters, **call.forwarded}
             response = await method.handler(request)
             if call.finished:  # reset or timed out meanwhile; a response may own shared memory
@@ -111,7 +113,7 @@ class CallRunner:
         span.stamp("GRPC_WAITREAD_END")
         try:
             request = method.deserialize(call.messages.pop())
-            if call.forwarded:
+            if call.forwarded is not None and isinstance(call.forwarded, dict):  # a unary call's: never an error
                 request.parameters = {**request.parameters, **call.forwarded}
             response = await method.handler(request, span)
             span.stamp("INFER_RESPONSE_COMPLETE")
@@ -161,7 +163,8 @@ class CallRunner:
         method = call.method
         serialize, encoding = method.serialize, call.send_encoding
         replies = method.handler(self._requests(call)) if method.spans is None else \
-            method.handler(self._requests(call), call.span)
+            method.handler(self._requests(call), call.span) if call.forwarded is None else \
+            method.handler(self._requests(call), call.span, call.forwarded)
         try:
             async for reply in replies:
                 if call.finished:

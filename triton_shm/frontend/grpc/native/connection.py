@@ -414,8 +414,11 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             try:
                 call.forwarded = self.server.header_forward.parameters(call_metadata(event.headers), {})
             except TritonShmError as e:
-                self._finish(call, INVALID_ARGUMENT, e.message)
-                return
+                if target.streaming:  # each of its requests is answered the error, as in Triton
+                    call.forwarded = e
+                else:
+                    self._finish(call, INVALID_ARGUMENT, e.message)
+                    return
         if encoding is not None and not supported_encoding(encoding):
             self._finish(call, UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')} is not supported")
             return
