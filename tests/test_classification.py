@@ -142,6 +142,19 @@ def server(tmp_path_factory):
         input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 3 ] } ]
         output [ { name: "PROB" data_type: TYPE_FP32 dims: [ 3 ] } ]
         """)
+    # an ensemble: ENS_PROB takes the labels of cls_batched's PROB, ENS_IPROB has its own
+    ens = write_model(repo, "cls_ens", config="""
+        name: "cls_ens"
+        platform: "ensemble"
+        max_batch_size: 4
+        input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 6 ] } ]
+        output [ { name: "ENS_PROB" data_type: TYPE_FP32 dims: [ 6 ] },
+                 { name: "ENS_IPROB" data_type: TYPE_INT32 dims: [ 6 ] label_filename: "ens.txt" } ]
+        ensemble_scheduling { step [ { model_name: "cls_batched" model_version: -1
+            input_map { key: "INPUT0" value: "INPUT0" }
+            output_map { key: "PROB" value: "ENS_PROB" } output_map { key: "IPROB" value: "ENS_IPROB" } } ] }
+        """)
+    (ens / "ens.txt").write_text("zero\none\ntwo\nthree\n")
     python_identity(repo, "cls_cached", "FP32")
     with open(repo / "cls_cached" / "config.pbtxt", "a") as f:
         f.write("response_cache { enable: true }\n")
@@ -209,6 +222,20 @@ def test_classification_with_the_response_cache(server):
         assert plain == [0.5, 2.5, 1.0]
         stats = client.get_inference_statistics("cls_cached")["model_stats"][0]["inference_stats"]
         assert int(stats["cache_hit"]["count"]) >= 1, stats
+    finally:
+        client.close()
+
+
+def test_ensemble_outputs_take_their_labels(server):
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    try:
+        inp = grpcclient.InferInput("INPUT0", [1, 6], "FP32")
+        inp.set_data_from_numpy(ROWS[:1])
+        outputs = [grpcclient.InferRequestedOutput("ENS_PROB", class_count=2),
+                   grpcclient.InferRequestedOutput("ENS_IPROB", class_count=2)]
+        result = client.infer("cls_ens", [inp], outputs=outputs)
+        assert result.as_numpy("ENS_PROB").tolist() == [[b"0.900000:3:bird\r", b"0.500000:1:dog"]]
+        assert result.as_numpy("ENS_IPROB").tolist() == [[b"90:3:three", b"50:1:one"]]
     finally:
         client.close()
 
