@@ -288,6 +288,24 @@ def test_bad_class_count_is_refused(server, value):
                                     "as unsigned-integer"), seen
 
 
+@pytest.mark.parametrize("kind,value,message", [
+    ("int64_param", 0, "invalid value for 'classification' parameter, expected >= 0"),
+    ("int64_param", -2, "invalid value for 'classification' parameter, expected >= 0"),
+    ("uint64_param", 2, "invalid value type for 'classification' parameter, expected int64_param"),
+    ("string_param", "2", "invalid value type for 'classification' parameter, expected int64_param"),
+    ("bool_param", True, "invalid value type for 'classification' parameter, expected int64_param"),
+])
+def test_grpc_bad_class_count_is_refused(server, kind, value, message):
+    """Triton's gRPC front-end: an int64_param above 0, else INVALID_ARGUMENT in its words."""
+    request = service_pb2.ModelInferRequest(model_name="cls_batched", raw_input_contents=[ROWS[:1].tobytes()])
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 6])
+    setattr(request.outputs.add(name="PROB").parameters["classification"], kind, value)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        with pytest.raises(grpc.RpcError) as e:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer(request, timeout=60)
+    assert (e.value.code(), e.value.details()) == (grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
 def test_class_count_zero_is_the_plain_output(server):
     """As Triton's HTTP front-end reads it: 0 asks for no classes."""
     conn_doc = _http_case_params(server.http_port, {"classification": 0, "binary_data": False})
