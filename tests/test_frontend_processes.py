@@ -295,6 +295,16 @@ def test_both_processes_serve_and_forward(server, proto):
 
 
 @pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_classification_through_either_process(server, proto):
+    """The classes are made once, where the model runs (a forwarded request's owner)."""
+    mod = httpclient if proto == "http" else grpcclient
+    for client in by_process(server, proto).values():
+        outputs = [mod.InferRequestedOutput("OUTPUT0", class_count=2)]
+        result = client.infer("identity_fp32", [fp32(mod, "INPUT0", [0.5, 2.5, 1.0])], outputs=outputs)
+        assert result.as_numpy("OUTPUT0").tolist() == [b"2.500000:1", b"1.000000:2"]
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
 def test_instances_in_the_cpu_worker_are_served_where_the_request_arrives(server, proto):
     """A model whose instances are threads of the CPU worker is partitioned too: each
     process's own CPU worker runs its share, so no request is forwarded."""

@@ -582,13 +582,53 @@ def test_traversal_names_in_load_unload(explicit, name):
     before = [r for r in index(explicit)]
     quoted = urllib.parse.quote(name, safe="")
     for action in ("load", "unload"):
+        # a load in Triton's words; an unload never names the traversal (as Triton)
+        message = f"invalid model name '{name}'" + \
+            (", model name must not contain path traversal characters" if action == "load" else "")
         status, body = http_call(explicit, "POST", f"/v2/repository/models/{quoted}/{action}", {})
-        assert (status, body) == (400, {"error": f"invalid model name '{name}'"}), action
+        assert (status, body) == (400, {"error": message}), action
         expect_error("grpc", lambda action=action: (load if action == "load" else unload)(explicit, "grpc", name),
-                     "INVALID_ARGUMENT", f"invalid model name '{name}'")
+                     "INVALID_ARGUMENT", message)
     assert index(explicit) == before
     assert states(explicit, "const_a") == {"1": "READY"}
     assert infer(explicit, "http", "const_a") == 1.0
+
+
+# Triton's own lists (qa/L0_input_validation, its model name validation of loads)
+TRITON_TRAVERSAL = ["../etc", "a/../b", "../../etc/passwd", "../../../../etc", "model/..", "..", "/etc/passwd",
+                    "model/subdir", "model/", " ..", ".. "]
+TRITON_BLANK = ["", " ", "   ", "\t", "\n", "\r", "\f", "\v", " \t \n "]
+TRITON_VALID = ["model123", "model.version1", "...", "..my_model", "model..1", "model....1"]
+
+
+def test_load_names_as_triton_validates_them(explicit):
+    """A load's name is refused in Triton's words (INVALID_ARGUMENT); a name that only looks
+    odd is looked for, and not found; an unload never names the traversal."""
+    with grpcclient.InferenceServerClient(explicit.grpc_url) as c:
+        for name in TRITON_TRAVERSAL:
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model(name)
+            assert e.value.status() == "StatusCode.INVALID_ARGUMENT", name
+            assert e.value.message() == f"invalid model name '{name}', model name must not contain path " \
+                                         "traversal characters", name
+            try:
+                c.unload_model(name)
+            except InferenceServerException as e:
+                assert "path traversal characters" not in e.message(), name
+        for name in TRITON_BLANK:
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model(name)
+            assert e.value.status() == "StatusCode.INVALID_ARGUMENT", repr(name)
+            assert e.value.message() == "Model name cannot be empty. Please enter a valid name to deploy.", repr(name)
+        for name in TRITON_VALID:
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model(name)
+            assert "path traversal characters" not in e.value.message(), name
+            assert "failed to poll from model repository" in e.value.message(), (name, e.value.message())
+    status, body = http_call(explicit, "POST", "/v2/repository/models/%20../load", {})
+    assert (status, body) == (400, {"error": "invalid model name ' ..', model name must not contain path traversal "
+                                             "characters"})
+    assert states(explicit, "const_a") == {"1": "READY"}
 
 
 def test_slow_load_does_not_block_other_models(explicit):

@@ -10,6 +10,7 @@ logs one start-up warning saying why it has no effect.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -113,6 +114,14 @@ def _rate_limit_mode(value: str) -> str:
     return mode
 
 
+def _header_pattern(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"invalid regular expression '{value}': {e}") from None
+    return value
+
+
 def _config_name(value: str) -> str:
     # it names a file inside the model's configs/ folder: nothing that could leave it
     if value and (any(c in value for c in "/\\\x00 ") or value in (".", "..")):
@@ -134,10 +143,8 @@ INERT_FLAGS: tuple[InertFlag, ...] = (
     InertFlag("--model-namespacing", parse_bool, "model names must be unique across all repositories"),
     InertFlag("--enable-peer-access", parse_bool, "GPU workers do not copy between devices"),
     InertFlag("--reuse-http-port", parse_bool, "each server binds its HTTP port exclusively"),
-    InertFlag("--http-header-forward-pattern", str, "HTTP headers are not forwarded as request parameters"),
     InertFlag("--http-thread-count", int, "HTTP is served by the front-end's event loop, not a thread pool"),
     InertFlag("--reuse-grpc-port", parse_bool, "each server binds its gRPC port exclusively"),
-    InertFlag("--grpc-header-forward-pattern", str, "gRPC headers are not forwarded as request parameters"),
     InertFlag("--grpc-infer-allocation-pool-size", int, "gRPC request/response objects are not pooled"),
     InertFlag("--grpc-infer-thread-count", _int_in(2, 128),
               "gRPC is served by each front-end process's event loop, not by handler threads; "
@@ -328,6 +335,11 @@ def _add_security(g: argparse._ArgumentGroup) -> None:
         add(f"--{port}-server-key", default=None, metavar="PATH", help=f"{name} server private key (PEM){default}")
         add(f"--{port}-root-cert", default=None, metavar="PATH",
             help=f"CA certificate(s) (PEM) that client certificates must be signed by, for mutual TLS{default}")
+    for port in ("http", "grpc"):
+        add(f"--{port}-header-forward-pattern", type=_header_pattern, default=None, metavar="<REGEX>",
+            help=f"{port.upper() if port == 'http' else 'gRPC'} inference request headers whose name matches REGEX "
+                 "(anywhere in it) reach the model as string request parameters; a reserved name (sequence_id, "
+                 "priority, timeout, ... or one starting with triton_) is refused")
     add("--http-restricted-api", action="append", default=[], metavar="<API>[,<API>...]:<HEADER>=<VALUE>",
         help="HTTP APIs of these groups (health, metadata, inference, shared-memory, model-config, "
              "model-repository, statistics, trace, logging; and metrics: the metrics port) need HEADER: VALUE; "

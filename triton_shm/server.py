@@ -21,6 +21,7 @@ from .core.data.shm_registry import SharedMemoryRegistry
 from .core.observability.tracing import Tracer
 from .errors import TritonShmError
 from .frontend.metrics import MetricsConfig, start_metrics
+from .frontend.header_forward import forwarder
 from .frontend.security import Security
 from .devices import parse_gpus
 from .supervisor.pool import WorkerPool
@@ -115,6 +116,7 @@ async def serve(options: ServerOptions) -> int:
             runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
                                                      keepalive=grpc_keepalive(options), transport=transport,
                                                      restrictions=security.grpc_restrictions,
+                                                     header_forward=forwarder(options.grpc_header_forward_pattern),
                                                      tls=security.tls.get("grpc"), sock=place.listeners.get("grpc"))))
             log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
                      transport)
@@ -128,6 +130,7 @@ async def serve(options: ServerOptions) -> int:
                                                      header_timeout=options.http_header_timeout_secs,
                                                      idle_timeout=options.http_idle_timeout_secs,
                                                      restrictions=security.http_restrictions,
+                                                     header_forward=forwarder(options.http_header_forward_pattern),
                                                      ssl=security.context("http"), sock=place.listeners.get("http"))))
             log.info("Started HTTPService at %s:%d (%s)", options.http_address, options.http_port, http_transport)
         await shutdown.drain(service, options.drain_secs)

@@ -13,7 +13,8 @@ from .. import TRITON_PROTOCOL_VERSION
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
 from .observability import log_settings
 from .data.cached_inference import infer_cached
-from .models.config import config_to_json, validate_model_name
+from .data.classification import classify_response
+from .models.config import check_load_name, config_to_json, validate_model_name
 from .models.manager import ModelManager, decode_load_parameters
 from .data.response_cache import ResponseCache
 from .data.shm_registry import SharedMemoryRegistry
@@ -31,8 +32,8 @@ if TYPE_CHECKING:
 
 SERVER_NAME = "triton"
 # Only what really works is advertised (perf_analyzer reads this list).
-EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
-              "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
+EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+              "model_configuration", "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
 
 
 # The regions of a request that uses no client shared memory: one empty dict every such
@@ -161,6 +162,7 @@ class InferenceService:
         """Explicit mode only: (re)load ``name``; ``parameters`` may carry ``config`` (a JSON
         model config that overrides config.pbtxt) and ``file:<version>/<file>`` contents."""
         self.models.check_api_allowed()
+        check_load_name(name)
         config, files = decode_load_parameters(parameters or {})
         if self.cluster is not None:
             await self.cluster.load(name, config, files)
@@ -262,6 +264,11 @@ class InferenceService:
                     run.result()  # refused before it ran (e.g. queue full): raise that
                     get = asyncio.ensure_future(queue.get())  # executed: responses follow
                 item, final = await get
+                if stream.classify is not None and isinstance(item, InferResponse):
+                    try:
+                        classify_response(item, *stream.classify)
+                    except TritonShmError as e:
+                        item = e  # this response's error; the model's others go on
                 yield item, final
                 if final:
                     break
@@ -334,7 +341,7 @@ class InferenceService:
         if (self.tracer.active and sample) or model.caches_responses or parent is not None:  # timed from arrival
             return self._infer_with_features(model, request, stream, None, span, parent, sample)
         plan = plain_plan(model, request) or checked_plan(model, request)  # validate_request's two steps
-        if plan.shm_inputs or plan.shm_outputs:
+        if plan.shm_inputs or plan.shm_outputs or plan.classification:
             return self._infer_with_features(model, request, stream, plan)
         scheduler = model.scheduler
         if scheduler is None:
@@ -356,20 +363,29 @@ class InferenceService:
         try:
             if plan is None:
                 plan = validate_request(model, request)
+            # the classes are made where the model runs: a forwarded request's owner makes them
+            classes = plan.classification if model.owner is None else None
+            if classes and stream is not None:  # a decoupled model's responses
+                stream.classify = (classes, model.max_batch_size > 0, model.labels)
             cache = self._cache_for(model, request, stream)
             if not (plan.shm_inputs or plan.shm_outputs or cache is not None):
-                return await model.queue().submit(request, plan, {}, trace, stream)
-            regions = self.shm.acquire_all(plan)
-            if cache is not None and any(r.kind == "cuda" for r in regions.values()):
-                cache = None  # the cache reads and writes host regions only: CUDA ones bypass it
-            try:
-                if cache is not None:
-                    return await infer_cached(cache, model, request, plan, regions, arrived,
-                                              lambda: model.queue().submit(request, plan, regions, trace))
-                return await model.queue().submit(request, plan, regions, trace, stream)
-            finally:  # the worker has finished with the regions once it replied
-                for region in regions.values():
-                    self.shm.release(region)
+                response = await model.queue().submit(request, plan, {}, trace, stream)
+            else:
+                regions = self.shm.acquire_all(plan)
+                if cache is not None and any(r.kind == "cuda" for r in regions.values()):
+                    cache = None  # the cache reads and writes host regions only: CUDA ones bypass it
+                try:
+                    if cache is not None:
+                        response = await infer_cached(cache, model, request, plan, regions, arrived,
+                                                      lambda: model.queue().submit(request, plan, regions, trace))
+                    else:
+                        response = await model.queue().submit(request, plan, regions, trace, stream)
+                finally:  # the worker has finished with the regions once it replied
+                    for region in regions.values():
+                        self.shm.release(region)
+            if classes and response is not None:
+                classify_response(response, classes, model.max_batch_size > 0, model.labels)
+            return response
         finally:
             if trace is not None:
                 self.tracer.finish(trace)

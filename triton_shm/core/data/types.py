@@ -43,3 +43,6 @@ class ResponseStream:
     queue: "asyncio.Queue"
     cancel: Callable[[], None] | None = None
     opened_ns: int = 0
+    # (counts, batched, labels) when outputs were asked for as classes: each response's
+    # outputs become their top classes (core/data/classification.py) as they are read
+    classify: tuple | None = None

@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable
+from ..data.classification import ensemble_labels, load_labels
 from ..data.response_cache import check_cache_config
 from ..observability.histogram import check_model_metrics, histogram_buckets
 from ..observability.statistics import ModelStats
@@ -429,6 +430,9 @@ class ModelManager:
                 check_sequence_config(config, mv.model_dir)
             check_cache_config(config)
             check_model_metrics(config)
+            mv.labels = load_labels(config, mv.model_dir, mv.name)
+            if ensemble:
+                ensemble_labels(mv.labels, config, self.repository)
             mv.set_config(config)
             mv.stats = ModelStats(mv.name, str(mv.version))
             if self.latency_summaries:
