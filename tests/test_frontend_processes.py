@@ -128,6 +128,10 @@ def build_repository(repo) -> None:
         output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
         """)  # owned by process 1 (crc32("slow") % 2)
     python_identity(repo, "identity_fp32", "FP32")  # count 1: one process owns it, the other forwards
+    python_identity(repo, "identity_2d", "FP32", dims="[ -1, -1 ]")  # the same, variable dims
+    python_identity(repo, "identity_2d_part", "FP32", dims="[ -1, -1 ]")
+    with open(repo / "identity_2d_part" / "config.pbtxt", "a") as f:  # partitioned: served where it arrives
+        f.write(f"instance_group [ {{ count: {PROCESSES} kind: KIND_CPU }} ]\n")
     write_model(repo, "batched", model_py=BATCH_PY, config="""
         name: "batched"
         backend: "python"
@@ -290,6 +294,33 @@ def test_both_processes_serve_and_forward(server, proto):
         assert name == "identity_fp32"
         expect_error(proto, lambda c=client: c.infer("identity_fp32", [fp32(mod, "WRONG", [1.0])]),
                      "INVALID_ARGUMENT", "WRONG")
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_zero_sized_tensors_through_either_process(server, proto, binary):
+    """A tensor with a zero in its shape (``[0, 3]``, no bytes) through either process, to a
+    model that process runs and to one it forwards to the other: the same empty answer
+    every time (a zero-sized output once failed the pure-Python arena twin, which a run with
+    TRITON_SHM_NO_EXTENSIONS=1 hit and a retry with the extensions did not)."""
+    if proto == "grpc" and binary:
+        pytest.skip("gRPC has one encoding")
+    mod = httpclient if proto == "http" else grpcclient
+    clients = by_process(server, proto)
+    for _ in range(5):
+        for client in clients.values():
+            for model in ("identity_2d", "identity_2d_part"):
+                for shape in ([0, 3], [3, 0], [0, 0]):
+                    inp = mod.InferInput("INPUT0", shape, "FP32")
+                    data = np.zeros(shape, dtype=np.float32)
+                    if proto == "http":
+                        inp.set_data_from_numpy(data, binary_data=binary)
+                        out = [mod.InferRequestedOutput("OUTPUT0", binary_data=binary)]
+                    else:
+                        inp.set_data_from_numpy(data)
+                        out = [mod.InferRequestedOutput("OUTPUT0")]
+                    got = client.infer(model, [inp], outputs=out).as_numpy("OUTPUT0")
+                    assert got.shape == tuple(shape) and got.dtype == np.float32, (model, shape, got)
 
 
 @pytest.mark.parametrize("proto", ["http", "grpc"])
