@@ -261,7 +261,10 @@ class ModelManager:
                 log.error("Poll failed for model directory '%s': %s", name, e.message)
                 raise InvalidArgument(f"failed to load '{name}': {e.message}") from None
         else:
-            found = self.repository.scan().get(name)
+            try:
+                found = self.repository.scan().get(name)  # raises for a name in several repositories
+            except InvalidArgument as e:
+                raise self._poll_failed(name, e.message) from None
             if found is None:
                 raise self._poll_failed(name, f"no model directory '{name}' in the model repository")
             model_dir = found
