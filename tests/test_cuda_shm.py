@@ -115,9 +115,9 @@ def test_registry_lists_cuda_regions_by_kind_and_shares_names():
     assert [r["name"] for r in reg.status("cuda")] == ["c"]
     held = reg.acquire("c")
     reg.unregister("cuda", "c")
-    assert reg.status("cuda") == [] and closed == []  # a request still uses it
+    assert [r["name"] for r in reg.status("cuda")] == ["c"] and closed == []  # a request still uses it
     reg.release(held)
-    assert closed == [region]
+    assert reg.status("cuda") == [] and closed == [region]
 
 
 def test_registry_add_cuda_loses_to_a_registration_meanwhile():

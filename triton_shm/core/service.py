@@ -6,6 +6,7 @@ adapters map those to HTTP/gRPC status once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable
 
@@ -39,6 +40,7 @@ EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dep
 # The regions of a request that uses no client shared memory: one empty dict every such
 # request shares (read, never written, below the service).
 _NO_REGIONS: dict = {}
+log = logging.getLogger(__name__)
 
 
 class InferenceService:
@@ -51,6 +53,7 @@ class InferenceService:
         self.workers = models.pool
         self.shm = shm
         shm.on_close = self.workers.drop_region
+        shm.on_idle = self._shm_idle
         self.strict_readiness = strict_readiness
         self.workers.bls_handler = self._serve_bls
         self.draining = False  # shutting down: not ready, still serving what comes
@@ -127,9 +130,38 @@ class InferenceService:
         return self.shm.status(kind, name)
 
     async def unregister_shm(self, kind: str, name: str = "") -> None:
-        self.shm.unregister(kind, name)
-        if self.cluster is not None:
-            await self.cluster.everywhere("unregister_shm", {"kind": kind, "name": name})
+        """As in Triton, a region that requests use is unregistered once they are done: it
+        stays listed (and its name taken) until then. With several front-end processes it
+        stays in all of them until none uses it (``_settle_shm``)."""
+        if self.cluster is None:
+            self.shm.unregister(kind, name)
+        else:
+            await self._settle_shm(kind, name)
+
+    async def _settle_shm(self, kind: str, name: str) -> None:
+        """Mark the regions awaiting in every process, then remove them everywhere but those
+        one of them still uses; that one settles them again when its last user is done."""
+        assert self.cluster is not None
+        in_use = set(self.shm.unregister(kind, name, defer_all=True))
+        for reply in await self.cluster.everywhere("unregister_shm", {"kind": kind, "name": name, "defer": True}):
+            in_use.update(reply.get("in_use") or [])
+        self.shm.drop_idle(kind, name, in_use)
+        await self.cluster.everywhere("drop_idle_shm", {"kind": kind, "name": name, "keep": sorted(in_use)})
+
+    def _shm_idle(self, region: "Region") -> None:
+        """An awaiting region's last user here is done: it goes, or with several front-end
+        processes is settled across them."""
+        if self.cluster is None:
+            self.shm.drop_idle(region.kind, region.name)
+            return
+
+        async def settle() -> None:
+            if self.shm.still_awaiting(region):  # not settled by another process meanwhile
+                try:
+                    await self._settle_shm(region.kind, region.name)
+                except TritonShmError as e:
+                    log.error("unregistering shared memory region '%s': %s", region.name, e.message)
+        asyncio.ensure_future(settle())
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:

@@ -14,6 +14,7 @@ import base64
 import itertools
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
@@ -60,31 +61,38 @@ def fingerprint(model_dir: Path) -> tuple:
 
 
 def override_paths(files: dict[str, bytes]) -> dict[PurePosixPath, bytes]:
-    """The file-override paths, checked: relative, inside the model directory, each
-    component a legal file name, and no path that is both a file and a folder of another
-    (``file:1`` beside ``file:1/model.py``)."""
+    """The file-override paths laid out as Triton lays them out: under the model's private
+    directory, an absolute one too (``file:/tmp/x`` is ``tmp/x`` there), normalized
+    (``1/../2/x`` is ``2/x``); a path that leaves the directory, names the directory itself,
+    holds NUL or an over-long component, or is both a file and the folder of another
+    (``file:1`` beside ``file:1/model.py``) is the client's error (InvalidArgument), with
+    Triton's wording. A later name for the same path replaces the earlier, as in Triton."""
     out: dict[PurePosixPath, bytes] = {}
     for rel, data in files.items():
-        path = PurePosixPath(rel)
-        if (not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or ".." in path.parts
-                or path.parts in ((), (".",))):
-            raise InvalidArgument(f"invalid file override path '{rel}'")
-        if any(len(part.encode()) > NAME_MAX for part in path.parts) or len(rel.encode()) > PATH_MAX:
+        name = f"{FILE_PREFIX}{rel}"
+        if "\x00" in rel:
+            raise InvalidArgument(f"Invalid file parameter {name!r}: a path can not hold NUL")
+        normalized = posixpath.normpath("/model/" + rel.lstrip("/"))
+        if not normalized.startswith("/model/"):
+            where = "names the model directory itself" if normalized == "/model" else "must stay within model directory"
+            raise InvalidArgument(f"Invalid file parameter '{name}' {where}")
+        path = PurePosixPath(normalized[len("/model/"):])
+        if any(len(part.encode(errors="surrogatepass")) > NAME_MAX for part in path.parts) \
+                or len(rel.encode(errors="surrogatepass")) > PATH_MAX:
             raise InvalidArgument(f"file override path '{rel[:64]}...' is too long")
-        if path in out:
-            raise InvalidArgument(f"file override '{rel}' is given twice")
         out[path] = data
     for path in out:
         for parent in path.parents:
             if parent in out:
-                raise InvalidArgument(f"file overrides conflict: '{parent}' is a file and the folder of '{path}'")
+                raise InvalidArgument(f"Invalid file parameter '{FILE_PREFIX}{path}', directory has been created "
+                                      f"as a file ('{FILE_PREFIX}{parent}')")
     return out
 
 
 def write_override_files(name: str, files: dict[str, bytes]) -> Path:
-    """A private model directory holding only the given files (``"1/model.onnx"`` → bytes).
-    Every path must stay inside it: no absolute paths, no ``..``. Everything is checked
-    before the directory exists, and a failure removes it and names no server path."""
+    """A private model directory holding only the given files (``"1/model.onnx"`` → bytes),
+    laid out by ``override_paths``: nothing lands outside it. Everything is checked before
+    the directory exists, and a failure removes it and names no server path."""
     check_name_length(name)
     paths = override_paths(files)
     root = Path(tempfile.mkdtemp(prefix="triton_shm_model_"))
@@ -109,8 +117,8 @@ def write_override_files(name: str, files: dict[str, bytes]) -> Path:
 
 class PollFailed(Internal):
     """A model that cannot be read from the repository: no directory of that name, a config
-    that cannot be read or parsed, an override that is not a config, file overrides that
-    cannot be written. As Triton, the caller is told only that (INTERNAL), the log says why,
+    that cannot be read or parsed, a config override that is not a config of that model.
+    As Triton, the caller is told only that (INTERNAL), the log says why,
     and the model's entry is left as it was: a model never loaded stays listed by name only,
     a loaded one keeps serving."""
 
@@ -248,18 +256,22 @@ class ModelManager:
             self._implicit.add(name)
         elif not self.repository.versions_of(name):  # a loaded model keeps how it came in
             self._implicit.discard(name)
-        try:
-            if files and config_json is None:
-                raise InvalidArgument("file overrides need a 'config' parameter as well")
-            if files:
+        if files:  # the client's overrides: one that can not be laid out is its error (400), logged as Triton does
+            try:
+                if config_json is None:
+                    raise InvalidArgument("Load parameter 'config' must be specified for model file override")
                 model_dir = write_override_files(name, files)
-            else:
-                found = self.repository.scan().get(name)
-                if found is None:
-                    raise InvalidArgument(f"no model directory '{name}' in the model repository")
-                model_dir = found
-        except InvalidArgument as e:
-            raise self._poll_failed(name, e.message) from None
+            except InvalidArgument as e:
+                log.error("Poll failed for model directory '%s': %s", name, e.message)
+                raise InvalidArgument(f"failed to load '{name}': {e.message}") from None
+        else:
+            try:
+                found = self.repository.scan().get(name)  # raises for a name in several repositories
+            except InvalidArgument as e:
+                raise self._poll_failed(name, e.message) from None
+            if found is None:
+                raise self._poll_failed(name, f"no model directory '{name}' in the model repository")
+            model_dir = found
         entry = self.repository.entry(name, model_dir)
         if config_json is None and _is_ensemble(model_dir, self.config_name):
             # Loading an ensemble loads its composing models that are not loaded yet.
