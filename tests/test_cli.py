@@ -1,5 +1,6 @@
-"""The command line accepts every flag tritonserver 2.51 lists: the ones with a meaning act,
-the others log one start-up warning each, and unknown flags stay errors."""
+"""The command line accepts every flag tritonserver 2.71 lists (2.51's and those added since):
+the ones with a meaning act, the others log one start-up warning each, and unknown flags
+stay errors."""
 from __future__ import annotations
 
 import os
@@ -26,8 +27,13 @@ from .models import add_sub_onnx_model, onnx_add_sub
 
 REPO = ["--model-repository", "/models"]
 
-# Every flag of `tritonserver --help` (2.51) with a value of the form its help gives.
+# Every flag of `tritonserver --help` (2.71: its command_line_parser.cc) with a value of the
+# form its help gives; ADDED_SINCE_2_51 are those the 2.51 binary does not list.
+ADDED_SINCE_2_51 = {"--grpc-infer-thread-count", "--grpc-max-response-pool-size", "--allow-client-shm",
+                    "--http-max-input-size"}
 TRITONSERVER_FLAGS: dict[str, str | None] = {
+    "--grpc-infer-thread-count": "4", "--grpc-max-response-pool-size": "16", "--allow-client-shm": "true",
+    "--http-max-input-size": "1048576",
     "--id": "edge", "--exit-timeout-secs": "5", "--log-verbose": "1", "--log-info": "true",
     "--log-warning": "true", "--log-error": "true", "--log-format": "ISO8601", "--log-file": "/tmp/x.log",
     "--model-store": "/models", "--model-repository": "/models", "--exit-on-error": "false",
@@ -76,14 +82,45 @@ def _error(argv: list[str], capsys) -> str:
 
 # -- the flag list --------------------------------------------------------------------------------
 def test_flag_list_is_the_real_binarys():
-    """Where the real tritonserver is installed, its --help lists exactly these flags."""
+    """Where the real tritonserver (2.51) is installed, its --help lists exactly these flags
+    but those added since."""
     env_sh = Path("/root/.cache/triton-reference/env.sh")
     if not env_sh.exists():
         pytest.skip("the real tritonserver is not installed here")
     out = subprocess.run(["bash", "-c", f"source {env_sh}; LD_LIBRARY_PATH=$TRITON_LIBS $TRITON_BIN --help"],
                          capture_output=True, text=True, timeout=60)
     listed = set(re.findall(r"^  (--[a-z0-9-]+)", out.stdout + out.stderr, re.M)) - {"--help"}
-    assert listed == set(TRITONSERVER_FLAGS)
+    assert listed == set(TRITONSERVER_FLAGS) - ADDED_SINCE_2_51
+
+
+def test_help_lists_every_tritonserver_flag(capsys):
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    listed = set(re.findall(r"(?:^  |, )(--[a-z0-9-]+)", capsys.readouterr().out, re.M))  # aliases too
+    assert set(TRITONSERVER_FLAGS) - listed == set()
+
+
+def test_a_tritonserver_2_6x_start_script_starts():
+    """The gRPC flags added after 2.51 no longer stop a start: each is accepted, kept and warned about."""
+    options = parse_args(REPO + ["--grpc-infer-thread-count=8", "--grpc-max-response-pool-size", "64"])
+    assert options.inert == {"--grpc-infer-thread-count": 8, "--grpc-max-response-pool-size": 64}
+    assert options.startup_warnings == [
+        "--grpc-infer-thread-count has no effect: gRPC is served by each front-end process's event loop, not by "
+        "handler threads; --frontend-processes serves it on more cores",
+        "--grpc-max-response-pool-size has no effect: responses are not pooled: each one of a stream is encoded "
+        "and queued for its connection as it arrives, with no cap on how many wait"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--grpc-infer-thread-count=1"], "argument --grpc-infer-thread-count: must be in the range 2 to 128, got 1"),
+    (["--grpc-infer-thread-count=129"], "must be in the range 2 to 128, got 129"),
+    (["--grpc-infer-thread-count=two"], "expected an integer, got 'two'"),
+    (["--grpc-max-response-pool-size=0"], "argument --grpc-max-response-pool-size: must be >= 1, got 0"),
+    (["--http-max-input-size=0"], "argument --http-max-input-size: expected a positive integer, got '0'"),
+])
+def test_values_tritonserver_refuses(argv, message, capsys):
+    """tritonserver 2.71's bounds (it refuses these at start too)."""
+    assert message in _error(REPO + argv, capsys)
 
 
 # As with tritonserver, the deprecated cache flag and its successor are refused together.
@@ -354,10 +391,15 @@ TRITONSERVER_STYLE = [
     "--grpc-keepalive-time=10000", "--grpc-keepalive-timeout=5000", "--grpc-keepalive-permit-without-calls=true",
     "--grpc-http2-max-pings-without-data=0", "--grpc-http2-min-recv-ping-interval-without-data=5000",
     "--grpc-http2-max-ping-strikes=0", "--grpc-max-connection-age=600000",
+    "--grpc-infer-thread-count=4", "--grpc-max-response-pool-size=128",  # 2.6x's
 ]
 EXPECTED_WARNINGS = [
     "--http-thread-count has no effect: HTTP is served by the front-end's event loop, not a thread pool",
     "--grpc-infer-allocation-pool-size has no effect: gRPC request/response objects are not pooled",
+    "--grpc-infer-thread-count has no effect: gRPC is served by each front-end process's event loop, not by "
+    "handler threads; --frontend-processes serves it on more cores",
+    "--grpc-max-response-pool-size has no effect: responses are not pooled: each one of a stream is encoded "
+    "and queued for its connection as it arrives, with no cap on how many wait",
     "--backend-directory has no effect: the backends (onnxruntime, python) are built in",
     "--pinned-memory-pool-byte-size has no effect: triton-shm has no pinned-memory pool",
     "--cuda-memory-pool-byte-size has no effect: triton-shm has no CUDA memory pool",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import signal
 import threading
 import time
@@ -35,6 +36,7 @@ PROCESSES = 2
 
 WHOAMI_PY = """
 import os
+import queue
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -128,6 +130,10 @@ def build_repository(repo) -> None:
         output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
         """)  # owned by process 1 (crc32("slow") % 2)
     python_identity(repo, "identity_fp32", "FP32")  # count 1: one process owns it, the other forwards
+    python_identity(repo, "identity_2d", "FP32", dims="[ -1, -1 ]")  # the same, variable dims
+    python_identity(repo, "identity_2d_part", "FP32", dims="[ -1, -1 ]")
+    with open(repo / "identity_2d_part" / "config.pbtxt", "a") as f:  # partitioned: served where it arrives
+        f.write(f"instance_group [ {{ count: {PROCESSES} kind: KIND_CPU }} ]\n")
     write_model(repo, "batched", model_py=BATCH_PY, config="""
         name: "batched"
         backend: "python"
@@ -292,6 +298,43 @@ def test_both_processes_serve_and_forward(server, proto):
                      "INVALID_ARGUMENT", "WRONG")
 
 
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_zero_sized_tensors_through_either_process(server, proto, binary):
+    """A tensor with a zero in its shape (``[0, 3]``, no bytes) through either process, to a
+    model that process runs and to one it forwards to the other: the same empty answer
+    every time (a zero-sized output once failed the pure-Python arena twin, which a run with
+    TRITON_SHM_NO_EXTENSIONS=1 hit and a retry with the extensions did not)."""
+    if proto == "grpc" and binary:
+        pytest.skip("gRPC has one encoding")
+    mod = httpclient if proto == "http" else grpcclient
+    clients = by_process(server, proto)
+    for _ in range(5):
+        for client in clients.values():
+            for model in ("identity_2d", "identity_2d_part"):
+                for shape in ([0, 3], [3, 0], [0, 0]):
+                    inp = mod.InferInput("INPUT0", shape, "FP32")
+                    data = np.zeros(shape, dtype=np.float32)
+                    if proto == "http":
+                        inp.set_data_from_numpy(data, binary_data=binary)
+                        out = [mod.InferRequestedOutput("OUTPUT0", binary_data=binary)]
+                    else:
+                        inp.set_data_from_numpy(data)
+                        out = [mod.InferRequestedOutput("OUTPUT0")]
+                    got = client.infer(model, [inp], outputs=out).as_numpy("OUTPUT0")
+                    assert got.shape == tuple(shape) and got.dtype == np.float32, (model, shape, got)
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+def test_classification_through_either_process(server, proto):
+    """The classes are made once, where the model runs (a forwarded request's owner)."""
+    mod = httpclient if proto == "http" else grpcclient
+    for client in by_process(server, proto).values():
+        outputs = [mod.InferRequestedOutput("OUTPUT0", class_count=2)]
+        result = client.infer("identity_fp32", [fp32(mod, "INPUT0", [0.5, 2.5, 1.0])], outputs=outputs)
+        assert result.as_numpy("OUTPUT0").tolist() == [b"2.500000:1", b"1.000000:2"]
+
+
 @pytest.mark.parametrize("proto", ["http", "grpc"])
 def test_instances_in_the_cpu_worker_are_served_where_the_request_arrives(server, proto):
     """A model whose instances are threads of the CPU worker is partitioned too: each
@@ -362,6 +405,102 @@ def test_shm_registered_through_one_process_serves_through_the_other(server, pro
         shm.destroy_shared_memory_region(handle)
 
 
+# Touches the file {started} once it runs, waits (up to 60 s) until the file {release}
+# exists, then echoes INPUT0.
+HELD_PY = """
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def execute(self, requests):
+        open({started!r}, "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists({release!r}) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", r.inputs()[0].as_numpy())])
+                for r in requests]
+"""
+
+
+@pytest.mark.parametrize("proto", ["http", "grpc"])
+@pytest.mark.parametrize("count", [PROCESSES, 1], ids=["served_where_it_arrives", "owned"])
+def test_shm_unregistered_through_one_process_while_the_other_uses_it(tmp_path, proto, count):
+    """A region a request uses through one process, unregistered through the other: as in
+    Triton, the call succeeds, every process still lists the region and refuses its name
+    until the request is done (which reads and writes it as registered), then it is gone
+    from every process. ``count`` 1: the model has one owner, which the request may be
+    forwarded to."""
+    repo = tmp_path / "models"
+    whoami(repo)
+    started, release = tmp_path / "started", tmp_path / "release"
+    write_model(repo, "held", model_py=HELD_PY.format(started=str(started), release=str(release)), config=f"""
+        name: "held"
+        backend: "python"
+        max_batch_size: 0
+        input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+        instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+        """)
+    mod = httpclient if proto == "http" else grpcclient
+    key, name = f"/held_{proto}_{count}_{os.getpid()}", f"held_{proto}"
+    handle = shm.create_shared_memory_region(name, key, 64)
+    with serving(repo, tmp_path, "--allow-client-shm", "true") as srv:
+        clients = by_process(srv, proto)
+        try:
+            (pid_a, a), (pid_b, b) = clients.items()
+            shm.set_shared_memory_region(handle, [np.arange(4, dtype=np.float32) + 5])
+            a.register_system_shared_memory(name, key, 64)
+            for user, other in ((pid_a, b), (pid_b, a)):  # the request through either process
+                shm.set_shared_memory_region(handle, [np.zeros(4, dtype=np.float32)], offset=32)
+                if release.exists():
+                    release.unlink()
+                    started.unlink()
+                    other.register_system_shared_memory(name, key, 64)
+                inp = mod.InferInput("INPUT0", [4], "FP32")
+                inp.set_shared_memory(name, 16)
+                out = mod.InferRequestedOutput("OUTPUT0")
+                out.set_shared_memory(name, 16, offset=32)
+                outcome: list[object] = []
+
+                def send(pid: int = user, i: object = inp, o: object = out, got: list = outcome) -> None:
+                    own = by_process(srv, proto)  # clients of this thread (the HTTP client is not thread-safe)
+                    try:
+                        got.append(own[pid].infer("held", [i], outputs=[o]))
+                    finally:
+                        for c in own.values():
+                            c.close()
+
+                thread = threading.Thread(target=send)
+                thread.start()
+                try:
+                    wait_until(started.exists)
+                    other.unregister_system_shared_memory()
+                    for client in (a, b):
+                        assert _regions(client, proto) == [name]
+                    expect_error(proto, lambda o=other: o.register_system_shared_memory(name, key, 64),
+                                 "ALREADY_EXISTS", f"shared memory region '{name}' already in manager")
+                finally:
+                    release.touch()
+                thread.join(60)
+                assert len(outcome) == 1, "the request did not finish"
+                got = shm.get_contents_as_numpy(handle, np.float32, [4], offset=32)
+                assert got.tolist() == [5.0, 6.0, 7.0, 8.0]
+                for client in (a, b):  # settled across the processes just after the answer
+                    wait_until(lambda c=client: _regions(c, proto) == [])
+        finally:
+            for client in clients.values():
+                client.close()
+            shm.destroy_shared_memory_region(handle)
+
+
+def wait_until(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize("proto", ["http", "grpc"])
 def test_model_control_through_one_process_applies_to_both(server, proto):
     mod = httpclient if proto == "http" else grpcclient
@@ -390,6 +529,7 @@ def test_model_control_through_one_process_applies_to_both(server, proto):
 
 FAILS_IN_PROCESS_1_PY = """
 import os
+import queue
 import triton_python_backend_utils as pb_utils
 
 class TritonPythonModel:
@@ -552,6 +692,48 @@ def test_metrics_sum_every_process(tmp_path):
             (lookups, lookups - 1, 1)
         assert value("nv_cache_num_entries ") == 1 and 0 < value("nv_cache_util ") < 1
         assert int(value('nv_cache_num_hits_per_model{model="remembered"')) == lookups - 1
+
+
+def test_histograms_sum_every_process(tmp_path):
+    """histogram_latencies=true: process 0's page counts each request's first response once,
+    wherever it arrived: "whoami" is served where it arrives, the decoupled "stream" by the one
+    process that owns it (forwarded from the other, and timed only there)."""
+    repo = tmp_path / "models"
+    whoami(repo)
+    write_model(repo, "stream", model_py=STREAM_PY, config="""
+        name: "stream"
+        backend: "python"
+        max_batch_size: 0
+        model_transaction_policy { decoupled: true }
+        input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+        output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+        """)
+    metrics_port = free_port()
+    with serving(repo, tmp_path, "--allow-metrics", "true", "--metrics-port", str(metrics_port),
+                 "--allow-cpu-metrics", "false", "--allow-gpu-metrics", "false",
+                 "--metrics-config", "histogram_latencies=true") as srv:
+        for client in by_process(srv, "http").values():
+            client.infer("whoami", [fp32(httpclient, "INPUT0", [1.0])])
+        streams = by_process(srv, "grpc")
+        for client in streams.values():
+            answers: queue.SimpleQueue = queue.SimpleQueue()
+            client.start_stream(callback=lambda result, error, answers=answers: answers.put(error or result))
+            inp = grpcclient.InferInput("IN", [3], "INT32")
+            inp.set_data_from_numpy(np.array([7, 8, 9], dtype=np.int32))
+            client.async_stream_infer("stream", [inp])
+            for _ in range(3):
+                assert not isinstance(answers.get(timeout=30), Exception)
+            client.stop_stream()
+        answered = _inference_count(next(iter(streams.values())), "grpc", "whoami")  # by_process asks it too
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            text = r.read().decode()
+
+        def value(prefix: str) -> float:
+            return float(next(x for x in text.splitlines() if x.startswith(prefix)).rsplit(" ", 1)[1])
+        histogram = "nv_inference_first_response_histogram_ms"
+        assert value(f'{histogram}_count{{model="whoami"') == answered >= 2 * PROCESSES
+        assert value(f'{histogram}_bucket{{model="whoami",version="1",le="+Inf"}}') == answered
+        assert value(f'{histogram}_count{{model="stream"') == len(streams) == PROCESSES  # once per request
 
 
 def test_a_killed_process_is_restarted_and_the_other_serves_on(tmp_path):

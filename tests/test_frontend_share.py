@@ -25,6 +25,9 @@ def owner(name: str, count: int) -> int:
     'instance_group [{ count: 2 kind: KIND_CPU }]',  # threads of each process's CPU worker
     'backend: "onnxruntime" instance_group [{ count: 3 kind: KIND_CPU }]',
     'backend: "python" instance_group [{ count: 1 kind: KIND_GPU gpus: [0, 1] }]',  # one per GPU, processes
+    # a Python KIND_GPU instance runs in a process of its own whatever PROCESS_PER_INSTANCE says
+    'backend: "python" parameters { key: "PROCESS_PER_INSTANCE" value { string_value: "no" } } '
+    'instance_group [{ count: 2 kind: KIND_GPU gpus: [0] }]',
     'backend: "python" instance_group [{ count: 1 kind: KIND_CPU }, { count: 1 kind: KIND_CPU }]',
 ])
 def test_partitioned(text):
@@ -34,8 +37,6 @@ def test_partitioned(text):
 @pytest.mark.parametrize("text", [
     'backend: "onnxruntime" instance_group [{ count: 1 kind: KIND_CPU }]',  # fewer instances than processes
     'backend: "onnxruntime" instance_group [{ count: 2 kind: KIND_GPU gpus: [0] }]',  # threads of a GPU worker
-    'backend: "python" parameters { key: "PROCESS_PER_INSTANCE" value { string_value: "no" } } '
-    'instance_group [{ count: 2 kind: KIND_GPU gpus: [0] }]',
     'backend: "python" instance_group [{ count: 2 kind: KIND_CPU }] dynamic_batching { }',
     'backend: "python" instance_group [{ count: 2 kind: KIND_CPU }] sequence_batching { }',
     'backend: "python" instance_group [{ count: 2 kind: KIND_CPU }] response_cache { enable: true }',

@@ -250,16 +250,22 @@ def test_one_worker_per_gpu_and_placement(server):
     finally:
         cl.close()
     # the shared workers (the CPU's, GPU 0's), and a process per Python instance: cupy_double's
-    # sees only GPU 0, as GPU 0's worker does
+    # sees the server's GPUs, as Triton's stub does (model_instance_device_id names one there),
+    # where GPU 0's worker sees only its own
     names = {}
     for pid in children(server.proc.pid):
         args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         names[args[args.index(b"--name") + 1].decode()] = pid
     assert {"cpu", "gpu0"} <= set(names), names
     (gpu_instance,) = [n for n in names if n.startswith("cupy_double_0_0")]
-    environ = Path(f"/proc/{names[gpu_instance]}/environ").read_bytes().split(b"\0")
-    expected = visible_device(0, os.environ.get("CUDA_VISIBLE_DEVICES"))
-    assert f"CUDA_VISIBLE_DEVICES={expected}".encode() in environ, gpu_instance
+
+    def visible(pid: int) -> list[bytes]:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return [e for e in environ if e.startswith(b"CUDA_VISIBLE_DEVICES=")]
+    server_sees = os.environ.get("CUDA_VISIBLE_DEVICES")
+    as_server = [] if server_sees is None else [f"CUDA_VISIBLE_DEVICES={server_sees}".encode()]
+    assert visible(names[gpu_instance]) == as_server
+    assert visible(names["gpu0"]) == [f"CUDA_VISIBLE_DEVICES={visible_device(0, server_sees)}".encode()]
 
 
 def test_nvml_metrics_carry_the_gpu_uuid(tmp_path):

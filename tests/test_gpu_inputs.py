@@ -8,6 +8,7 @@ tests/test_dlpack.py."""
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import numpy as np
 import pytest
@@ -66,6 +67,81 @@ class TritonPythonModel:
         return out
 """
 
+# Keeps its input (lent in place from the client's region) past the request when asked
+# ("keep"), and answers from what it kept when asked ("replay"): after the client has
+# unregistered the region, the kept array must still read the bytes it was lent.
+KEEP_PY = """
+import cupy as cp
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.kept = None
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            params = request.parameters()
+            if "keep" in params:
+                self.kept = cp.from_dlpack(x)
+            y = self.kept * 2 if "replay" in params else cp.from_dlpack(x) * 2
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor.from_dlpack("OUTPUT0", y),
+                pb_utils.Tensor("WHERE", np.array([b"gpu" if not x.is_cpu() else b"cpu"], dtype=np.object_))]))
+        return out
+"""
+
+# The output comes out of a long chain of kernels on torch's current stream, handed back
+# without a synchronisation: the server's copy into CUDA shared memory must wait for it.
+TORCH_SLOW_PY = """
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.device = torch.device(f"cuda:{args['model_instance_device_id']}")
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            x = torch.from_dlpack(pb_utils.get_input_tensor_by_name(request, "INPUT0")).to(self.device)
+            y = x
+            for _ in range(200):
+                y = y * 1.0 + 0.0
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor.from_dlpack("OUTPUT0", y * 2),
+                pb_utils.Tensor("WHERE", np.array([b"gpu"], dtype=np.object_))]))
+        return out
+"""
+
+# Triton's device idiom in initialize, and what this instance's process says is current.
+DEVICE_ID_PY = """
+import os
+import cupy as cp
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.id = int(args["model_instance_device_id"])
+        self.device = torch.device(f"cuda:{self.id}")
+        torch.zeros(1, device=self.device)
+        cp.cuda.Device(self.id).use()
+        self.seen = [torch.cuda.current_device(), cp.cuda.runtime.getDevice()]
+
+    def execute(self, requests):
+        now = [torch.cuda.current_device(), cp.cuda.runtime.getDevice()]
+        text = f"{self.id} {self.seen} {now} {os.environ.get('CUDA_VISIBLE_DEVICES')}".encode()
+        x = pb_utils.get_input_tensor_by_name(requests[0], "INPUT0").as_numpy()
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x),
+                                            pb_utils.Tensor("WHERE", np.array([text], dtype=np.object_))])
+                for _ in requests]
+"""
+
 _IO = """
     input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
     output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] },
@@ -88,7 +164,10 @@ def server(tmp_path_factory) -> ServerProcess:
             ("cupy_device", device, CUPY_WHERE_PY),
             ("cupy_in_place", {**device, "SHM_INPUTS_IN_PLACE": "yes"}, CUPY_WHERE_PY),
             ("torch_device", device, TORCH_WHERE_PY),
-            ("torch_default", {}, TORCH_WHERE_PY)]:
+            ("torch_default", {}, TORCH_WHERE_PY),
+            ("cupy_keep", {**device, "SHM_INPUTS_IN_PLACE": "yes"}, KEEP_PY),
+            ("torch_slow", device, TORCH_SLOW_PY),
+            ("device_id", {}, DEVICE_ID_PY)]:
         write_model(repo, name, config=f'name: "{name}"\nbackend: "python"\n{_IO}\n{_parameters(**params)}',
                     model_py=source)
     srv = ServerProcess(repo, root / "server.log", extra_args=["--allow-client-shm=true", "--gpus", "0"]).start()
@@ -167,3 +246,44 @@ def test_torch_dlpack_idiom_on_the_gpu(proto, client):
                                shm_out=shm_out)
         assert where == "cpu"
         np.testing.assert_array_equal(got, values * 2)
+
+
+def test_a_kept_device_input_outlives_the_unregistration_of_its_region(proto, client):
+    """The model keeps its input, a view of the client's CUDA region; the client unregisters
+    the region (keeping its buffer); the kept array still reads the bytes, and the worker's
+    CUDA context serves on (an IPC handle closed under the view would fault it for good)."""
+    values = np.arange(4096, dtype=np.float32)
+    got, where, src = _infer(proto, client, "cupy_keep", values, f"keep_{proto}", parameters={"keep": 1})
+    assert where == "gpu"
+    np.testing.assert_array_equal(got, values * 2)
+    assert (client.get_cuda_shared_memory_status() if proto == "http"
+            else list(client.get_cuda_shared_memory_status().regions)) == []
+    other = np.full(8, 5, dtype=np.float32)
+    got, _, _ = _infer(proto, client, "cupy_keep", other, f"replay_{proto}", shm_in=False, shm_out=False,
+                       parameters={"replay": 1})
+    np.testing.assert_array_equal(got, values * 2)
+    got, _, _ = _infer(proto, client, "cupy_keep", other, f"after_{proto}")
+    np.testing.assert_array_equal(got, other * 2)
+    del src
+
+
+@needs_torch
+def test_an_output_still_being_computed_is_copied_after_it_is_done(proto, client):
+    values = np.arange(1 << 20, dtype=np.float32)
+    for i in range(3):
+        got, where, _ = _infer(proto, client, "torch_slow", values, f"slow_{proto}_{i}")
+        assert where == "gpu"
+        np.testing.assert_array_equal(got, values * 2)
+
+
+@needs_torch
+def test_triton_device_idiom_names_the_instances_gpu(proto, client):
+    """``torch.device(f"cuda:{args['model_instance_device_id']}")`` works in the instance's
+    process, and that GPU is current there for torch and CuPy, in initialize and execute."""
+    _, text, _ = _infer(proto, client, "device_id", np.ones(4, np.float32), f"devid_{proto}", shm_in=False,
+                        shm_out=False)
+    device_id, rest = text.split(" ", 1)
+    assert device_id == "0"
+    assert rest.startswith("[0, 0] [0, 0] "), text
+    server_sees = os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert rest.endswith(f" {server_sees}"), text  # the server's devices, not a mask of one

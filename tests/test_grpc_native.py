@@ -387,9 +387,11 @@ def test_unknown_method_and_not_grpc(server):
 
 
 def test_content_type_and_te(server):
-    """Served without content-type (as gRPC's C core serves it) and without te: trailers (see
-    docs/architecture.md, gRPC); another content-type is 415, a te other than trailers a
-    malformed request (RST_STREAM PROTOCOL_ERROR, RFC 9113 8.2.2)."""
+    """Served without content-type (as gRPC's C core serves it); another content-type is 415.
+    Without te: trailers refused as gRPC's C core (Triton 2.51) refuses it: trailers-only
+    UNKNOWN "Missing :te header" (HTTP 200); a te other
+    than trailers is a malformed request (RST_STREAM PROTOCOL_ERROR, RFC 9113 8.2.2; the C core
+    resets "Trailers" too)."""
     conn = RawH2(server)
     start = [(":method", "POST"), (":scheme", "http"), (":path", INFER_PATH), (":authority", "test")]
 
@@ -399,16 +401,24 @@ def test_content_type_and_te(server):
                   + DataFrame(sid, data=infer_message(), flags=["END_STREAM"]).serialize())
 
     answered = {":status": "200", "content-type": "application/grpc", "grpc-status": "0"}
-    for sid, headers in ((1, [("te", "trailers")]), (3, [("content-type", "application/grpc")]), (5, []),
-                         (7, [("content-type", "application/grpc+proto"), ("te", "trailers")])):
+    for sid, headers in ((1, [("te", "trailers")]), (3, [("content-type", "application/grpc"), ("te", "trailers")]),
+                         (5, [("content-type", "application/grpc+proto"), ("te", "trailers")])):
         call(sid, headers)
         got = stream_headers(conn, sid)
         assert {k: got.get(k) for k in answered} == answered, (headers, got)
-    call(9, [("content-type", "text/plain"), ("te", "trailers")])
-    assert stream_headers(conn, 9) == {":status": "415"}
-    call(11, [("content-type", "application/grpc"), ("te", "gzip")])
-    reset = conn.wait_for(lambda f: f.stream_id == 11 and isinstance(f, RstStreamFrame))
-    assert reset is not None and reset.error_code == PROTOCOL_ERROR
+    refused = {":status": "200", "content-type": "application/grpc", "grpc-status": "2",
+               "grpc-message": "Missing :te header"}
+    for sid, headers in ((7, [("content-type", "application/grpc")]), (9, [])):
+        call(sid, headers)
+        head = conn.wait_for(lambda f, sid=sid: f.stream_id == sid)
+        assert isinstance(head, HeadersFrame) and "END_STREAM" in head.flags, head  # trailers-only
+        assert {k: head.headers.get(k) for k in refused} == refused, (headers, head.headers)
+    call(11, [("content-type", "text/plain"), ("te", "trailers")])
+    assert stream_headers(conn, 11) == {":status": "415"}
+    for sid, te in ((13, "gzip"), (15, "Trailers")):
+        call(sid, [("content-type", "application/grpc"), ("te", te)])
+        reset = conn.wait_for(lambda f, sid=sid: f.stream_id == sid and isinstance(f, RstStreamFrame))
+        assert reset is not None and reset.error_code == PROTOCOL_ERROR, te
     conn.close()
     assert_serving(server)
 

@@ -6,6 +6,7 @@ import struct
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from triton_shm.errors import Internal
@@ -125,6 +126,10 @@ def test_allocator_places_blocks_like_the_reference_first_fit(impl):
     shaped = alloc.put(memoryview(struct.pack("<4f", 1, 2, 3, 4)).cast("f", [2, 2]))  # any shape and format
     assert bytes(shaped.view) == struct.pack("<4f", 1, 2, 3, 4)
     live.append(shaped)
+    for empty in (np.empty((0, 3), np.float32), np.empty((2, 0), np.int64)[:, ::2]):  # a model's [0, 3] output
+        zero = alloc.put(empty)
+        assert zero.size == 0 and bytes(zero.view) == b""
+        live.append(zero)
     alloc.free_blocks([*live, block])
     assert alloc.alloc(1 << 14).offset == 0 and alloc.alloc(1 << 14).segment.id == 2
     assert alloc.dropped == []

@@ -500,20 +500,29 @@ def test_failed_file_override_load_leaves_no_temp_dir(explicit):
     assert tree(explicit.tmpdir) == before, override_dirs(explicit.tmpdir)
 
 
-BAD_PATHS = ["file:../{canary}", "file:1/../../{canary}", "file:1/../../../{canary}", "file:/tmp/{canary}",
-             "file:..", "file:", "file:1/..\\..\\{canary}", "file:1/\x00x"]
+# Override names that can not be laid out under the model's private directory: the
+# client's error (400 / INVALID_ARGUMENT, never a 500), nothing written anywhere. Triton
+# 2.51 answers these 500 "failed to poll" (its poll wraps the INVALID_ARG of the layout);
+# the log keeps its "Poll failed" line.
+BAD_PATHS = [("file:../{canary}", "must stay within model directory"),
+             ("file:1/../../{canary}", "must stay within model directory"),
+             ("file:1/../../../{canary}", "must stay within model directory"),
+             ("file:..", "must stay within model directory"),
+             ("file:", "names the model directory itself"), ("file:.", "names the model directory itself"),
+             ("file:1/\x00x", "NUL")]
 
 
 @pytest.mark.parametrize("proto", PROTOS)
-@pytest.mark.parametrize("pattern", BAD_PATHS, ids=lambda p: re.sub(r"\W", "_", p))
-def test_file_override_bad_paths_rejected(explicit, proto, pattern):
+@pytest.mark.parametrize("pattern,why", BAD_PATHS, ids=lambda p: re.sub(r"\W", "_", p))
+def test_file_override_bad_paths_rejected(explicit, proto, pattern, why):
     canary = f"mc_canary_{uuid.uuid4().hex}"
     name = f"badpath_{proto}"
     repo_before, tmp_before = tree(explicit.repo), tree(explicit.tmpdir)
-    onnx_bytes = b"payload"
-    files = {pattern.format(canary=canary): onnx_bytes, "file:1/model.onnx": onnx_bytes}
-    poll_failed(explicit, proto, name, lambda: load(explicit, proto, name, config=ADD_SUB_CONFIG, files=files),
-                "file override")
+    files = {pattern.format(canary=canary): b"payload", "file:1/model.py": const_py(1.0).encode()}
+    err = expect_error(proto, lambda: load(explicit, proto, name, config=const_config_dict(), files=files),
+                       "INVALID_ARGUMENT", f"failed to load '{name}'", why)
+    assert "/tmp" not in err.message() and str(explicit.tmpdir) not in err.message(), err.message()
+    assert f"Poll failed for model directory '{name}'" in explicit.log()
     assert "READY" not in states(explicit, name).values()
     assert tree(explicit.repo) == repo_before
     assert tree(explicit.tmpdir) == tmp_before, "a rejected override left files in the temp dir"
@@ -522,12 +531,51 @@ def test_file_override_bad_paths_rejected(explicit, proto, pattern):
 
 
 @pytest.mark.parametrize("proto", PROTOS)
+@pytest.mark.parametrize("order", ["folder_first", "file_first"])
+def test_file_override_that_is_a_file_and_a_folder_rejected(explicit, proto, order):
+    """``file:1`` beside ``file:1/model.py``, in either order: 400 naming both, nothing left."""
+    name = f"fileanddir_{proto}"
+    tmp_before = tree(explicit.tmpdir)
+    items = [("file:1/model.py", const_py(1.0).encode()), ("file:1", b"x")]
+    files = dict(items if order == "folder_first" else items[::-1])
+    expect_error(proto, lambda: load(explicit, proto, name, config=const_config_dict(), files=files),
+                 "INVALID_ARGUMENT", "Invalid file parameter 'file:1/model.py', directory has been created as a file")
+    assert tree(explicit.tmpdir) == tmp_before
+    assert "READY" not in states(explicit, name).values()
+
+
+@pytest.mark.parametrize("proto", PROTOS)
+def test_file_override_absolute_and_odd_names_laid_out_inside(explicit, proto):
+    """As in Triton, an absolute override name is laid out under the model's private
+    directory (``file:/tmp/x`` is ``<dir>/tmp/x``), ``a/../b/x`` is ``b/x``, and a backslash
+    is an ordinary character of a file name: the model loads, nothing lands outside."""
+    canary = f"mc_canary_{uuid.uuid4().hex}"
+    name = f"abspath_{proto}"
+    files = {f"file:/tmp/{canary}": b"absolute", "file:/1/model.py": const_py(4.0).encode(),
+             f"file:a/../b/{canary}": b"dotted", f"file:1/..\\..\\{canary}": b"backslash"}
+    load(explicit, proto, name, config=const_config_dict(), files=files)
+    try:
+        assert states(explicit, name) == {"1": "READY"}
+        assert infer(explicit, proto, name) == 4.0
+        dirs = [d / name for d in override_dirs(explicit.tmpdir) if (d / name).is_dir()]
+        assert len(dirs) == 1, override_dirs(explicit.tmpdir)
+        assert (dirs[0] / "tmp" / canary).read_bytes() == b"absolute"
+        assert (dirs[0] / "b" / canary).read_bytes() == b"dotted"
+        assert (dirs[0] / "1" / f"..\\..\\{canary}").read_bytes() == b"backslash"
+        assert not (dirs[0] / "a").exists()
+        for where in (Path("/tmp"), explicit.tmpdir, explicit.tmpdir.parent, explicit.repo, explicit.repo.parent):
+            assert not (where / canary).exists(), f"file written outside the override dir: {where / canary}"
+    finally:
+        unload(explicit, proto, name)
+
+
+@pytest.mark.parametrize("proto", PROTOS)
 def test_file_override_without_config_rejected(explicit, proto):
     name = f"noconf_{proto}"
     tmp_before = tree(explicit.tmpdir)
     files = {"file:1/model.py": const_py(1.0).encode()}
-    poll_failed(explicit, proto, name, lambda: load(explicit, proto, name, files=files),
-                "file overrides need a 'config' parameter as well")
+    expect_error(proto, lambda: load(explicit, proto, name, files=files), "INVALID_ARGUMENT",
+                 "Load parameter 'config' must be specified for model file override")
     assert tree(explicit.tmpdir) == tmp_before
     assert rows_of(explicit, name) == []
 
@@ -582,13 +630,53 @@ def test_traversal_names_in_load_unload(explicit, name):
     before = [r for r in index(explicit)]
     quoted = urllib.parse.quote(name, safe="")
     for action in ("load", "unload"):
+        # a load in Triton's words; an unload never names the traversal (as Triton)
+        message = f"invalid model name '{name}'" + \
+            (", model name must not contain path traversal characters" if action == "load" else "")
         status, body = http_call(explicit, "POST", f"/v2/repository/models/{quoted}/{action}", {})
-        assert (status, body) == (400, {"error": f"invalid model name '{name}'"}), action
+        assert (status, body) == (400, {"error": message}), action
         expect_error("grpc", lambda action=action: (load if action == "load" else unload)(explicit, "grpc", name),
-                     "INVALID_ARGUMENT", f"invalid model name '{name}'")
+                     "INVALID_ARGUMENT", message)
     assert index(explicit) == before
     assert states(explicit, "const_a") == {"1": "READY"}
     assert infer(explicit, "http", "const_a") == 1.0
+
+
+# Triton's own lists (qa/L0_input_validation, its model name validation of loads)
+TRITON_TRAVERSAL = ["../etc", "a/../b", "../../etc/passwd", "../../../../etc", "model/..", "..", "/etc/passwd",
+                    "model/subdir", "model/", " ..", ".. "]
+TRITON_BLANK = ["", " ", "   ", "\t", "\n", "\r", "\f", "\v", " \t \n "]
+TRITON_VALID = ["model123", "model.version1", "...", "..my_model", "model..1", "model....1"]
+
+
+def test_load_names_as_triton_validates_them(explicit):
+    """A load's name is refused in Triton's words (INVALID_ARGUMENT); a name that only looks
+    odd is looked for, and not found; an unload never names the traversal."""
+    with grpcclient.InferenceServerClient(explicit.grpc_url) as c:
+        for name in TRITON_TRAVERSAL:
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model(name)
+            assert e.value.status() == "StatusCode.INVALID_ARGUMENT", name
+            assert e.value.message() == f"invalid model name '{name}', model name must not contain path " \
+                                         "traversal characters", name
+            try:
+                c.unload_model(name)
+            except InferenceServerException as e:
+                assert "path traversal characters" not in e.message(), name
+        for name in TRITON_BLANK:
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model(name)
+            assert e.value.status() == "StatusCode.INVALID_ARGUMENT", repr(name)
+            assert e.value.message() == "Model name cannot be empty. Please enter a valid name to deploy.", repr(name)
+        for name in TRITON_VALID:
+            with pytest.raises(InferenceServerException) as e:
+                c.load_model(name)
+            assert "path traversal characters" not in e.value.message(), name
+            assert "failed to poll from model repository" in e.value.message(), (name, e.value.message())
+    status, body = http_call(explicit, "POST", "/v2/repository/models/%20../load", {})
+    assert (status, body) == (400, {"error": "invalid model name ' ..', model name must not contain path traversal "
+                                             "characters"})
+    assert states(explicit, "const_a") == {"1": "READY"}
 
 
 def test_slow_load_does_not_block_other_models(explicit):
@@ -1160,8 +1248,9 @@ def test_tritonclient_model_control_example(explicit, proto, complete):
 
         c.unload_model(name)
         assert not c.is_model_ready(name)
+        # an override name longer than a file name can be is the client's error (Triton 2.51 aborts)
         err = expect_error(proto, lambda: c.load_model(name, config="{}", files={"file:" + "A" * 256: b"a"}),
-                           "INTERNAL", "failed to load")
+                           "INVALID_ARGUMENT", "failed to load", "is too long")
         assert c.is_server_live()
         assert not c.is_model_ready(name)
         expect_error(proto, lambda: c.load_model("wrong_model_name"), "INTERNAL", "failed to load")

@@ -252,9 +252,13 @@ class TritonPythonModel:
         sender.send(flags=FINAL)
 """
 
+# The second step takes a tensor of each response of the first (a decoupled step) and one
+# of the request: two flows, which Triton refuses.
 ENS_DECOUPLED_CONFIG = ensemble_config(
     "ens_decoupled", f'{_tensor("IN", "INT32", "[ -1 ]")}, {_tensor("DELAY", "FP32", "[ 1 ]")}',
-    _tensor("OUT", "INT32", "[ 1 ]"), [_step("repeat", {"IN": "IN", "DELAY": "DELAY"}, {"OUT": "OUT"})],
+    f'{_tensor("OUT", "INT32", "[ 1 ]")}, {_tensor("IDX", "INT32", "[ 1 ]")}',
+    [_step("repeat", {"IN": "IN", "DELAY": "DELAY"}, {"OUT": "first", "IDX": "IDX"}),
+     _step("repeat", {"IN": "first", "DELAY": "DELAY"}, {"OUT": "OUT"})],
     max_batch_size=0)
 
 BLS_SYNC_CONFIG = """
@@ -1120,11 +1124,14 @@ def bad_server(tmp_path_factory) -> ServerProcess:
     srv.stop()
 
 
-def test_ensemble_with_decoupled_step_is_refused(bad_server):
-    """Decoupled steps are not supported in ensembles yet: the load says so."""
+def test_ensemble_step_fed_by_two_decoupled_flows_is_refused(bad_server):
+    """A step that takes tensors of a decoupled step's responses and of the request (or of
+    two decoupled steps) is refused, as in Triton; decoupled steps themselves are served
+    (tests/test_ensemble_backpressure.py)."""
     row = index_of(bad_server)["ens_decoupled"]
     assert row.get("state") == "UNAVAILABLE", row
-    assert "decoupled" in row.get("reason", ""), row
+    assert "step of model 'repeat' receives inputs originated from different decoupled models" in \
+        row.get("reason", ""), row
     assert index_of(bad_server)["repeat"].get("state") == "READY"
 
 

@@ -44,12 +44,15 @@ SLOW_CONFIG = """
     max_batch_size: 0
     input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
     output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    instance_group [ { count: 2 kind: KIND_CPU } ]
     """
 
 # Touches the file named by the request parameter "started_file" once it runs (so a test
-# knows the request is inside the model), sleeps "sleep_ms", then echoes INPUT0.
+# knows the request is inside the model), sleeps "sleep_ms" or waits (up to 60 s) until the
+# file "release_file" exists, then echoes INPUT0.
 SLOW_PY = """
 import json
+import os
 import time
 import triton_python_backend_utils as pb_utils
 
@@ -62,6 +65,10 @@ class TritonPythonModel:
             if params.get("started_file"):
                 open(params["started_file"], "w").close()
             time.sleep(float(params.get("sleep_ms", 0)) / 1000.0)
+            deadline = time.monotonic() + 60
+            while params.get("release_file") and not os.path.exists(params["release_file"]) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.01)
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
         return responses
@@ -739,15 +746,19 @@ def test_client_unlinks_region(proto, client, server, regions):
 
 # =========================================================================== unregister during inference
 
-def _start_slow(proto, srv, region_in, region_out, started: Path, sleep_ms=1200):
+def _start_slow(proto, srv, region_in, region_out, started: Path, sleep_ms=0, release: Path | None = None):
+    """A slow_fp32 request from a thread, once it runs in the model; ``release``: it waits
+    there until that file exists."""
     result: dict = {}
+    parameters = {"sleep_ms": sleep_ms, "started_file": str(started)}
+    if release is not None:
+        parameters["release_file"] = str(release)
 
     def run():
         cl = connect(srv, proto)
         try:
             cl.infer("slow_fp32", [shm_input(proto, "INPUT0", [16], "FP32", region_in, 64)],
-                     outputs=[shm_output(proto, "OUTPUT0", region_out, 64)],
-                     parameters={"sleep_ms": sleep_ms, "started_file": str(started)})
+                     outputs=[shm_output(proto, "OUTPUT0", region_out, 64)], parameters=parameters)
             result["ok"] = True
         except Exception as e:  # noqa: BLE001
             result["error"] = e
@@ -761,6 +772,9 @@ def _start_slow(proto, srv, region_in, region_out, started: Path, sleep_ms=1200)
 
 
 def test_unregister_shm_during_inference_single_req(proto, client, server, regions, tmp_path):
+    """As in Triton: unregistering regions a request uses succeeds at once, they stay listed
+    and their names taken until the request is done, which reads and writes them as
+    registered; then they are gone without another call."""
     workers = children(server.proc.pid)
     hin, _, kin = regions.create(64, "in")
     hout, _, kout = regions.create(64, "out")
@@ -770,28 +784,40 @@ def test_unregister_shm_during_inference_single_req(proto, client, server, regio
     shm.set_shared_memory_region(hnew, [np.full(16, 7, np.float32)])
     client.register_system_shared_memory("din", kin, 64)
     client.register_system_shared_memory("dout", kout, 64)
-    t, result = _start_slow(proto, server, "din", "dout", tmp_path / "started")
-    client.unregister_system_shared_memory("din")
-    client.unregister_system_shared_memory("dout")
-    assert status(proto, client) == {}
-    # the name is free again at once, for another object, while the old one is still in use
-    client.register_system_shared_memory("din", knew, 64)
-    res = client.infer("identity_fp32", [shm_input(proto, "INPUT0", [16], "FP32", "din", 64)],
-                       outputs=[plain_output(proto, "OUTPUT0")])
-    np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), np.full(16, 7, np.float32))
+    release = tmp_path / "release"
+    t, result = _start_slow(proto, server, "din", "dout", tmp_path / "started", release=release)
+    try:
+        client.unregister_system_shared_memory("din")
+        client.unregister_system_shared_memory("dout")
+        assert set(status(proto, client)) == {"din", "dout"}  # in use: still registered
+        assert status(proto, client, "din")["din"]["key"] == kin
+        expect_error(proto, lambda: client.register_system_shared_memory("din", knew, 64), "ALREADY_EXISTS",
+                     "shared memory region 'din' already in manager")
+        # the other kind's unregister-all leaves them
+        client.unregister_cuda_shared_memory()
+        assert set(status(proto, client)) == {"din", "dout"}
+    finally:
+        release.touch()
     t.join(30)
     assert not t.is_alive()
     assert result.get("ok"), result.get("error")
-    # the in-flight request read the old input and wrote into the old output region
+    # the request read the input and wrote into the output region as registered
     np.testing.assert_array_equal(shm.get_contents_as_numpy(hout, np.float32, [16]), x)
-    assert set(status(proto, client)) == {"din"}
+    assert status(proto, client) == {}  # gone once the request was done
+    expect_error(proto, lambda: client.infer("identity_fp32", [shm_input(proto, "INPUT0", [16], "FP32", "din", 64)]),
+                 "NOT_FOUND", "din")
+    client.register_system_shared_memory("din", knew, 64)  # the name is free again
+    res = client.infer("identity_fp32", [shm_input(proto, "INPUT0", [16], "FP32", "din", 64)],
+                       outputs=[plain_output(proto, "OUTPUT0")])
+    np.testing.assert_array_equal(res.as_numpy("OUTPUT0"), np.full(16, 7, np.float32))
     client.unregister_system_shared_memory()
     assert status(proto, client) == {}
     assert_serving(server, workers=workers)
 
 
 def test_unregister_shm_during_inference_multiple_req(proto, client, server, regions, tmp_path):
-    """Unregister-all while one request runs in the model and another waits behind it."""
+    """Unregister-all while two requests are held in the model (two instances): every region
+    stays until the requests using it are done; an unused one goes at once."""
     workers = children(server.proc.pid)
     handles = []
     for i in range(2):
@@ -801,37 +827,22 @@ def test_unregister_shm_during_inference_multiple_req(proto, client, server, reg
         client.register_system_shared_memory(f"in{i}", kin, 64)
         client.register_system_shared_memory(f"out{i}", kout, 64)
         handles.append(hout)
-    t0, r0 = _start_slow(proto, server, "in0", "out0", tmp_path / "s0", sleep_ms=800)
-    # the second one queues behind the first (one instance); it has acquired its regions
-    t1, r1 = None, {}
-
-    def second():
-        cl = connect(server, proto)
-        try:
-            cl.infer("slow_fp32", [shm_input(proto, "INPUT0", [16], "FP32", "in1", 64)],
-                     outputs=[shm_output(proto, "OUTPUT0", "out1", 64)],
-                     parameters={"sleep_ms": 100, "started_file": str(tmp_path / "s1")})
-            r1["ok"] = True
-        except Exception as e:  # noqa: BLE001
-            r1["error"] = e
-        finally:
-            cl.close()
-
-    t1 = threading.Thread(target=second, daemon=True)
-    t1.start()
-    time.sleep(0.3)
-    client.unregister_system_shared_memory()
-    assert status(proto, client) == {}
-    t0.join(30)
-    t1.join(30)
-    assert r0.get("ok"), r0.get("error")
-    np.testing.assert_array_equal(shm.get_contents_as_numpy(handles[0], np.float32, [16]),
-                                  np.arange(16, dtype=np.float32) * 2)
-    if r1.get("ok"):  # reached the server before the unregister
-        np.testing.assert_array_equal(shm.get_contents_as_numpy(handles[1], np.float32, [16]),
-                                      np.arange(16, dtype=np.float32) * 3)
-    else:  # or arrived after it: a clean NOT_FOUND
-        assert r1["error"].status() == ("404" if proto == "http" else "StatusCode.NOT_FOUND"), r1["error"]
+    _, _, kidle = regions.create(64, "idle")
+    client.register_system_shared_memory("idle", kidle, 64)
+    release = tmp_path / "release"
+    try:
+        t0, r0 = _start_slow(proto, server, "in0", "out0", tmp_path / "s0", release=release)
+        t1, r1 = _start_slow(proto, server, "in1", "out1", tmp_path / "s1", release=release)
+        client.unregister_system_shared_memory()
+        assert set(status(proto, client)) == {"in0", "out0", "in1", "out1"}
+    finally:
+        release.touch()
+    for t, r in ((t0, r0), (t1, r1)):
+        t.join(30)
+        assert r.get("ok"), r.get("error")
+    for i, handle in enumerate(handles):
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [16]),
+                                      np.arange(16, dtype=np.float32) * (i + 2))
     assert status(proto, client) == {}
     assert_serving(server, workers=workers)
 

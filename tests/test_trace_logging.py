@@ -190,12 +190,69 @@ def test_trace_file_not_settable(http, grpc):
     assert not Path("/tmp/evil").exists()
 
 
+# What tritonserver 2.51 answers (checked against it over HTTP and gRPC): the value is read
+# by std::stoi, then the rate and log frequency are kept as uint32.
+@pytest.mark.parametrize("key, value, stored", [
+    ("trace_rate", "-1", "4294967295"),
+    ("trace_rate", "-2", "4294967294"),
+    ("trace_rate", "-2147483648", "2147483648"),
+    ("trace_rate", "2147483647", "2147483647"),
+    ("trace_rate", "12abc", "12"),
+    ("trace_rate", " +7", "7"),
+    ("trace_rate", "1.5", "1"),
+    ("trace_rate", "0", "0"),  # every level OFF: kept
+    ("log_frequency", "-1", "4294967295"),
+    ("trace_count", "5x", "5"),
+])
+def test_trace_values_read_as_tritonserver_reads_them(http, grpc, key, value, stored):
+    try:
+        assert http.update_trace_settings(settings={key: value})[key] == stored
+        assert http.get_trace_settings()[key] == stored
+        http.update_trace_settings(settings={key: None})
+        resp = grpc.update_trace_settings(model_name="add_sub", settings={key: value}, as_json=True)
+        assert resp["settings"][key]["value"] == [stored]
+        assert _grpc_trace(grpc, "add_sub")[key] == [stored]
+        assert http.get_trace_settings(model_name="add_sub")[key] == stored
+    finally:
+        http.update_trace_settings(settings={key: None})
+        http.update_trace_settings(model_name="add_sub", settings={key: None})
+    assert http.get_trace_settings(model_name="add_sub") == DEFAULT_TRACE
+
+
+def test_rate_zero_refused_while_tracing(http, grpc):
+    """Rate 0 with a level on is refused, in the same change or against the level in force."""
+    text = "Attempting to set invalid trace setting :sample rate must be non-zero"
+    e = _error(lambda: http.update_trace_settings(settings={"trace_rate": "0", "trace_level": ["TIMESTAMPS"]}))
+    assert e.status() == "400" and text in e.message()
+    try:
+        grpc.update_trace_settings(model_name="add_sub", settings={"trace_level": ["TIMESTAMPS"]})
+        e = _error(lambda: grpc.update_trace_settings(model_name="add_sub", settings={"trace_rate": "0"}))
+        assert e.status() == "StatusCode.INVALID_ARGUMENT" and text in e.message()
+        http.update_trace_settings(settings={"trace_rate": "0"})  # the global level is OFF
+        e = _error(lambda: http.update_trace_settings(settings={"trace_level": ["TIMESTAMPS"]}))
+        assert e.status() == "400" and text in e.message()
+        assert http.get_trace_settings()["trace_level"] == ["OFF"]
+    finally:
+        http.update_trace_settings(model_name="add_sub", settings={"trace_level": None})
+        http.update_trace_settings(settings={"trace_rate": None})
+    assert http.get_trace_settings() == DEFAULT_TRACE
+
+
 @pytest.mark.parametrize("settings, text", [
     ({"trace_rate": "abc"}, "Unable to parse 'trace_rate', got: abc"),
-    ({"trace_rate": "0"}, "sample rate must be non-zero"),
-    ({"trace_rate": "-2"}, "Unable to parse 'trace_rate'"),
-    ({"trace_count": "-5"}, "Expecting value >= -1"),
+    ({"trace_rate": ""}, "Unable to parse 'trace_rate', got: "),
+    ({"trace_rate": "4294967296"},
+     "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 4294967296"),
+    ({"trace_rate": "4294967295"},
+     "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: 4294967295"),
+    ({"trace_rate": "-2147483649"},
+     "Unable to parse 'trace_rate', value is out of range [ 0, 4294967295 ], got: -2147483649"),
+    ({"trace_count": "-5"}, "Unable to parse 'trace_count'. Expecting value >= -1, got: -5"),
+    ({"trace_count": "2147483648"},
+     "Unable to parse 'trace_count', value is out of range [ -1, 2147483647 ], got: 2147483648"),
     ({"log_frequency": "x"}, "Unable to parse 'log_frequency', got: x"),
+    ({"log_frequency": "4294967296"},
+     "Unable to parse 'log_frequency', value is out of range [ 0, 4294967295 ], got: 4294967296"),
     ({"trace_level": ["FOO"]}, "Unknown trace level 'FOO'"),
     ({"trace_level": ["OFF", "TIMESTAMPS"]}, "Expect only one trace level 'OFF' is specified"),
 ])
@@ -447,5 +504,12 @@ def test_api_changes_replay_into_a_fresh_tracer():
         fresh.update(model, changes)
     for model in ("", "m", "cleared"):
         assert fresh.settings(model) == tracer.settings(model)
+    tracer.update("wide", {"trace_rate": "-1", "log_frequency": "-2"})  # 4294967295 and 4294967294
+    fresh = Tracer(startup)
+    for model, changes in tracer.api_changes():
+        fresh.update(model, changes)
+    for model in ("", "m", "cleared", "wide"):
+        assert fresh.settings(model) == tracer.settings(model)
+    assert fresh.settings("wide")["trace_rate"] == "4294967295"
     fresh.update("", {"trace_rate": "11"})  # the model's override did not pin the global rate
     assert fresh.settings("m")["trace_rate"] == "11" and fresh.settings("m")["trace_count"] == "3"

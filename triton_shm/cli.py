@@ -10,6 +10,7 @@ logs one start-up warning saying why it has no effect.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
@@ -91,11 +92,34 @@ def _seconds(value: str) -> float:
     return seconds
 
 
+def _int_in(low: int, high: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number within [low, high] (tritonserver's bounds)."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got '{value}'") from None
+        if number < low or (high is not None and number > high):
+            bounds = f"in the range {low} to {high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {number}")
+        return number
+    parse.__name__ = "INTEGER"
+    return parse
+
+
 def _rate_limit_mode(value: str) -> str:
     mode = value.lower()
     if mode not in ("execution_count", "off"):
         raise argparse.ArgumentTypeError(f"expected execution_count or off, got '{value}'")
     return mode
+
+
+def _header_pattern(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as e:
+        raise argparse.ArgumentTypeError(f"invalid regular expression '{value}': {e}") from None
+    return value
 
 
 def _config_name(value: str) -> str:
@@ -119,11 +143,15 @@ INERT_FLAGS: tuple[InertFlag, ...] = (
     InertFlag("--model-namespacing", parse_bool, "model names must be unique across all repositories"),
     InertFlag("--enable-peer-access", parse_bool, "GPU workers do not copy between devices"),
     InertFlag("--reuse-http-port", parse_bool, "each server binds its HTTP port exclusively"),
-    InertFlag("--http-header-forward-pattern", str, "HTTP headers are not forwarded as request parameters"),
     InertFlag("--http-thread-count", int, "HTTP is served by the front-end's event loop, not a thread pool"),
     InertFlag("--reuse-grpc-port", parse_bool, "each server binds its gRPC port exclusively"),
-    InertFlag("--grpc-header-forward-pattern", str, "gRPC headers are not forwarded as request parameters"),
     InertFlag("--grpc-infer-allocation-pool-size", int, "gRPC request/response objects are not pooled"),
+    InertFlag("--grpc-infer-thread-count", _int_in(2, 128),
+              "gRPC is served by each front-end process's event loop, not by handler threads; "
+              "--frontend-processes serves it on more cores"),
+    InertFlag("--grpc-max-response-pool-size", _int_in(1),
+              "responses are not pooled: each one of a stream is encoded and queued for its connection "
+              "as it arrives, with no cap on how many wait"),
     InertFlag("--grpc-infer-response-compression-level", str, "gRPC responses are sent uncompressed",
               choices=("none", "low", "medium", "high")),
     InertFlag("--allow-sagemaker", parse_bool, "triton-shm serves no SageMaker endpoint"),
@@ -216,8 +244,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--metrics-config", dest="metrics_config", action="append", default=[], metavar="SETTING=VALUE",
         help="as in tritonserver (repeatable): summary_latencies=true adds latency summaries "
              "(nv_inference_*_summary_us, quantiles over the last 60 s), summary_quantiles=0.5:0.05,0.99:0.001 "
-             "picks their quantiles, counter_latencies=false drops the latency counters")
-    add("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
+             "picks their quantiles, histogram_latencies=true adds nv_inference_first_response_histogram_ms "
+             "(buckets 100, 500, 2000, 5000 ms, or a model's model_metrics), counter_latencies=false drops the "
+             "latency counters")
+    add("--http-max-input-size", type=positive_int, default=64 * 1024 * 1024, metavar="BYTES",
         help="largest HTTP request body accepted, after decompression (default 64 MiB)")
     add("--http-header-timeout-secs", type=float, default=30.0, metavar="SECONDS",
         help="close an HTTP connection whose request headers take longer than this to arrive (default 30)")
@@ -305,6 +335,11 @@ def _add_security(g: argparse._ArgumentGroup) -> None:
         add(f"--{port}-server-key", default=None, metavar="PATH", help=f"{name} server private key (PEM){default}")
         add(f"--{port}-root-cert", default=None, metavar="PATH",
             help=f"CA certificate(s) (PEM) that client certificates must be signed by, for mutual TLS{default}")
+    for port in ("http", "grpc"):
+        add(f"--{port}-header-forward-pattern", type=_header_pattern, default=None, metavar="<REGEX>",
+            help=f"{port.upper() if port == 'http' else 'gRPC'} inference request headers whose name matches REGEX "
+                 "(anywhere in it) reach the model as string request parameters; a reserved name (sequence_id, "
+                 "priority, timeout, ... or one starting with triton_) is refused")
     add("--http-restricted-api", action="append", default=[], metavar="<API>[,<API>...]:<HEADER>=<VALUE>",
         help="HTTP APIs of these groups (health, metadata, inference, shared-memory, model-config, "
              "model-repository, statistics, trace, logging; and metrics: the metrics port) need HEADER: VALUE; "

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Mapping
 
 
 def visible_gpu_count() -> int:
@@ -47,3 +48,12 @@ def visible_device(gpu: int, parent_visible: str | None) -> str:
         if 0 <= gpu < len(names):
             return names[gpu]
     return str(gpu)
+
+
+def worker_environment(parent: Mapping[str, str], only_gpu: int | None) -> dict[str, str]:
+    """A worker process's environment: the server's, and for a worker that sees one GPU
+    (``only_gpu``, an ordinal among the server's devices) ``CUDA_VISIBLE_DEVICES`` naming it."""
+    env = dict(parent)
+    if only_gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = visible_device(only_gpu, parent.get("CUDA_VISIBLE_DEVICES"))
+    return env

@@ -87,6 +87,9 @@ class ServerOptions:
     metrics_root_cert: str | None = None
     # restricted APIs: "<group>[,<group>...]:<header>=<value>" each (frontend/restricted.py)
     http_restricted_api: list[str] = field(default_factory=list)
+    # --http/grpc-header-forward-pattern: headers matching it become request parameters
+    http_header_forward_pattern: str | None = None
+    grpc_header_forward_pattern: str | None = None
     grpc_restricted_protocol: list[str] = field(default_factory=list)
     frontend_processes: int = 1        # --frontend-processes: front-end processes serving as one server
     command_line: list[str] = field(default_factory=list)  # the arguments, for the other front-end processes

@@ -21,6 +21,7 @@ from .core.data.shm_registry import SharedMemoryRegistry
 from .core.observability.tracing import Tracer
 from .errors import TritonShmError
 from .frontend.metrics import MetricsConfig, start_metrics
+from .frontend.header_forward import forwarder
 from .frontend.security import Security
 from .devices import parse_gpus
 from .supervisor.pool import WorkerPool
@@ -48,6 +49,7 @@ async def serve(options: ServerOptions) -> int:
     models = ModelManager(repository, pool, mode=options.model_control_mode, poll_secs=options.repository_poll_secs,
                           load_threads=options.model_load_thread_count,
                           latency_summaries=options.allow_metrics and metrics_config.summary_latencies,
+                          latency_histograms=options.allow_metrics and metrics_config.histogram_latencies,
                           auto_complete=options.auto_complete_config, config_name=options.model_config_name,
                           external_links=options.allow_external_model_links, limiter=limiter,
                           share=share, forwarding=None if peers is None else forwarding_to(peers))
@@ -114,6 +116,7 @@ async def serve(options: ServerOptions) -> int:
             runners.append(("gRPC", await start_grpc(service, options.grpc_address, options.grpc_port,
                                                      keepalive=grpc_keepalive(options), transport=transport,
                                                      restrictions=security.grpc_restrictions,
+                                                     header_forward=forwarder(options.grpc_header_forward_pattern),
                                                      tls=security.tls.get("grpc"), sock=place.listeners.get("grpc"))))
             log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
                      transport)
@@ -127,6 +130,7 @@ async def serve(options: ServerOptions) -> int:
                                                      header_timeout=options.http_header_timeout_secs,
                                                      idle_timeout=options.http_idle_timeout_secs,
                                                      restrictions=security.http_restrictions,
+                                                     header_forward=forwarder(options.http_header_forward_pattern),
                                                      ssl=security.context("http"), sock=place.listeners.get("http"))))
             log.info("Started HTTPService at %s:%d (%s)", options.http_address, options.http_port, http_transport)
         await shutdown.drain(service, options.drain_secs)

@@ -16,7 +16,6 @@ Prints markdown tables.
 from __future__ import annotations
 
 import argparse
-import base64
 import statistics
 import sys
 import tempfile
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.harness import ServerProcess  # noqa: E402
 from tests.models import write_model  # noqa: E402
-from tests.test_gpu import CUPY_DOUBLE_PY, _missing  # noqa: E402
+from tests.test_gpu import DeviceBuffer, _missing, cupy_double_model  # noqa: E402
 from tests.test_gpu_inputs import CUPY_WHERE_PY  # noqa: E402
 
 # the same model twice: inputs on the host (Triton's default) and left on the GPU
@@ -97,10 +96,13 @@ def transfer_table(url: str, n: int) -> None:
         shm.destroy_shared_memory_region(sin)
         shm.destroy_shared_memory_region(sout)
 
-        dev_in, dev_out = cp.asarray(values), cp.empty(values.size, cp.float32)
-        for name, arr in ((f"cin{mib}", dev_in), (f"cout{mib}", dev_out)):
-            handle = base64.b64encode(cp.cuda.runtime.ipcGetMemHandle(arr.data.ptr))
-            cl.register_cuda_shared_memory(name, handle, 0, nbytes)
+        # whole allocations (cupy.cuda.Memory), not memory-pool blocks: an IPC handle names an
+        # allocation and the server maps it from its start
+        buf_in, buf_out = DeviceBuffer(nbytes), DeviceBuffer(nbytes)
+        buf_in.put(values)
+        dev_in, dev_out = buf_in.array.view(cp.float32), buf_out.array.view(cp.float32)
+        for name, buf in ((f"cin{mib}", buf_in), (f"cout{mib}", buf_out)):
+            cl.register_cuda_shared_memory(name, buf.raw_handle, 0, nbytes)
         cinp = httpclient.InferInput("INPUT0", [values.size], "FP32")
         cinp.set_shared_memory(f"cin{mib}", nbytes)
         cout_r = httpclient.InferRequestedOutput("OUTPUT0", binary_data=True)
@@ -156,13 +158,7 @@ def main() -> None:
         for name, force_cpu in ((HOST_MODEL, "yes"), (DEVICE_MODEL, "no")):
             write_model(repo, name, config=DOUBLE_CONFIG.format(name=name, force_cpu=force_cpu),
                         model_py=CUPY_WHERE_PY)
-        write_model(repo, "cupy_double", config="""
-            name: "cupy_double"
-            backend: "python"
-            input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-            output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
-            instance_group [ { kind: KIND_GPU count: 1 gpus: [ 0 ] } ]
-            """, model_py=CUPY_DOUBLE_PY)
+        cupy_double_model(repo)
         srv = ServerProcess(repo, Path(tmp) / "server.log",
                             extra_args=["--allow-client-shm=true", "--gpus", "0",
                                         "--http-max-input-size", str(256 << 20)]).start()

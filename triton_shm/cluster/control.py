@@ -64,7 +64,8 @@ class Cluster:
             "adopt_states": self._adopt_states, "startup_done": self._startup_done,
             "start_serving": self._start_serving, "current_state": self._current_state,
             "register_system_shm": self._register_system_shm, "register_cuda_shm": self._register_cuda_shm,
-            "unregister_shm": self._unregister_shm, "trace_update": self._trace_update,
+            "unregister_shm": self._unregister_shm, "drop_idle_shm": self._drop_idle_shm,
+            "trace_update": self._trace_update,
             "log_update": self._log_update, "statistics": self._statistics,
             "metrics_snapshots": self._metrics_snapshots, "frontends_stopped": self._frontends_stopped,
             "trace_docs": self._trace_docs, "model_ready": self._model_ready,
@@ -218,7 +219,7 @@ class Cluster:
         loaded = [self.api_loads.get(name) or {"name": name}
                   for name, entry in service.repository.models.items() if entry.ready_versions()]
         return {"loaded": loaded,
-                "system_shm": service.shm.status("system") if service.shm.enabled else [],
+                "system_shm": service.shm.status("system", awaiting=False) if service.shm.enabled else [],
                 "cuda_shm": service.shm.cuda_registrations() if service.shm.enabled else [],
                 "log": service.log_settings.to_dict(), "trace": service.tracer.api_changes()}
 
@@ -261,7 +262,13 @@ class Cluster:
         return {}
 
     async def _unregister_shm(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.service.shm.unregister(body["kind"], body["name"])
+        """``defer``: mark the regions awaiting and answer those in use here (the caller
+        removes the rest with ``drop_idle_shm``); else remove them (an undone registration)."""
+        in_use = self.service.shm.unregister(body["kind"], body["name"], defer_all=bool(body.get("defer")))
+        return {"in_use": in_use}
+
+    async def _drop_idle_shm(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.service.shm.drop_idle(body["kind"], body["name"], set(body["keep"]))
         return {}
 
     async def _trace_update(self, body: dict[str, Any]) -> dict[str, Any]:

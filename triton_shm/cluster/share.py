@@ -58,9 +58,9 @@ def keeps_shared_state(config: "mc.ModelConfig") -> bool:
     partitioned, each process's GPU worker would open a CUDA context and load the model on
     the device. Instances in processes of their own, or threads of the CPU worker (each
     process has its own), are split as they are."""
-    from ..supervisor.pool import instance_kind, process_per_instance
-    on_gpu_worker = not process_per_instance(config) and any(
-        instance_kind(g) != "KIND_CPU" for g in config.instance_group)
+    from ..supervisor.pool import instance_kind, runs_in_own_process
+    on_gpu_worker = any(instance_kind(g) != "KIND_CPU" and not runs_in_own_process(config, instance_kind(g))
+                        for g in config.instance_group)
     return (config.HasField("dynamic_batching") or config.HasField("sequence_batching")
             or config.response_cache.enable or on_gpu_worker)
 

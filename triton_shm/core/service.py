@@ -6,6 +6,7 @@ adapters map those to HTTP/gRPC status once.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable
 
@@ -13,7 +14,8 @@ from .. import TRITON_PROTOCOL_VERSION
 from ..errors import Cancelled, Internal, InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
 from .observability import log_settings
 from .data.cached_inference import infer_cached
-from .models.config import config_to_json, validate_model_name
+from .data.classification import classify_response
+from .models.config import check_load_name, config_to_json, validate_model_name
 from .models.manager import ModelManager, decode_load_parameters
 from .data.response_cache import ResponseCache
 from .data.shm_registry import SharedMemoryRegistry
@@ -31,13 +33,14 @@ if TYPE_CHECKING:
 
 SERVER_NAME = "triton"
 # Only what really works is advertised (perf_analyzer reads this list).
-EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
-              "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
+EXTENSIONS = ["classification", "model_repository", "model_repository(unload_dependents)", "schedule_policy",
+              "model_configuration", "binary_tensor_data", "parameters", "statistics", "trace", "logging"]
 
 
 # The regions of a request that uses no client shared memory: one empty dict every such
 # request shares (read, never written, below the service).
 _NO_REGIONS: dict = {}
+log = logging.getLogger(__name__)
 
 
 class InferenceService:
@@ -50,6 +53,7 @@ class InferenceService:
         self.workers = models.pool
         self.shm = shm
         shm.on_close = self.workers.drop_region
+        shm.on_idle = self._shm_idle
         self.strict_readiness = strict_readiness
         self.workers.bls_handler = self._serve_bls
         self.draining = False  # shutting down: not ready, still serving what comes
@@ -137,9 +141,38 @@ class InferenceService:
         return self.shm.status(kind, name)
 
     async def unregister_shm(self, kind: str, name: str = "") -> None:
-        self.shm.unregister(kind, name)
-        if self.cluster is not None:
-            await self.cluster.everywhere("unregister_shm", {"kind": kind, "name": name})
+        """As in Triton, a region that requests use is unregistered once they are done: it
+        stays listed (and its name taken) until then. With several front-end processes it
+        stays in all of them until none uses it (``_settle_shm``)."""
+        if self.cluster is None:
+            self.shm.unregister(kind, name)
+        else:
+            await self._settle_shm(kind, name)
+
+    async def _settle_shm(self, kind: str, name: str) -> None:
+        """Mark the regions awaiting in every process, then remove them everywhere but those
+        one of them still uses; that one settles them again when its last user is done."""
+        assert self.cluster is not None
+        in_use = set(self.shm.unregister(kind, name, defer_all=True))
+        for reply in await self.cluster.everywhere("unregister_shm", {"kind": kind, "name": name, "defer": True}):
+            in_use.update(reply.get("in_use") or [])
+        self.shm.drop_idle(kind, name, in_use)
+        await self.cluster.everywhere("drop_idle_shm", {"kind": kind, "name": name, "keep": sorted(in_use)})
+
+    def _shm_idle(self, region: "Region") -> None:
+        """An awaiting region's last user here is done: it goes, or with several front-end
+        processes is settled across them."""
+        if self.cluster is None:
+            self.shm.drop_idle(region.kind, region.name)
+            return
+
+        async def settle() -> None:
+            if self.shm.still_awaiting(region):  # not settled by another process meanwhile
+                try:
+                    await self._settle_shm(region.kind, region.name)
+                except TritonShmError as e:
+                    log.error("unregistering shared memory region '%s': %s", region.name, e.message)
+        asyncio.ensure_future(settle())
 
     async def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -189,6 +222,7 @@ class InferenceService:
         """Explicit mode only: (re)load ``name``; ``parameters`` may carry ``config`` (a JSON
         model config that overrides config.pbtxt) and ``file:<version>/<file>`` contents."""
         self.models.check_api_allowed()
+        check_load_name(name)
         config, files = decode_load_parameters(parameters or {})
         if self.cluster is not None:
             await self.cluster.load(name, config, files)
@@ -280,6 +314,8 @@ class InferenceService:
         stream = ResponseStream(asyncio.Queue())
         if streams is not None:
             streams.append(stream)
+        if model.stats is not None and model.stats.first_response is not None:  # histograms on
+            stream.opened_ns = time.monotonic_ns()
         queue = stream.queue
         run = asyncio.ensure_future(self._infer(model, request, stream, span, parent, sample))
         final = False
@@ -292,6 +328,11 @@ class InferenceService:
                     run.result()  # refused before it ran (e.g. queue full): raise that
                     get = asyncio.ensure_future(queue.get())  # executed: responses follow
                 item, final = await get
+                if stream.classify is not None and isinstance(item, InferResponse):
+                    try:
+                        classify_response(item, *stream.classify)
+                    except TritonShmError as e:
+                        item = e  # this response's error; the model's others go on
                 yield item, final
                 if final:
                     break
@@ -391,7 +432,7 @@ class InferenceService:
         if (self.tracer.active and sample) or model.caches_responses or parent is not None:  # timed from arrival
             return self._infer_with_features(model, request, stream, None, span, parent, sample)
         plan = plain_plan(model, request) or checked_plan(model, request)  # validate_request's two steps
-        if plan.shm_inputs or plan.shm_outputs:
+        if plan.shm_inputs or plan.shm_outputs or plan.classification:
             return self._infer_with_features(model, request, stream, plan)
         scheduler = model.scheduler
         if scheduler is None:
@@ -413,20 +454,29 @@ class InferenceService:
         try:
             if plan is None:
                 plan = validate_request(model, request)
+            # the classes are made where the model runs: a forwarded request's owner makes them
+            classes = plan.classification if model.owner is None else None
+            if classes and stream is not None:  # a decoupled model's responses
+                stream.classify = (classes, model.max_batch_size > 0, model.labels)
             cache = self._cache_for(model, request, stream)
             if not (plan.shm_inputs or plan.shm_outputs or cache is not None):
-                return await model.queue().submit(request, plan, {}, trace, stream)
-            regions = self.shm.acquire_all(plan)
-            if cache is not None and any(r.kind == "cuda" for r in regions.values()):
-                cache = None  # the cache reads and writes host regions only: CUDA ones bypass it
-            try:
-                if cache is not None:
-                    return await infer_cached(cache, model, request, plan, regions, arrived,
-                                              lambda: model.queue().submit(request, plan, regions, trace))
-                return await model.queue().submit(request, plan, regions, trace, stream)
-            finally:  # the worker has finished with the regions once it replied
-                for region in regions.values():
-                    self.shm.release(region)
+                response = await model.queue().submit(request, plan, {}, trace, stream)
+            else:
+                regions = self.shm.acquire_all(plan)
+                if cache is not None and any(r.kind == "cuda" for r in regions.values()):
+                    cache = None  # the cache reads and writes host regions only: CUDA ones bypass it
+                try:
+                    if cache is not None:
+                        response = await infer_cached(cache, model, request, plan, regions, arrived,
+                                                      lambda: model.queue().submit(request, plan, regions, trace))
+                    else:
+                        response = await model.queue().submit(request, plan, regions, trace, stream)
+                finally:  # the worker has finished with the regions once it replied
+                    for region in regions.values():
+                        self.shm.release(region)
+            if classes and response is not None:
+                classify_response(response, classes, model.max_batch_size > 0, model.labels)
+            return response
         finally:
             if trace is not None:
                 self.tracer.finish(trace)

@@ -87,10 +87,9 @@ class BlockAllocator:
         """A block holding a copy of ``data`` (a contiguous buffer): ``alloc`` and the copy
         in one call."""
         view = memoryview(data)
-        if view.c_contiguous:  # any shape and format, as the C twin takes it
-            view = view.cast("B")
         block = self.alloc(view.nbytes)
-        block.view[:] = view
+        if view.nbytes:  # a view with a zero in its shape has nothing to copy (and can not be cast)
+            block.view[:] = view.cast("B") if view.c_contiguous else view  # any shape and format, as in C
         return block
 
     def free(self, segment_id: int, offset: int, nbytes: int) -> None:

@@ -26,7 +26,7 @@ from ..ipc.protocol import Op
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
 from ..ipc.link import Link
 from ..ipc.ring import RingCorrupt
-from ..devices import visible_device
+from ..devices import worker_environment
 
 if TYPE_CHECKING:
     from ..core.data.shm_registry import Region
@@ -47,8 +47,13 @@ _REPLY = Op.REPLY  # the decoder's ops are these members: compared by identity
 
 
 class WorkerHandle:
-    def __init__(self, name: str, gpu: int | None, log_verbose: int = 0, what: str | None = None):
+    def __init__(self, name: str, gpu: int | None, log_verbose: int = 0, what: str | None = None,
+                 sees_all_gpus: bool = False):
         self.name, self.gpu, self.log_verbose = name, gpu, log_verbose
+        # A shared GPU worker sees only its device (CUDA ordinal 0: its backends open one
+        # context, on it). A Python model's instance process sees the server's devices, as
+        # Triton's stub does, so ``model_instance_device_id`` names a real device there.
+        self.masked = gpu is not None and not sees_all_gpus
         self.what = what or f"worker '{name}'"  # how errors name it: a worker, or the model instance it runs
         self.proc: subprocess.Popen | None = None
         self.link: Link | None = None
@@ -82,9 +87,7 @@ class WorkerHandle:
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         link, theirs, link_fds = Link.create()
-        env = dict(os.environ)
-        if self.gpu is not None:  # each GPU worker sees only its device
-            env["CUDA_VISIBLE_DEVICES"] = visible_device(self.gpu, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        env = worker_environment(os.environ, self.gpu if self.masked else None)
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "triton_shm.worker", "--fd", str(theirs.fileno()), "--name", self.name,
@@ -124,9 +127,10 @@ class WorkerHandle:
             self.regions.add(region.id)
 
     def cuda_ordinal(self, device_id: int) -> int:
-        """The CUDA ordinal of GPU ``device_id`` inside this worker: a GPU worker sees only
-        its own device (ordinal 0); the CPU worker sees the server's devices."""
-        if self.gpu is None:
+        """The CUDA ordinal of GPU ``device_id`` inside this worker: a shared GPU worker sees
+        only its own device (ordinal 0); the CPU worker and instance processes see the
+        server's devices."""
+        if not self.masked:
             return device_id
         if device_id != self.gpu:
             raise InvalidArgument(f"CUDA shared memory on GPU {device_id} cannot be used by a model instance "

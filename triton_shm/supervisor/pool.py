@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Sequence
 from ..core.data import codec
 from ..core.data.datatypes import element_size
 from ..core.models.config import config_to_json, mc
+from ..core.observability.histogram import FirstResponse
 from ..core.scheduling.request_future import RequestFuture
 from ..core.data.types import BatchRequest, InferResponse, OutputTensor
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
@@ -55,6 +56,17 @@ def process_per_instance(config: "mc.ModelConfig") -> bool:
         return False
     param = config.parameters.get(PROCESS_PER_INSTANCE)
     return param is None or param.string_value.strip().lower() not in ("no", "false", "0", "off")
+
+
+def runs_in_own_process(config: "mc.ModelConfig", kind: str) -> bool:
+    """Whether an instance of ``kind`` runs in a process of its own. A Python model's
+    ``KIND_GPU`` instance always does, whatever PROCESS_PER_INSTANCE says: its process sees
+    the server's GPUs, so Triton's idiom ``torch.device(f"cuda:{args['model_instance_device_id']}")``
+    names its device; in the shared worker of its GPU, which sees that GPU alone as
+    ``cuda:0``, any id but 0 would fail."""
+    if config.backend != "python":
+        return False
+    return kind == "KIND_GPU" or process_per_instance(config)
 
 
 class WorkerPool:
@@ -185,11 +197,11 @@ class WorkerPool:
         it and the load (``<instance>@<model>/<version>#<generation>``: a reload's new
         processes start beside the old ones); a shared worker hosts them all."""
         by_worker: dict[str, list[Any]] = {}
-        own = process_per_instance(mv.config)
         mine, processes = mv.instance_slice  # several front-end processes: this one's share
         ordinal = -1
         for group in mv.config.instance_group:
             kind = instance_kind(group)
+            own = runs_in_own_process(mv.config, kind)
             devices = list(group.gpus) if kind == "KIND_GPU" else [None]
             for device in devices:
                 for i in range(group.count):
@@ -230,10 +242,11 @@ class WorkerPool:
             self._placements.setdefault(w, []).append(mv)
 
     def _start_instance_process(self, name: str, spec: dict[str, Any], device: int | None) -> WorkerHandle:
-        """A process of its own for one model instance (on GPU ``device``, seeing only it).
-        Started with fork and exec (``subprocess``), never a bare fork: the front-end has
-        threads."""
-        worker = WorkerHandle(name, device, self.log_verbose, what=f"model instance '{spec['name']}'")
+        """A process of its own for one model instance (on GPU ``device``, seeing the
+        server's GPUs). Started with fork and exec (``subprocess``), never a bare fork: the
+        front-end has threads."""
+        worker = WorkerHandle(name, device, self.log_verbose, what=f"model instance '{spec['name']}'",
+                              sees_all_gpus=True)
         self._supervise(worker)
         self.workers[name] = worker
         self._restarts[name] = 0
@@ -384,11 +397,15 @@ class WorkerPool:
         """Routes a decoupled batch's responses to each request's stream queue, until
         every request has had its final response; then the batch's stream (``msg_id``) ends."""
         open_requests = set(range(len(batch)))
-        queues = []
+        queues: list[Any] = []
+        first = mv.stats.first_response if mv.stats is not None else None  # latency histograms on
         for p in batch:
             if p.stream is None:
                 raise Internal(f"model '{mv.name}' is decoupled but a request of its batch has no stream")
-            queues.append(p.stream.queue)
+            if first is not None and p.stream.opened_ns:  # (a sequence's null request has no client)
+                queues.append(FirstResponse(p.stream.queue, first, p.stream.opened_ns))
+            else:
+                queues.append(p.stream.queue)
 
         def handle(msg: dict[str, Any] | None) -> None:
             if msg is None:  # the worker died

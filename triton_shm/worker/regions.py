@@ -17,7 +17,8 @@ watched by the C SIGBUS handler: a truncation while the model reads puts zero pa
 it and marks it poisoned, and the worker fails the requests that read it. A poisoned
 mapping is dropped and the region mapped again at its next use. The mapping lives as long
 as any view of it, so a model that keeps an input after the region is unregistered keeps
-valid memory (zeros, if the client truncates it meanwhile).
+valid memory (zeros, if the client truncates it meanwhile). A CUDA region's mapping follows
+the same rule (``cuda.IpcMapping``): a CuPy view lent from it holds it open.
 """
 from __future__ import annotations
 
@@ -78,7 +79,7 @@ class RegionMap:
 
     def add_cuda(self, rid: int, handle: bytes, device: int, size: int) -> None:
         """A client's CUDA IPC region (opened here; a bad handle raises InvalidArgument)."""
-        region = CudaRegion(handle, device, size)
+        region = CudaRegion.open(handle, device, size)
         old = self._regions.pop(rid, None)
         if old is not None:
             old.close()

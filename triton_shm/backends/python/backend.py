@@ -29,6 +29,7 @@ import numpy as np
 from ...errors import (
     AlreadyExists, Cancelled, Internal, InvalidArgument, NotFound, TritonShmError,
     Unavailable, Unsupported)
+from ...worker import cuda
 from ..base import Backend, InstanceSpec, ModelContext, ModelInstance, WorkerRequest, WorkerResponse
 from . import install_module_alias
 from . import triton_python_backend_utils as pb_utils
@@ -245,6 +246,10 @@ class PythonModelInstance(ModelInstance):
             "model_name": context.name,
         }
         where = f"Python model '{context.name}' instance '{spec.name}'"
+        # a KIND_GPU instance's code runs with its GPU current (its process sees them all)
+        self._device = spec.device_id if spec.kind == "KIND_GPU" else None
+        if self._device is not None:
+            cuda.use_device(self._device)
         try:
             self.model = model_class()
         except BaseException as e:  # noqa: BLE001 - user code
@@ -343,6 +348,8 @@ class PythonModelInstance(ModelInstance):
     def execute(self, requests: list[WorkerRequest]) -> list[WorkerResponse]:
         n = len(requests)
         label = self._label
+        if self._device is not None:
+            cuda.use_device(self._device)  # once per thread
         try:
             pb_requests = list(map(self._request, requests))
         except Exception as e:  # noqa: BLE001

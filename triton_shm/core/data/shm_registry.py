@@ -5,8 +5,13 @@ Linux), checks its size with ``fstat`` and keeps only the file descriptor. It ne
 creates, truncates or unlinks a client's region, and never maps it: the worker that
 runs a request receives the fd over its socket and maps exactly
 ``[offset, offset + byte_size)`` (the response cache alone reads and writes one from the
-front-end, with ``pread``/``pwrite``: ``region_io.py``). A region in use by in-flight requests stays open
-after it is unregistered until its last user releases it.
+front-end, with ``pread``/``pwrite``: ``region_io.py``).
+
+Unregistering a region that in-flight requests use is deferred, as in Triton: the call
+succeeds at once, the region stays registered (listed by status, usable, its name taken:
+a new registration of it gets ALREADY_EXISTS) marked ``awaiting``, and goes when its last
+user releases it (``on_idle`` is told, so several front-end processes can settle it
+together: core/service.py).
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ class Region:
     fd: int  # -1 for a CUDA region
     users: int = 0
     registered: bool = True
+    awaiting: bool = False  # unregistered while in use: goes when its last user releases it
     kind: str = "system"  # or "cuda"
     device_id: int = 0  # CUDA regions: the GPU the memory lives on
     raw_handle: bytes = b""  # CUDA regions: the cudaIpcMemHandle_t, opened by the worker of device_id
@@ -84,8 +90,10 @@ class SharedMemoryRegistry:
         self.gpus = gpus
         self._regions: dict[str, Region] = {}
         self._ids = itertools.count(1)
-        # called with a region once its last user is gone after unregister
+        # called with a region once it is gone (unregistered and unused)
         self.on_close: Callable[[Region], None] | None = None
+        # called with an awaiting region once its last user released it; None: it goes then
+        self.on_idle: Callable[[Region], None] | None = None
 
     def _require_enabled(self) -> None:
         if not self.enabled:
@@ -147,30 +155,58 @@ class SharedMemoryRegistry:
             raise AlreadyExists(f"shared memory region '{name}' already in manager")
 
     def cuda_registrations(self) -> list[dict]:
-        """Every CUDA region, as ``Region.cuda_registration`` gives it."""
-        return [r.cuda_registration() for r in self._regions.values() if r.kind == "cuda"]
+        """Every CUDA region not awaiting its unregistration, as ``Region.cuda_registration``
+        gives it."""
+        return [r.cuda_registration() for r in self._regions.values() if r.kind == "cuda" and not r.awaiting]
 
     # -- status and removal --------------------------------------------------------------
-    def status(self, kind: str, name: str = "") -> list[dict]:
-        """Registered regions of ``kind`` ("system" or "cuda"; names are shared by both)."""
-        regions = {n: r for n, r in self._regions.items() if r.kind == kind}
+    def status(self, kind: str, name: str = "", *, awaiting: bool = True) -> list[dict]:
+        """Registered regions of ``kind`` ("system" or "cuda"; names are shared by both),
+        those awaiting their unregistration included unless ``awaiting`` is False."""
+        regions = {n: r for n, r in self._regions.items() if r.kind == kind and (awaiting or not r.awaiting)}
         if name:
             if name not in regions:
                 raise NotFound(f"Unable to find {kind} shared memory region: '{name}'")
             return [regions[name].status()]
         return [r.status() for r in regions.values()]
 
-    def unregister(self, kind: str, name: str = "") -> None:
-        """One region, or every region of ``kind``; an unknown name is not an error (as Triton)."""
+    def unregister(self, kind: str, name: str = "", *, defer_all: bool = False) -> list[str]:
+        """One region, or every region of ``kind``; an unknown name is not an error (as
+        Triton). A region in use is marked awaiting and kept until its last user releases
+        it; ``defer_all``: every one is (the front-end processes decide together when it
+        goes: ``drop_idle``). The names of the regions kept because they are in use here."""
         self._require_enabled()
+        in_use = []
         for n in [name] if name else list(self._regions):
             region = self._regions.get(n)
             if region is None or region.kind != kind:
                 continue
-            del self._regions[n]
-            region.registered = False
-            if region.users == 0:
-                self._close(region)
+            if region.users or defer_all:
+                region.awaiting = True
+                if region.users:
+                    in_use.append(n)
+            else:
+                self._drop(region)
+        return in_use
+
+    def drop_idle(self, kind: str, name: str = "", keep: frozenset[str] | set[str] = frozenset()) -> None:
+        """Remove the awaiting regions of ``kind`` (``name``, or all) that nothing here uses,
+        but those named in ``keep`` (in use in another front-end process)."""
+        for n in [name] if name else list(self._regions):
+            region = self._regions.get(n)
+            if region is not None and region.kind == kind and region.awaiting and not region.users and n not in keep:
+                self._drop(region)
+
+    def still_awaiting(self, region: Region) -> bool:
+        """``region`` is registered, awaiting its unregistration."""
+        return region.awaiting and self._regions.get(region.name) is region
+
+    def _drop(self, region: Region) -> None:
+        if self._regions.get(region.name) is region:
+            del self._regions[region.name]
+        region.registered = False
+        if region.users == 0:
+            self._close(region)
 
     # -- use by requests -----------------------------------------------------------------
     def acquire(self, name: str) -> Region:
@@ -199,8 +235,15 @@ class SharedMemoryRegistry:
 
     def release(self, region: Region) -> None:
         region.users -= 1
-        if region.users == 0 and not region.registered:
+        if region.users:
+            return
+        if not region.registered:
             self._close(region)
+        elif region.awaiting:  # unregistered while in use: it goes now
+            if self.on_idle is None:
+                self._drop(region)
+            else:
+                self.on_idle(region)
 
     def _close(self, region: Region) -> None:
         if self.on_close is not None:

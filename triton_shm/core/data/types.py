@@ -37,6 +37,12 @@ def request_id_prefix(request_id: str) -> str:
 @dataclass(eq=False)
 class ResponseStream:
     """Where a decoupled model's responses go: ``(response | error | None, final)``
-    items, and how to tell the model the client is gone (set once the request runs)."""
+    items, and how to tell the model the client is gone (set once the request runs).
+    ``opened_ns``: when it was opened (monotonic), while latency histograms time the first
+    response (else 0)."""
     queue: "asyncio.Queue"
     cancel: Callable[[], None] | None = None
+    opened_ns: int = 0
+    # (counts, batched, labels) when outputs were asked for as classes: each response's
+    # outputs become their top classes (core/data/classification.py) as they are read
+    classify: tuple | None = None

@@ -31,12 +31,29 @@ _INT64_TYPES = {FieldDescriptor.TYPE_INT64, FieldDescriptor.TYPE_UINT64, FieldDe
 
 
 def validate_model_name(name: str) -> str:
-    """Reject names that could escape the repository or address nothing."""
+    """Reject names that could escape the repository or address nothing ("a..b" is a name)."""
     if not name or not name.strip():
         raise InvalidArgument("model name must not be empty")
-    if "/" in name or "\\" in name or name.strip() in (".", "..") or ".." in name or "\x00" in name:
+    if _escapes(name):
         raise InvalidArgument(f"invalid model name '{name}'")
     return name
+
+
+_C_SPACE = " \t\n\v\f\r"  # what C's isspace() trims
+
+
+def _escapes(name: str) -> bool:
+    return "/" in name or "\\" in name or "\x00" in name or name.strip() in (".", "..") \
+        or name.strip(_C_SPACE) in (".", "..")
+
+
+def check_load_name(name: str) -> None:
+    """A model load's name, refused in Triton's words: empty or only whitespace, or one
+    that could leave the repository (Triton: "..", or a "/"; here "." and "\\" too)."""
+    if not name.strip(_C_SPACE):
+        raise InvalidArgument("Model name cannot be empty. Please enter a valid name to deploy.")
+    if _escapes(name):
+        raise InvalidArgument(f"invalid model name '{name}', model name must not contain path traversal characters")
 
 
 def parse_pbtxt(text: str, source: str = "config.pbtxt") -> ModelConfig:

@@ -14,13 +14,16 @@ import base64
 import itertools
 import logging
 import os
+import posixpath
 import shutil
 import tempfile
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable
+from ..data.classification import ensemble_labels, load_labels
 from ..data.response_cache import check_cache_config
+from ..observability.histogram import check_model_metrics, histogram_buckets
 from ..observability.statistics import ModelStats
 from ..scheduling.dynamic import DynamicScheduler, check_batching_config
 from ..scheduling.ensemble import EnsembleScheduler, composing_models, ensemble_dependents, validate_ensemble
@@ -58,31 +61,38 @@ def fingerprint(model_dir: Path) -> tuple:
 
 
 def override_paths(files: dict[str, bytes]) -> dict[PurePosixPath, bytes]:
-    """The file-override paths, checked: relative, inside the model directory, each
-    component a legal file name, and no path that is both a file and a folder of another
-    (``file:1`` beside ``file:1/model.py``)."""
+    """The file-override paths laid out as Triton lays them out: under the model's private
+    directory, an absolute one too (``file:/tmp/x`` is ``tmp/x`` there), normalized
+    (``1/../2/x`` is ``2/x``); a path that leaves the directory, names the directory itself,
+    holds NUL or an over-long component, or is both a file and the folder of another
+    (``file:1`` beside ``file:1/model.py``) is the client's error (InvalidArgument), with
+    Triton's wording. A later name for the same path replaces the earlier, as in Triton."""
     out: dict[PurePosixPath, bytes] = {}
     for rel, data in files.items():
-        path = PurePosixPath(rel)
-        if (not rel or rel.startswith("/") or "\\" in rel or "\x00" in rel or ".." in path.parts
-                or path.parts in ((), (".",))):
-            raise InvalidArgument(f"invalid file override path '{rel}'")
-        if any(len(part.encode()) > NAME_MAX for part in path.parts) or len(rel.encode()) > PATH_MAX:
+        name = f"{FILE_PREFIX}{rel}"
+        if "\x00" in rel:
+            raise InvalidArgument(f"Invalid file parameter {name!r}: a path can not hold NUL")
+        normalized = posixpath.normpath("/model/" + rel.lstrip("/"))
+        if not normalized.startswith("/model/"):
+            where = "names the model directory itself" if normalized == "/model" else "must stay within model directory"
+            raise InvalidArgument(f"Invalid file parameter '{name}' {where}")
+        path = PurePosixPath(normalized[len("/model/"):])
+        if any(len(part.encode(errors="surrogatepass")) > NAME_MAX for part in path.parts) \
+                or len(rel.encode(errors="surrogatepass")) > PATH_MAX:
             raise InvalidArgument(f"file override path '{rel[:64]}...' is too long")
-        if path in out:
-            raise InvalidArgument(f"file override '{rel}' is given twice")
         out[path] = data
     for path in out:
         for parent in path.parents:
             if parent in out:
-                raise InvalidArgument(f"file overrides conflict: '{parent}' is a file and the folder of '{path}'")
+                raise InvalidArgument(f"Invalid file parameter '{FILE_PREFIX}{path}', directory has been created "
+                                      f"as a file ('{FILE_PREFIX}{parent}')")
     return out
 
 
 def write_override_files(name: str, files: dict[str, bytes]) -> Path:
-    """A private model directory holding only the given files (``"1/model.onnx"`` → bytes).
-    Every path must stay inside it: no absolute paths, no ``..``. Everything is checked
-    before the directory exists, and a failure removes it and names no server path."""
+    """A private model directory holding only the given files (``"1/model.onnx"`` → bytes),
+    laid out by ``override_paths``: nothing lands outside it. Everything is checked before
+    the directory exists, and a failure removes it and names no server path."""
     check_name_length(name)
     paths = override_paths(files)
     root = Path(tempfile.mkdtemp(prefix="triton_shm_model_"))
@@ -107,8 +117,8 @@ def write_override_files(name: str, files: dict[str, bytes]) -> Path:
 
 class PollFailed(Internal):
     """A model that cannot be read from the repository: no directory of that name, a config
-    that cannot be read or parsed, an override that is not a config, file overrides that
-    cannot be written. As Triton, the caller is told only that (INTERNAL), the log says why,
+    that cannot be read or parsed, a config override that is not a config of that model.
+    As Triton, the caller is told only that (INTERNAL), the log says why,
     and the model's entry is left as it was: a model never loaded stays listed by name only,
     a loaded one keeps serving."""
 
@@ -125,6 +135,7 @@ def check_name_length(name: str) -> None:
 class ModelManager:
     def __init__(self, repository: ModelRepository, pool: "WorkerPool", *, mode: str = "none",
                  poll_secs: float = 15.0, load_threads: int = 4, latency_summaries: bool = False,
+                 latency_histograms: bool = False,
                  auto_complete: bool = True, config_name: str = "", limiter: RateLimiter | None = None,
                  external_links: bool = False, share: "FrontendShare | None" = None,
                  forwarding: "Callable[[ModelVersion, int], Scheduler] | None" = None):
@@ -133,6 +144,7 @@ class ModelManager:
         self.repository, self.pool, self.mode = repository, pool, mode
         self.poll_secs = poll_secs
         self.latency_summaries = latency_summaries  # keep per-request latencies for metric summaries
+        self.latency_histograms = latency_histograms  # count first-response times in metric histograms
         # complete configs from the model files (off: --disable-auto-complete-config)
         self.auto_complete = auto_complete
         self.config_name = config_name      # --model-config-name: configs/<name>.pbtxt before config.pbtxt
@@ -244,18 +256,22 @@ class ModelManager:
             self._implicit.add(name)
         elif not self.repository.versions_of(name):  # a loaded model keeps how it came in
             self._implicit.discard(name)
-        try:
-            if files and config_json is None:
-                raise InvalidArgument("file overrides need a 'config' parameter as well")
-            if files:
+        if files:  # the client's overrides: one that can not be laid out is its error (400), logged as Triton does
+            try:
+                if config_json is None:
+                    raise InvalidArgument("Load parameter 'config' must be specified for model file override")
                 model_dir = write_override_files(name, files)
-            else:
-                found = self.repository.scan().get(name)
-                if found is None:
-                    raise InvalidArgument(f"no model directory '{name}' in the model repository")
-                model_dir = found
-        except InvalidArgument as e:
-            raise self._poll_failed(name, e.message) from None
+            except InvalidArgument as e:
+                log.error("Poll failed for model directory '%s': %s", name, e.message)
+                raise InvalidArgument(f"failed to load '{name}': {e.message}") from None
+        else:
+            try:
+                found = self.repository.scan().get(name)  # raises for a name in several repositories
+            except InvalidArgument as e:
+                raise self._poll_failed(name, e.message) from None
+            if found is None:
+                raise self._poll_failed(name, f"no model directory '{name}' in the model repository")
+            model_dir = found
         entry = self.repository.entry(name, model_dir)
         if config_json is None and _is_ensemble(model_dir, self.config_name):
             # Loading an ensemble loads its composing models that are not loaded yet.
@@ -425,10 +441,16 @@ class ModelManager:
                 check_batching_config(config)
                 check_sequence_config(config, mv.model_dir)
             check_cache_config(config)
+            check_model_metrics(config)
+            mv.labels = load_labels(config, mv.model_dir, mv.name)
+            if ensemble:
+                ensemble_labels(mv.labels, config, self.repository)
             mv.set_config(config)
             mv.stats = ModelStats(mv.name, str(mv.version))
             if self.latency_summaries:
                 mv.stats.enable_summaries()
+            if self.latency_histograms:
+                mv.stats.enable_histograms(histogram_buckets(config), decoupled=mv.decoupled)
             owner = None if ensemble or self.share is None else \
                 self.share.owner_of(mv.name, config, rate_limited=self.limiter is not None)
             if ensemble:

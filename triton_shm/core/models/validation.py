@@ -8,8 +8,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from ...errors import InvalidArgument, Unsupported
+from ...errors import InvalidArgument
 from ..data import codec
+from ..data.classification import requested_count
 from ..data.datatypes import element_size
 from ..data.types import SHM_PARAMETERS, InferRequest, request_id_prefix
 from .version import ModelVersion
@@ -38,6 +39,8 @@ class RequestPlan:
     # requested ones; the scheduler keeps them, the client never sees them
     state_outputs: Mapping[str, str] = field(default_factory=dict)
     sequence: tuple | None = None   # sequence batching: (correlation ID, start, end), for the model
+    # outputs asked for as their top N classes (core/data/classification.py), by name
+    classification: Mapping[str, int] = field(default_factory=dict)
 
 
 def _shm_ref(params: dict, what: str, rid: str) -> ShmRef | None:
@@ -122,7 +125,7 @@ def plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | None
         plan = model.plain_plans.get(batch_size)
         if plan is None:
             plan = model.plain_plans[batch_size] = RequestPlan(list(model.output_names), batch_size, NOTHING,
-                                                               NOTHING, NOTHING)
+                                                               NOTHING, NOTHING, None, NOTHING)
         return plan
     outputs: list[str] = []
     for out in request.outputs:
@@ -130,7 +133,7 @@ def plain_plan(model: ModelVersion, request: InferRequest) -> RequestPlan | None
                 or (out.parameters and not _NOT_PLAIN_OUTPUT_KEYS.isdisjoint(out.parameters))):
             return None
         outputs.append(out.name)
-    return RequestPlan(outputs, batch_size, NOTHING, NOTHING, NOTHING)
+    return RequestPlan(outputs, batch_size, NOTHING, NOTHING, NOTHING, None, NOTHING)
 
 
 def validate_request(model: ModelVersion, request: InferRequest) -> RequestPlan:
@@ -225,18 +228,23 @@ def checked_plan(model: ModelVersion, request: InferRequest) -> RequestPlan:
                 raise InvalidArgument(f"{rid}input '{inp.name}' for model '{name}': {e.message}") from None
 
     outputs: list[str] = []
+    classes: dict[str, int] = {}
     for out in request.outputs:
         if out.name not in model.outputs:
             raise InvalidArgument(f"{rid}unexpected inference output '{out.name}' for model '{name}'")
         if out.name in outputs:
             raise InvalidArgument(f"{rid}output '{out.name}' already exists in request")
-        if "classification" in out.parameters:
-            raise Unsupported(f"{rid}output '{out.name}' asks for classification, which this server "
-                              "does not provide yet")
         ref = _shm_ref(out.parameters, f"output '{out.name}'", rid)
+        if "classification" in out.parameters:
+            if ref is not None:  # the classes are made from the output: it can not go to the region
+                raise InvalidArgument("Output can't set both 'shared_memory_region' and 'classification'")
+            count = requested_count(out.parameters, out.name)
+            if count:
+                classes[out.name] = count
         if ref is not None:
             shm_outputs[out.name] = ref
         outputs.append(out.name)
     if not outputs:
         outputs = list(model.outputs)
-    return RequestPlan(outputs=outputs, batch_size=batch_size, shm_inputs=shm_inputs, shm_outputs=shm_outputs)
+    return RequestPlan(outputs=outputs, batch_size=batch_size, shm_inputs=shm_inputs, shm_outputs=shm_outputs,
+                       classification=classes or NOTHING)

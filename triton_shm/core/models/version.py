@@ -67,6 +67,8 @@ class ModelVersion:
     owner: int | None = None
     # its worker died and is being restarted: requests get UNAVAILABLE (retryable), not NOT_FOUND
     recovering: bool = False
+    # each output's classification labels (its label_filename's lines), read at load
+    labels: dict[str, list[bytes]] = field(default_factory=dict)
 
     # Derived from the fields above, which are fixed once set (``config`` only changes
     # through set_config): plain attributes, because every request reads them.

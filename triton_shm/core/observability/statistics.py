@@ -7,7 +7,8 @@ it at scrape time, so the two always agree).
 With several front-end processes each counts what it served; the server's figures are
 their sums: :meth:`ModelStats.snapshot` is what a process sends, :meth:`ModelStats.add_snapshot`
 adds one in, and :func:`merge_statistics` sums the statistics extension's lists. Latency
-summaries are not carried: quantiles over windows cannot be summed, so they stay per process.
+summaries are not carried: quantiles over windows cannot be summed, so they stay per process;
+latency histograms are (see ``histogram.py``).
 """
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ import collections
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
+
+from .histogram import FIRST_RESPONSE, Histogram
 
 _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit",
            "cache_miss")
@@ -108,6 +111,8 @@ class ModelStats:
     failures: dict[str, int] = field(default_factory=dict)
     # per SUMMARY_PHASES, when latency summaries are on (else None: nothing is kept)
     summaries: dict[str, LatencySummary] | None = None
+    # nv_inference_first_response_histogram_ms, when latency histograms are on
+    first_response: Histogram | None = None
 
     def __post_init__(self) -> None:
         # The phases every answered request adds to, held directly: the adds are plain
@@ -116,9 +121,31 @@ class ModelStats:
         self._success, self._queue = phases["success"], phases["queue"]
         self._input, self._infer, self._output = (phases["compute_input"], phases["compute_infer"],
                                                    phases["compute_output"])
+        # first_response, for a model whose requests get one response each: timed as they are answered
+        self._answered: Histogram | None = None
+        # what each answered request's latencies go to when summaries or histograms are on;
+        # None while both are off (one check per request)
+        self.observe: Callable[[int, int, int, int, int], None] | None = None
 
     def enable_summaries(self) -> None:
         self.summaries = {phase: LatencySummary() for phase in SUMMARY_PHASES}
+        self.observe = self._observe
+
+    def enable_histograms(self, buckets: dict[str, tuple[float, ...]], decoupled: bool) -> None:
+        """Latency histograms with these buckets per family. A decoupled model's first
+        responses are timed on their streams (``histogram.FirstResponse``), not here."""
+        self.first_response = Histogram(buckets[FIRST_RESPONSE])
+        if not decoupled:
+            self._answered = self.first_response
+            self.observe = self._observe
+
+    def _observe(self, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        if self.summaries is not None:
+            now = time.monotonic()
+            for phase, ns in zip(SUMMARY_PHASES, (total_ns, queue_ns, input_ns, infer_ns, output_ns)):
+                self.summaries[phase].observe(ns // 1000, now)
+        if self._answered is not None:
+            self._answered.observe_ns(total_ns)
 
     def record_execution(self, batch_size: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
         """One model execution of ``batch_size`` samples (all requests of one batch).
@@ -157,10 +184,8 @@ class ModelStats:
         d = self._output
         d.count += 1
         d.ns += output_ns
-        if self.summaries is not None:
-            now = time.monotonic()
-            for phase, ns in zip(SUMMARY_PHASES, (total_ns, queue_ns, input_ns, infer_ns, output_ns)):
-                self.summaries[phase].observe(ns // 1000, now)
+        if self.observe is not None:
+            self.observe(total_ns, queue_ns, input_ns, infer_ns, output_ns)
 
     def record_single(self, samples: int, total_ns: int, queue_ns: int, input_ns: int, infer_ns: int,
                       output_ns: int) -> None:
@@ -199,10 +224,8 @@ class ModelStats:
         d = self._output
         d.count += 1
         d.ns += output_ns
-        if self.summaries is not None:
-            now = time.monotonic()
-            for phase, ns in zip(SUMMARY_PHASES, (total_ns, queue_ns, input_ns, infer_ns, output_ns)):
-                self.summaries[phase].observe(ns // 1000, now)
+        if self.observe is not None:
+            self.observe(total_ns, queue_ns, input_ns, infer_ns, output_ns)
 
     def record_cache_hit(self, total_ns: int, queue_ns: int, hit_ns: int) -> None:
         """One request answered from the response cache: a success that never ran the model."""
@@ -215,19 +238,26 @@ class ModelStats:
             now = time.monotonic()
             self.summaries["request"].observe(total_ns // 1000, now)
             self.summaries["queue"].observe(queue_ns // 1000, now)
+        if self._answered is not None:
+            self._answered.observe_ns(total_ns)
 
     def record_cache_miss(self, miss_ns: int) -> None:
         """A response-cache lookup that found nothing (its lookup and insertion time)."""
         self.phases["cache_miss"].add(miss_ns)
 
-    def record_failure(self, total_ns: int, reason: str) -> None:
+    def record_failure(self, total_ns: int, reason: str, responded: bool = True) -> None:
+        """``responded``: False for a request refused before it was queued (queue full), to
+        which Triton sends no response: it has no time to first response."""
         self.phases["fail"].add(total_ns)
         self.failures[reason] = self.failures.get(reason, 0) + 1
+        if responded and self._answered is not None:
+            self._answered.observe_ns(total_ns)
 
     def snapshot(self) -> dict[str, Any]:
         """Everything additive, JSON-able (string keys, plain ints): what one process sends
-        for the server's sums. No latency summaries (see the module's note)."""
-        return {
+        for the server's sums. No latency summaries (see the module's note); the
+        histograms, when kept."""
+        snap: dict[str, Any] = {
             "inference_count": self.inference_count,
             "execution_count": self.execution_count,
             "last_inference": self.last_inference_ms,  # merged as the latest, not summed
@@ -239,6 +269,9 @@ class ModelStats:
                         for size, b in self.batches.items()},
             "failures": dict(self.failures),
         }
+        if self.first_response is not None:
+            snap["first_response"] = self.first_response.snapshot()
+        return snap
 
     def add_snapshot(self, snap: dict[str, Any]) -> None:
         """Add another process's :meth:`snapshot` into these statistics."""
@@ -256,11 +289,15 @@ class ModelStats:
                 d.add(ns, count)
         for reason, count in snap["failures"].items():
             self.failures[reason] = self.failures.get(reason, 0) + count
+        if self.first_response is not None and "first_response" in snap:
+            self.first_response.add_snapshot(snap["first_response"])
 
     def merged_with(self, snapshots: Iterable[dict[str, Any]]) -> "ModelStats":
         """A copy of these statistics with ``snapshots`` added; it shares this process's
         latency summaries (read only), which cannot be summed."""
         merged = ModelStats(self.name, self.version)
+        if self.first_response is not None:
+            merged.first_response = Histogram(self.first_response.bounds)
         merged.add_snapshot(self.snapshot())
         for snap in snapshots:
             merged.add_snapshot(snap)

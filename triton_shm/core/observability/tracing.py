@@ -29,6 +29,7 @@ import asyncio
 import concurrent.futures
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, replace
 from typing import Any, BinaryIO, Iterable, Protocol
@@ -48,27 +49,48 @@ _STREAM_CHUNK = 256  # log_frequency 0: traces buffered before an append to the 
 
 
 # -- values ---------------------------------------------------------------------------------
-def _parse_int(key: str, value: Any, startup: bool = False) -> int:
-    """``startup``: a ``--trace-config`` value, where rate 0 is allowed (only requests that
-    carry a caller's OpenTelemetry context are traced, as tritonserver does); the settings
-    API refuses it."""
-    if not isinstance(value, str):
-        raise InvalidArgument(f"'{key}' must be a string, got: {orjson.dumps(value).decode()}")
-    text = value.strip()
+def _parse_int(key: str, value: Any) -> int:
+    """A ``--trace-config`` value: a decimal number in the setting's range (rate 0 is
+    allowed: only requests that carry a caller's OpenTelemetry context are traced, as
+    tritonserver does)."""
     try:
-        number = int(text, 10)
+        number = int(value.strip(), 10)
     except ValueError:
         raise InvalidArgument(f"Unable to parse '{key}', got: {value}") from None
     if key == "trace_count":
         if number < -1:
             raise InvalidArgument(f"Unable to parse 'trace_count'. Expecting value >= -1, got: {value}")
-    elif number < 0:
-        raise InvalidArgument(f"Unable to parse '{key}', got: {value}")
-    if key == "trace_rate" and number == 0 and not startup:
-        raise InvalidArgument("Attempting to set invalid trace setting :sample rate must be non-zero")
-    if number >= 2**32:
+    elif number < 0 or number >= 2**32:
         raise InvalidArgument(f"Unable to parse '{key}', got: {value}")
     return number
+
+
+# What C's strtol reads of a string: leading white space, a sign, decimal digits (the rest is ignored).
+_STOI = re.compile(r"[ \t\n\v\f\r]*([+-]?[0-9]+)")
+_INT32 = (-2**31, 2**31 - 1)
+_UINT32_MAX = 2**32 - 1
+
+
+def _parse_wire_int(key: str, value: Any) -> int:
+    """A settings-API value, read as tritonserver reads it: ``std::stoi`` (so "12abc" is 12,
+    and a number beyond int32 is out of range), then ``trace_rate`` and ``log_frequency``
+    kept as uint32 (so "-1" is 4294967295, "-2" 4294967294) and ``trace_count`` as int32 of at
+    least -1. Rate 0 is checked against the level once the change is applied (``_check``)."""
+    if not isinstance(value, str):
+        raise InvalidArgument(f"'{key}' must be a string, got: {orjson.dumps(value).decode()}")
+    match = _STOI.match(value)
+    if match is None:
+        raise InvalidArgument(f"Unable to parse '{key}', got: {value}")
+    number = int(match.group(1))
+    count = key == "trace_count"
+    if not _INT32[0] <= number <= _INT32[1]:
+        low, high = (-1, _INT32[1]) if count else (0, _UINT32_MAX)
+        raise InvalidArgument(f"Unable to parse '{key}', value is out of range [ {low}, {high} ], got: {value}")
+    if count:
+        if number < -1:
+            raise InvalidArgument(f"Unable to parse 'trace_count'. Expecting value >= -1, got: {value}")
+        return number
+    return number & _UINT32_MAX
 
 
 def _parse_level(value: Any) -> tuple[str, ...] | None:
@@ -104,8 +126,15 @@ def parse_changes(changes: dict[str, Any]) -> dict[str, Any]:
             if level is not None:
                 parsed[key] = level
         else:
-            parsed[key] = _parse_int(key, value)
+            parsed[key] = _parse_wire_int(key, value)
     return parsed
+
+
+def _check(values: dict[str, Any]) -> None:
+    """A scope's settings after a change: tracing on needs a non-zero rate (with every level
+    OFF any rate is kept, as tritonserver keeps it)."""
+    if values["trace_level"] != ("OFF",) and values["trace_rate"] == 0:
+        raise InvalidArgument("Attempting to set invalid trace setting :sample rate must be non-zero")
 
 
 # -- settings ------------------------------------------------------------------------------
@@ -355,14 +384,17 @@ class Tracer:
                         over.pop(key, None)
                     else:
                         over[key] = value
+                _check({**self._global_values, **over})
                 if over:
                     self._overrides[model] = over
                 else:
                     self._overrides.pop(model, None)
             else:
-                for key, value in parsed.items():
-                    self._global_values[key] = self.startup[key] if value is None else value
-                self._global = TraceSetting(self._global_values)
+                values = {**self._global_values,
+                          **{key: self.startup[key] if value is None else value for key, value in parsed.items()}}
+                _check(values)
+                self._global_values = values
+                self._global = TraceSetting(values)
             self._refresh()
             log.info("trace settings updated%s: %s", f" for model '{model}'" if model else "",
                      {k: v for k, v in self.settings(model).items() if k in parsed})
@@ -371,8 +403,9 @@ class Tracer:
     def api_changes(self) -> list[tuple[str, dict[str, Any]]]:
         """What the settings API changed since start-up, as ``(model, changes)`` in the wire
         form ``update`` takes (global first): a restarted front-end process replays them."""
-        def wire(values: dict[str, Any]) -> dict[str, Any]:
-            return {k: list(v) if k == "trace_level" else str(v) for k, v in values.items()}
+        def wire(values: dict[str, Any]) -> dict[str, Any]:  # what _parse_wire_int reads back as the value
+            return {k: list(v) if k == "trace_level" else str(v - 2**32 if v > _INT32[1] else v)
+                    for k, v in values.items()}
         changed = {k: v for k, v in self._global_values.items() if v != self.startup[k]}
         scopes = [("", wire(changed))] + [(model, wire(over)) for model, over in self._overrides.items()]
         return [(model, changes) for model, changes in scopes if changes]
@@ -557,7 +590,7 @@ def parse_trace_config(items: Iterable[str]) -> tuple[dict[str, Any], str, str, 
             levels.append(value.upper())
         elif key in _CLI_KEYS:
             try:
-                startup[_CLI_KEYS[key]] = _parse_int(_CLI_KEYS[key], value, startup=True)
+                startup[_CLI_KEYS[key]] = _parse_int(_CLI_KEYS[key], value)
             except InvalidArgument as e:
                 raise ValueError(f"--trace-config {item}: {e.message}") from None
         else:

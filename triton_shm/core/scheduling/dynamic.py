@@ -158,7 +158,7 @@ class DynamicScheduler:
         policy = self.policies[level]
         queue = self.queues[level]
         if policy.max_queue_size and len(queue) >= policy.max_queue_size:
-            self.stats.record_failure(0, "REJECTED")
+            self.stats.record_failure(0, "REJECTED", responded=False)
             raise Unavailable(f"Exceeds maximum queue size for model '{self.model.name}'")
         now = self.clock.now()
         timeout = self._timeout_ns(request, policy) if params and "timeout" in params else policy.default_timeout_ns

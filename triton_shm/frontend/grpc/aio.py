@@ -4,11 +4,13 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections import defaultdict
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Iterator
 
 import grpc
 
 from ...core.observability.otel import RequestSpan
+from ...errors import TritonShmError
+from ..header_forward import HeaderForward
 from ..restricted import Restrictions
 from .rpc import Method, rpc_status
 
@@ -82,18 +84,23 @@ def _refusal(restrictions: Restrictions | None, method: Method, context: grpc.ai
 # Responses are serialized inside the handler (grpcio's serializer hook is not used): a
 # ModelInfer response holds arena blocks until it is encoded, and the handler is the one
 # place sure to run to the end or be cancelled as a whole.
-def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate
-           ) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
+def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate,
+           header_forward: "HeaderForward | None" = None) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
+    forward = header_forward if method.forwards_headers else None
+
     async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
         if (refusal := _refusal(restrictions, method, context)) is not None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
         if not gate.enter():
             await context.abort(grpc.StatusCode.UNAVAILABLE, "server is shutting down")
         try:
-            if method.spans is not None and method.spans.tracer.spans:
-                return await _traced(method, request, context)
             # decoded here, not by grpcio, so a malformed message is answered like any bad input
-            return method.serialize(await method.handler(method.deserialize(request)), False)
+            decoded = method.deserialize(request)
+            if forward is not None:
+                decoded.parameters = forward.parameters(_metadata(context), decoded.parameters)
+            if method.spans is not None and method.spans.tracer.spans:
+                return await _traced(method, decoded, context)
+            return method.serialize(await method.handler(decoded), False)
         except grpc.aio.AbortError:
             raise
         except Exception as e:  # noqa: BLE001 - the client must get an answer
@@ -105,13 +112,13 @@ def _unary(method: Method, restrictions: Restrictions | None, gate: CallGate
 
 
 async def _traced(method: Method, request: Any, context: grpc.aio.ServicerContext) -> Any:
-    """ModelInfer with its InferRequest span; grpcio sends what it returns (GRPC_SEND_END
-    is when it has it)."""
+    """ModelInfer (``request`` decoded) with its InferRequest span; grpcio sends what it
+    returns (GRPC_SEND_END is when it has it)."""
     span = RequestSpan(_traceparent(context))
     span.stamp("GRPC_WAITREAD_START")
     span.stamp("GRPC_WAITREAD_END")
     try:
-        response = await method.handler(method.deserialize(request), span)
+        response = await method.handler(request, span)
         span.stamp("INFER_RESPONSE_COMPLETE")
         span.stamp("GRPC_SEND_START")
         return method.serialize(response, False)
@@ -124,8 +131,11 @@ def _traceparent(context: grpc.aio.ServicerContext) -> str | None:
     return next((v for k, v in context.invocation_metadata() or () if k == "traceparent"), None)
 
 
-def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate
+def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate,
+            header_forward: "HeaderForward | None" = None
             ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]:
+    forward = header_forward if method.forwards_headers else None
+
     async def handler(requests: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
         if (refusal := _refusal(restrictions, method, context)) is not None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, refusal)
@@ -134,8 +144,11 @@ def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate
         try:
             serialize, deserialize = method.serialize, method.deserialize
             decoded = (deserialize(r) async for r in requests)
-            replies = method.handler(decoded) if method.spans is None else \
-                method.handler(decoded, RequestSpan(_traceparent(context)))
+            if forward is None:
+                replies = method.handler(decoded) if method.spans is None else \
+                    method.handler(decoded, RequestSpan(_traceparent(context)))
+            else:
+                replies = method.handler(decoded, RequestSpan(_traceparent(context)), _forwarded(forward, context))
             async for reply in replies:
                 yield serialize(reply, False)
         finally:
@@ -143,8 +156,22 @@ def _stream(method: Method, restrictions: Restrictions | None, gate: CallGate
     return handler
 
 
+def _metadata(context: grpc.aio.ServicerContext) -> Iterator[tuple[str, str]]:
+    for k, v in context.invocation_metadata() or ():
+        yield k, v if isinstance(v, str) else v.decode("latin-1")
+
+
+def _forwarded(forward: "HeaderForward", context: grpc.aio.ServicerContext) -> "dict[str, str] | TritonShmError":
+    """A stream's forwarded headers, or the error each of its requests is answered."""
+    try:
+        return forward.parameters(_metadata(context), {})
+    except TritonShmError as e:
+        return e
+
+
 def generic_handlers(methods: list[Method], restrictions: Restrictions | None = None,
-                     gate: CallGate | None = None) -> list[grpc.GenericRpcHandler]:
+                     gate: CallGate | None = None, header_forward: "HeaderForward | None" = None
+                     ) -> list[grpc.GenericRpcHandler]:
     restrictions = restrictions or None
     gate = gate or CallGate()
     by_service: dict[str, dict[str, grpc.RpcMethodHandler]] = defaultdict(dict)
@@ -152,14 +179,15 @@ def generic_handlers(methods: list[Method], restrictions: Restrictions | None = 
         service, name = m.path[1:].split("/")
         kwargs = dict(request_deserializer=None, response_serializer=None)
         by_service[service][name] = (
-            grpc.stream_stream_rpc_method_handler(_stream(m, restrictions, gate), **kwargs) if m.streaming
-            else grpc.unary_unary_rpc_method_handler(_unary(m, restrictions, gate), **kwargs))
+            grpc.stream_stream_rpc_method_handler(_stream(m, restrictions, gate, header_forward), **kwargs)
+            if m.streaming
+            else grpc.unary_unary_rpc_method_handler(_unary(m, restrictions, gate, header_forward), **kwargs))
     return [grpc.method_handlers_generic_handler(s, handlers) for s, handlers in by_service.items()]
 
 
 async def start_aio(methods: list[Method], host: str, port: int, options: list[tuple[str, int]], *,
                     restrictions: Restrictions | None = None, credentials: Any = None,
-                    sock: socket.socket | None = None) -> AioServer:
+                    sock: socket.socket | None = None, header_forward: "HeaderForward | None" = None) -> AioServer:
     """``credentials``: grpcio server credentials (TLS), else plaintext. grpcio binds its
     ports itself: it cannot serve on a listening socket made elsewhere (``sock``)."""
     if sock is not None:
@@ -167,7 +195,7 @@ async def start_aio(methods: list[Method], host: str, port: int, options: list[t
                          "use --grpc-transport native")
     server = grpc.aio.server(options=options)
     gate = CallGate()
-    server.add_generic_rpc_handlers(generic_handlers(methods, restrictions, gate))
+    server.add_generic_rpc_handlers(generic_handlers(methods, restrictions, gate, header_forward))
     address = f"{host}:{port}"
     try:
         bound = (server.add_insecure_port(address) if credentials is None

@@ -58,6 +58,20 @@ def decode_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, Para
     return out
 
 
+def decode_output_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, ParamValue]:
+    """A requested output's parameters: ``decode_parameters``, and a class count as Triton's
+    gRPC front-end takes it (an int64_param above 0)."""
+    if not len(params):
+        return {}
+    out = decode_parameters(params)
+    if "classification" in out:
+        if params["classification"].WhichOneof("parameter_choice") != "int64_param":
+            raise InvalidArgument("invalid value type for 'classification' parameter, expected int64_param")
+        if out["classification"] <= 0:  # type: ignore[operator]  # an int64_param: an int
+            raise InvalidArgument("invalid value for 'classification' parameter, expected >= 0")
+    return out
+
+
 # Request parameters the front-end reads itself, with the value types they may take and
 # Triton's words for any other: a sequence_id of 2**63 and above comes as a negative
 # int64_param (C++ clients cast the unsigned ID), read back as the same 64 bits unsigned.
@@ -68,12 +82,20 @@ _CONTROL_TYPES: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+# The only "triton_" request parameter a gRPC client may send (Triton's list).
+_TRITON_ALLOWED = "triton_enable_empty_final_response"
+
+
 def decode_request_parameters(params: Mapping[str, pb.InferParameter]) -> dict[str, ParamValue]:
-    """A request's own parameters: ``decode_parameters`` and the sequence controls' types."""
+    """A request's own parameters: ``decode_parameters``, the sequence controls' types, and
+    the "triton_" keys Triton keeps for itself refused."""
     if not len(params):
         return {}
     out: dict[str, ParamValue] = {}
     for key, param in params.items():
+        if key.startswith("triton_") and key != _TRITON_ALLOWED:
+            raise InvalidArgument("parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+                                  f"following keys starting with 'triton_' are allowed: {_TRITON_ALLOWED}")
         which = param.WhichOneof("parameter_choice")
         control = _CONTROL_TYPES.get(key)
         if control is not None:
@@ -195,7 +217,7 @@ def decode_infer_request(msg: pb.ModelInferRequest, raw: list[memoryview] | None
         id=msg.id,
         parameters=decode_request_parameters(msg.parameters),
         inputs=inputs,
-        outputs=[RequestedOutput(name=o.name, parameters=decode_parameters(o.parameters))
+        outputs=[RequestedOutput(name=o.name, parameters=decode_output_parameters(o.parameters))
                  for o in msg.outputs],
     )
 

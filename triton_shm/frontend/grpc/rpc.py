@@ -88,6 +88,9 @@ class Method:
     # ModelStreamInfer: the service too; its handler always takes a 2nd argument, a
     # RequestSpan holding the call's traceparent, of which each request's span is ``fresh``.
     spans: Any = None
+    # ModelInfer, ModelStreamInfer: --grpc-header-forward-pattern applies (the requests'
+    # parameters take the call's headers; the stream's handler takes them as 3rd argument)
+    forwards_headers: bool = False
 
 
 def rpc_status(exc: BaseException, path: str) -> tuple[int, str]:

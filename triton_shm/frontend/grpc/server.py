@@ -10,6 +10,7 @@ from .servicer import methods
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
+    from ..header_forward import HeaderForward
     from ..restricted import Restrictions
     from ..tls import ServerTls
 
@@ -36,19 +37,21 @@ def server_options(keepalive: Keepalive, max_message_bytes: int = MAX_GRPC_MESSA
 async def start_grpc(service: "InferenceService", host: str, port: int, *, transport: str | None = None,
                      max_message_bytes: int = MAX_GRPC_MESSAGE_BYTES, keepalive: Keepalive = Keepalive(),
                      restrictions: "Restrictions | None" = None, tls: "ServerTls | None" = None,
-                     sock: socket.socket | None = None) -> Any:
+                     sock: socket.socket | None = None, header_forward: "HeaderForward | None" = None) -> Any:
     """Bind ``host:port`` and start serving; the caller stops the returned server with
     ``await server.stop(grace)``. Raises OSError when the address cannot be bound.
     ``restrictions``: --grpc-restricted-protocol; ``tls``: serve over TLS (built with ALPN h2).
     ``sock``: serve on this listening socket instead (made by ``listeners.bind_listener``, maybe
     in another process; ``host:port`` then only name it): the native transport only (ValueError
-    on grpcio's)."""
+    on grpcio's). ``header_forward``: --grpc-header-forward-pattern (ModelInfer's headers)."""
     transport = transport or default_grpc_transport()
     table = methods(service)
     if transport == "native":
         from .native.server import start_native
         return await start_native(table, host, port, max_message_bytes=max_message_bytes, keepalive=keepalive,
-                                  restrictions=restrictions, ssl=None if tls is None else tls.context, sock=sock)
+                                  restrictions=restrictions, ssl=None if tls is None else tls.context, sock=sock,
+                                  header_forward=header_forward)
     from .aio import start_aio
     return await start_aio(table, host, port, server_options(keepalive, max_message_bytes), restrictions=restrictions,
-                           credentials=None if tls is None else tls.grpc_credentials(), sock=sock)
+                           credentials=None if tls is None else tls.grpc_credentials(), sock=sock,
+                           header_forward=header_forward)

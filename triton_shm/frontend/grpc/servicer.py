@@ -155,13 +155,15 @@ class InferenceRpcs:
         return pb.CudaSharedMemoryUnregisterResponse()
 
     # -- streaming -------------------------------------------------------------------------
-    async def ModelStreamInfer(self, request_iterator: Any, context: RequestSpan | None = None
-                               ) -> AsyncIterator[Any]:
+    async def ModelStreamInfer(self, request_iterator: Any, context: RequestSpan | None = None,
+                               forwarded: "dict[str, str] | TritonShmError | None" = None) -> AsyncIterator[Any]:
         """Bidirectional stream: each request is served concurrently and may get any
         number of responses (decoupled models). Errors travel in ``error_message`` and
         the stream stays open, as in Triton. ``context``: the call's trace context (its
         metadata's traceparent), the parent of each request's InferRequest span while
-        OpenTelemetry spans are traced, as in Triton."""
+        OpenTelemetry spans are traced, as in Triton. ``forwarded``: the call's headers that
+        --grpc-header-forward-pattern makes every request's parameters (or why they can not be:
+        each request is answered that error, as in Triton)."""
         out = Mailbox()
         tasks: set[asyncio.Task] = set()
         loop = asyncio.get_running_loop()
@@ -170,7 +172,7 @@ class InferenceRpcs:
             try:
                 async for msg in request_iterator:
                     # A fixed name: the default one is formatted for each task.
-                    task = asyncio.Task(self._serve_stream_request(msg, out, context), loop=loop,
+                    task = asyncio.Task(self._serve_stream_request(msg, out, context, forwarded), loop=loop,
                                         name=STREAM_REQUEST_TASK)
                     tasks.add(task)
                     task.add_done_callback(tasks.discard)
@@ -188,7 +190,8 @@ class InferenceRpcs:
             for task in list(tasks):
                 task.cancel()
 
-    async def _serve_stream_request(self, msg: bytes, out: Mailbox, context: RequestSpan | None = None) -> None:
+    async def _serve_stream_request(self, msg: bytes, out: Mailbox, context: RequestSpan | None = None,
+                                    forwarded: "dict[str, str] | TritonShmError | None" = None) -> None:
         """Puts each reply, already encoded (responses are released as they are encoded)."""
         request: InferRequest | None = None
         span = None
@@ -198,6 +201,10 @@ class InferenceRpcs:
             span.stamp("GRPC_WAITREAD_END")
         try:
             request = parse_infer_request(msg)
+            if forwarded is not None:
+                if isinstance(forwarded, TritonShmError):
+                    raise forwarded
+                request.parameters = {**request.parameters, **forwarded}
             # A non-decoupled model's one response is always flagged final; a decoupled
             # model's responses are flagged only when the client asked for the flag.
             model = self.service.model_for(request)  # looked up once, for the flag and the run
@@ -318,6 +325,7 @@ def methods(service: "InferenceService") -> list[Method]:
         handler = service.infer if m.name == "ModelInfer" else getattr(rpcs, m.name)
         if m.name in ("ModelInfer", "ModelStreamInfer"):
             kwargs["spans"] = service
+            kwargs["forwards_headers"] = True
         out.append(Method(f"/{SERVICE}/{m.name}", handler,
                           streaming=m.client_streaming or m.server_streaming, group=GROUPS[m.name], **kwargs))
     out.append(Method("/grpc.health.v1.Health/Check", functools.partial(_health_check, service),

@@ -85,8 +85,11 @@ cdef object _scalar_params(object value):
 
 
 cdef bint _controls_ok(dict params):
-    """Whether the sequence controls among the parameters have types they take (the
-    general parser refuses any other in Triton's words)."""
+    """Whether the sequence controls among the parameters have types they take, and no key
+    starts with "triton_" (the general parser refuses the others in Triton's words)."""
+    for key in params:
+        if type(key) is str and (<str>key).startswith("triton_"):
+            return False
     value = _get(params, "sequence_id")
     if value is not None and type(value) is not str and (type(value) is not int or value < 0
                                                          or value > _UINT64_MAX):

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import ssl
 
     from ...core.service import InferenceService
+    from ..header_forward import HeaderForward
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ def create_app(
     extra_routes: Iterable[web.RouteDef] = (),
     middlewares: Iterable[Any] = (),
     restrictions: Restrictions | None = None,
+    header_forward: "HeaderForward | None" = None,
 ) -> web.Application:
     """The Triton HTTP API over ``service``.
 
@@ -93,7 +95,7 @@ def create_app(
     """
     checks = [restriction_middleware(restrictions)] if restrictions else []
     app = web.Application(client_max_size=max_input_size, middlewares=[*middlewares, *checks, error_middleware])
-    handlers = HttpHandlers(service, max_input_size)
+    handlers = HttpHandlers(service, max_input_size, header_forward)
     app.router.add_routes([*extra_routes, *build_routes(handlers)])
     return app
 
@@ -118,6 +120,7 @@ async def start_http(
     idle_timeout: float | None = None,
     transport: str | None = None,
     restrictions: Restrictions | None = None,
+    header_forward: "HeaderForward | None" = None,
     ssl: "ssl.SSLContext | None" = None,
     sock: socket.socket | None = None,
 ) -> Any:
@@ -131,22 +134,23 @@ async def start_http(
     aiohttp serves the rest on the same port; with ``aiohttp`` all of it is aiohttp's.
     ``header_timeout`` bounds the wait for a request's headers (lean path only);
     ``idle_timeout`` an idle connection (both). ``restrictions``: the restricted APIs (on both
-    paths); ``ssl``: serve HTTPS.
+    paths); ``header_forward``: --http-header-forward-pattern (both); ``ssl``: serve HTTPS.
     """
     if (transport or default_http_transport()) == "aiohttp":
-        app = create_app(service, max_input_size=max_input_size, restrictions=restrictions)
+        app = create_app(service, max_input_size=max_input_size, restrictions=restrictions,
+                         header_forward=header_forward)
         return await serve_app(app, host, port, ssl=ssl, sock=sock, auto_decompress=False,
                                shutdown_timeout=shutdown_timeout,
                                keepalive_timeout=KEEPALIVE_TIMEOUT if idle_timeout is None else idle_timeout)
     from .bridge import completion_middleware
     from .lean_server import start_lean_http
     app = create_app(service, max_input_size=max_input_size, middlewares=[completion_middleware],
-                     restrictions=restrictions)
+                     restrictions=restrictions, header_forward=header_forward)
     return await start_lean_http(service, app, host, port, max_input_size=max_input_size,
                                  shutdown_timeout=shutdown_timeout,
                                  header_timeout=HEADER_TIMEOUT if header_timeout is None else header_timeout,
                                  keepalive_timeout=KEEPALIVE_TIMEOUT if idle_timeout is None else idle_timeout,
-                                 restrictions=restrictions, ssl=ssl, sock=sock)
+                                 restrictions=restrictions, header_forward=header_forward, ssl=ssl, sock=sock)
 
 
 class AiohttpServer:

@@ -27,6 +27,7 @@ from ...core.data.types import (
 )
 from ...errors import Internal, InvalidArgument, TritonShmError, Unsupported
 from .common_shape import decode_common, encode_common
+from ..header_forward import RESERVED_PREFIX_ERROR
 from .common_shape_py import CONTROL_PARAMETERS, control_parameter_ok, response_header
 
 # Triton's HTTP_MAX_JSON_NESTING_DEPTH (server#8172). orjson stops at 1024 by itself,
@@ -193,9 +194,12 @@ def _parse_parameters(value: Any, where: str) -> dict[str, ParamValue]:
 
 
 def _parse_request_parameters(value: Any) -> dict[str, ParamValue]:
-    """A request's own parameters, the sequence controls refused in Triton's words."""
+    """A request's own parameters, the sequence controls and the "triton_" keys (Triton's
+    own) refused in Triton's words."""
     if isinstance(value, dict):
         for key, v in value.items():
+            if key.startswith("triton_"):
+                raise InvalidArgument(RESERVED_PREFIX_ERROR)
             if key in CONTROL_PARAMETERS and not control_parameter_ok(key, v):
                 wanted = "string" if key == "sequence_id" else "boolean"
                 raise InvalidArgument(f"Unable to parse '{key}': attempt to access JSON non-{wanted} as {wanted}")

@@ -61,8 +61,13 @@ def control_parameter_ok(key: str, value: Any) -> bool:
 
 
 def _controls_ok(params: dict) -> bool:
+    """Whether the sequence controls among the parameters have types they take, and no key
+    starts with "triton_" (the general parser refuses the others in Triton's words)."""
     for key in CONTROL_PARAMETERS:
         if key in params and not control_parameter_ok(key, params[key]):
+            return False
+    for key in params:
+        if key.startswith("triton_"):
             return False
     return True
 

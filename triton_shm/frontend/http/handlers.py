@@ -20,6 +20,7 @@ from .infer import HEADER_LENGTH, JSON_TYPE, serve_infer
 
 if TYPE_CHECKING:
     from ...core.service import InferenceService
+    from ..header_forward import HeaderForward
 
 log = logging.getLogger(__name__)
 
@@ -29,9 +30,11 @@ _MODEL_PREFIXES = ("/v2/models/{model}", r"/v2/models/{model}/versions/{version:
 
 
 class HttpHandlers:
-    def __init__(self, service: "InferenceService", max_input_size: int):
+    def __init__(self, service: "InferenceService", max_input_size: int,
+                 header_forward: "HeaderForward | None" = None):
         self.service = service
         self.max_input_size = max_input_size
+        self.header_forward = header_forward  # --http-header-forward-pattern
 
     # -- health and metadata -------------------------------------------------------------
     async def live(self, request: web.Request) -> web.Response:
@@ -60,7 +63,7 @@ class HttpHandlers:
     async def repository_index(self, request: web.Request) -> web.Response:
         ready_only = _json_object(await self._read_body(request)).get("ready", False)
         if not isinstance(ready_only, bool):
-            raise InvalidArgument("'ready' must be a boolean")
+            raise InvalidArgument("Invalid value for 'ready': expected a boolean")  # Triton's words
         return _json(request, self.service.repository_index(ready_only))
 
     # -- inference -----------------------------------------------------------------------
@@ -73,7 +76,7 @@ class HttpHandlers:
         reply = await serve_infer(
             self.service, model, version, await request.read(), header_length=headers.get(HEADER_LENGTH),
             content_encoding=headers.get("Content-Encoding"), accept_encoding=headers.get("Accept-Encoding"),
-            max_input_size=self.max_input_size)
+            max_input_size=self.max_input_size, forward=self._forward(request))
         return web.Response(body=reply.body, content_type=reply.content_type, headers=reply.headers)
 
     async def _infer_traced(self, request: web.Request) -> web.StreamResponse:
@@ -88,12 +91,18 @@ class HttpHandlers:
             reply = await serve_infer(
                 self.service, model, version, body, header_length=headers.get(HEADER_LENGTH),
                 content_encoding=headers.get("Content-Encoding"), accept_encoding=headers.get("Accept-Encoding"),
-                max_input_size=self.max_input_size, span=span)
+                max_input_size=self.max_input_size, span=span, forward=self._forward(request))
             return await _send_traced(
                 request, web.Response(body=reply.body, content_type=reply.content_type, headers=reply.headers), span)
         finally:
             span.stamp("HTTP_SEND_END")
             self.service.tracer.end_request(span)
+
+    def _forward(self, request: web.Request) -> "tuple[HeaderForward, Any] | None":
+        if self.header_forward is None:
+            return None
+        # the names as sent (aiohttp's parsed names spell a known header its own way)
+        return self.header_forward, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.raw_headers]
 
     async def model_stats(self, request: web.Request) -> web.Response:
         info = request.match_info

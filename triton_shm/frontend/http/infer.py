@@ -15,6 +15,9 @@ from .codec import decode_infer_request, encode_infer_response
 from .encoding import accepted_coding, compress, decode_body
 
 if TYPE_CHECKING:
+    from typing import Iterable
+
+    from ..header_forward import HeaderForward
     from ...core.observability.otel import RequestSpan
     from ...core.service import InferenceService
     from ...core.data.types import InferRequest, InferResponse
@@ -36,9 +39,11 @@ async def serve_infer(
     service: "InferenceService", model: str, version: str, body: bytes, *,
     header_length: str | None, content_encoding: str | None, accept_encoding: str | None,
     max_input_size: int, span: "RequestSpan | None" = None,
+    forward: "tuple[HeaderForward, Iterable[tuple[str, str]]] | None" = None,
 ) -> InferReply:
     """Decode, infer, encode. Raises :class:`TritonShmError` for every refusal. ``span``:
-    the request's InferRequest span (OpenTelemetry tracing)."""
+    the request's InferRequest span (OpenTelemetry tracing); ``forward``: the
+    --http-header-forward-pattern and the request's headers."""
     if content_encoding is not None:
         body = decode_body(body, content_encoding, max_input_size)
     length: int | None = None
@@ -49,6 +54,8 @@ async def serve_infer(
             raise InvalidArgument(
                 f"inference header size should be in range (0, {len(body)}), got: {header_length}") from None
     request = decode_infer_request(model, version, body, length)
+    if forward is not None:
+        request.parameters = forward[0].parameters(forward[1], request.parameters)
     response = await service.infer(request, span)
     try:
         reply = reply_of(response, request)

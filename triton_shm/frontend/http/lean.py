@@ -216,7 +216,10 @@ class LeanConnection(asyncio.Protocol):
             span = self._infer_span = RequestSpan(first_header(msg.headers, "traceparent"))
             span.stamp("HTTP_RECV_START")
             span.stamp("HTTP_RECV_END")
-        if msg.content_encoding is None and msg.accept_encoding is None:
+        forward = self.ctx.header_forward
+        if forward is not None:  # the general path adds the headers to the parameters
+            forward_headers = forward, [(k.decode("latin-1"), v.decode("latin-1")) for k, v in msg.headers]
+        elif msg.content_encoding is None and msg.accept_encoding is None:
             try:
                 request = route.decode(msg.body, msg.header_length)
             except Exception as e:
@@ -229,7 +232,7 @@ class LeanConnection(asyncio.Protocol):
             run = serve_infer(self.ctx.service, route.model, route.version, msg.body,
                               header_length=msg.header_length, content_encoding=msg.content_encoding,
                               accept_encoding=msg.accept_encoding, max_input_size=self.ctx.max_input_size,
-                              span=span)
+                              span=span, forward=forward_headers if forward is not None else None)
         self._infer_run, self._infer_msg, self._infer_request = run, msg, request
         self._advance()
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     import ssl
 
     from ...core.service import InferenceService
+    from ..header_forward import HeaderForward
 
 _BRIDGE_KEEPALIVE = 10.0**9  # aiohttp never closes a bridged connection on its own
 
@@ -33,8 +34,9 @@ class LeanContext:
 
     def __init__(self, service: "InferenceService", max_input_size: int,
                  aiohttp_server: Callable[[], web.RequestHandler], header_timeout: float, keepalive_timeout: float,
-                 restrictions: Restrictions | None = None):
+                 restrictions: Restrictions | None = None, header_forward: "HeaderForward | None" = None):
         self.service = service
+        self.header_forward = header_forward  # --http-header-forward-pattern: its requests take serve_infer
         self.restrictions = restrictions or None  # checked before an infer request is served
         self.max_input_size = max_input_size
         self.aiohttp_server = aiohttp_server
@@ -120,7 +122,8 @@ async def start_lean_http(
     service: "InferenceService", app: web.Application, host: str, port: int, *,
     max_input_size: int, shutdown_timeout: float, header_timeout: float = HEADER_TIMEOUT,
     keepalive_timeout: float = KEEPALIVE_TIMEOUT, restrictions: Restrictions | None = None,
-    ssl: "ssl.SSLContext | None" = None, sock: socket.socket | None = None,
+    header_forward: "HeaderForward | None" = None, ssl: "ssl.SSLContext | None" = None,
+    sock: socket.socket | None = None,
 ) -> LeanHttpServer:
     """Serve ``app`` (built with :func:`.bridge.completion_middleware` outermost) on ``host:port``,
     or on the listening socket ``sock``."""
@@ -129,7 +132,8 @@ async def start_lean_http(
     await runner.setup()
     if runner.server is None:  # setup() made it
         raise RuntimeError("aiohttp's runner has no server after setup")
-    ctx = LeanContext(service, max_input_size, runner.server, header_timeout, keepalive_timeout, restrictions)
+    ctx = LeanContext(service, max_input_size, runner.server, header_timeout, keepalive_timeout, restrictions,
+                      header_forward)
     server = LeanHttpServer(ctx, runner, shutdown_timeout)
     try:
         await server.start(host, port, ssl, sock)

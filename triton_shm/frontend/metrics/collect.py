@@ -4,7 +4,8 @@ statistics at scrape time, and the latest CPU/GPU readings.
 With several front-end processes the page is served by one and counts the whole server:
 its ``peer_snapshots`` hook gathers the others' :func:`local_snapshots`, added to a copy of
 each loaded version's statistics, and their response caches' counters, summed with this
-process's cache. Latency summaries stay this process's own (quantiles can not be summed)."""
+process's cache. Latency summaries stay this process's own (quantiles can not be summed);
+latency histograms are summed like the counters."""
 from __future__ import annotations
 
 import logging
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
+from ...core.observability.histogram import FIRST_RESPONSE
 from ...core.observability.statistics import SUMMARY_PHASES
 from .system_metrics import CpuReading, CpuSampler, GpuReading, NvmlSampler
 from .cache import CacheTotals, cache_families, model_cache_families
@@ -77,6 +79,8 @@ _SUMMARIES = dict(zip(SUMMARY_PHASES, (
     ("nv_inference_compute_output_summary_us",
      "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
 )))
+
+_FIRST_RESPONSE_HELP = "Duration from request to first response in milliseconds"
 
 _PENDING = ("nv_inference_pending_request_count", "gauge",
             "Instantaneous number of pending requests awaiting execution per-model.")
@@ -177,6 +181,8 @@ def model_families(versions: list[Loaded], config: MetricsConfig = MetricsConfig
             families.append(_failures(versions))
     families += model_cache_families(versions)  # models with response_cache on, with or without a cache
     families.append(Family(*_PENDING, [Sample(m.labels, m.queued()) for m in versions]))
+    if config.histogram_latencies:
+        families += histogram_families(versions)
     if config.summary_latencies:
         families += summary_families(versions, config.summary_quantiles)
     return families
@@ -189,6 +195,26 @@ def _failures(versions: list[Loaded]) -> Family:
         for reason in sorted(set(FAILURE_REASONS) | set(failures)):
             samples.append(Sample({**m.labels, "reason": reason}, failures.get(reason, 0)))
     return Family(*_FAILURE, samples)
+
+
+def histogram_families(versions: list[Loaded]) -> list[Family]:
+    """Triton's histogram family (of every version that keeps it, from its load on)."""
+    family = Family(FIRST_RESPONSE, "histogram", _FIRST_RESPONSE_HELP)
+    for m in versions:
+        histogram = m.stats.first_response
+        if histogram is None:
+            continue
+        family.samples.append(Sample(m.labels, histogram.count, "_count"))
+        family.samples.append(Sample(m.labels, histogram.sum, "_sum"))
+        bounds = [f"{_bound(b)}" for b in histogram.bounds] + ["+Inf"]
+        family.samples += [Sample({**m.labels, "le": le}, count, "_bucket")
+                           for le, count in zip(bounds, histogram.cumulative())]
+    return [family]
+
+
+def _bound(value: float) -> str:
+    """A bucket's bound as prometheus-cpp prints it: 100, 2.5, -1."""
+    return str(int(value)) if value.is_integer() else repr(value)
 
 
 def summary_families(versions: list[Loaded], quantiles: tuple[float, ...]) -> list[Family]:

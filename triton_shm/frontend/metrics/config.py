@@ -11,12 +11,14 @@ DEFAULT_QUANTILES = (0.5, 0.9, 0.95, 0.99, 0.999)
 class MetricsConfig:
     counter_latencies: bool = True
     summary_latencies: bool = False
+    histogram_latencies: bool = False  # nv_inference_first_response_histogram_ms
     summary_quantiles: tuple[float, ...] = DEFAULT_QUANTILES
 
     @classmethod
     def parse(cls, items: Iterable[str]) -> "MetricsConfig":
         """Raises ValueError with the flag's text on anything it does not understand."""
         counter, summary, quantiles = cls.counter_latencies, cls.summary_latencies, cls.summary_quantiles
+        histogram = cls.histogram_latencies
         for item in items:
             key, sep, value = (x.strip() for x in item.partition("="))
             if not sep or not key:
@@ -25,12 +27,15 @@ class MetricsConfig:
                 counter = _parse_bool(item, value)
             elif key == "summary_latencies":
                 summary = _parse_bool(item, value)
+            elif key == "histogram_latencies":
+                histogram = _parse_bool(item, value)
             elif key == "summary_quantiles":
                 quantiles = _parse_quantiles(item, value)
             else:
                 raise ValueError(f"--metrics-config: unknown setting '{key}' (known: counter_latencies, "
-                                 "summary_latencies, summary_quantiles)")
-        return cls(counter_latencies=counter, summary_latencies=summary, summary_quantiles=quantiles)
+                                 "histogram_latencies, summary_latencies, summary_quantiles)")
+        return cls(counter_latencies=counter, summary_latencies=summary, summary_quantiles=quantiles,
+                   histogram_latencies=histogram)
 
 
 def _parse_bool(item: str, value: str) -> bool:

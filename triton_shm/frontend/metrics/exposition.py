@@ -10,13 +10,13 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 class Sample:
     labels: dict[str, str]
     value: float | int
-    suffix: str = ""  # a summary's "_count" / "_sum"
+    suffix: str = ""  # a summary's or histogram's "_count" / "_sum", a histogram's "_bucket"
 
 
 @dataclass
 class Family:
     name: str
-    kind: str  # counter, gauge, summary
+    kind: str  # counter, gauge, histogram, summary
     help: str
     samples: list[Sample] = field(default_factory=list)
 
@@ -40,8 +40,8 @@ def _escape(value: str) -> str:
 def _labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
-    # sorted by name (model, reason, version), a summary's quantile last
-    names = sorted(labels, key=lambda k: (k == "quantile", k))
+    # sorted by name (model, reason, version), a summary's quantile or a bucket's le last
+    names = sorted(labels, key=lambda k: (k in ("quantile", "le"), k))
     return "{" + ",".join(f'{k}="{_escape(str(labels[k]))}"' for k in names) + "}"
 
 

@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Sequence
 import ngh2
 
 from ....core.observability.otel import RequestSpan
+from ....errors import TritonShmError
 from ..rpc import Mailbox, Method, identity, rpc_status
 from .framing import ACCEPT_ENCODING, DEADLINE_EXCEEDED, OK, MessageReader, compress, encode_message_text, prefix
 
@@ -26,7 +27,7 @@ class Call:
 
     __slots__ = ("stream_id", "method", "encoding", "reader", "task", "timer", "send_encoding",
                  "headers_sent", "finished", "remote_closed", "messages", "queue", "deferred_ack",
-                 "writable", "span")
+                 "writable", "span", "forwarded")
 
     def __init__(self, stream_id: int, method: Method, encoding: bytes, send_encoding: bytes | None):
         self.stream_id = stream_id
@@ -48,6 +49,9 @@ class Call:
         # ModelInfer's InferRequest span (OpenTelemetry tracing); ModelStreamInfer's trace
         # context (its requests' spans are made from it)
         self.span: RequestSpan | None = None
+        # ModelInfer / ModelStreamInfer under --grpc-header-forward-pattern: its headers, as
+        # request parameters (a stream's: or the error each of its requests is answered)
+        self.forwarded: dict[str, str] | TritonShmError | None = None
 
 
 class CallRunner:
@@ -84,7 +88,10 @@ class CallRunner:
             # The request message is not kept here: once the handler is done with it, a large
             # one is freed before its response is encoded (the allocator then reuses its
             # pages for the response instead of faulting in fresh ones).
-            response = await method.handler(method.deserialize(call.messages.pop()))
+            request = method.deserialize(call.messages.pop())
+            if call.forwarded is not None and isinstance(call.forwarded, dict):  # a unary call's: never an error
+                request.parameters = {**request.parameters, **call.forwarded}
+            response = await method.handler(request)
             if call.finished:  # reset or timed out meanwhile; a response may own shared memory
                 release = getattr(response, "release", None)
                 if release is not None:
@@ -105,7 +112,10 @@ class CallRunner:
         method = call.method
         span.stamp("GRPC_WAITREAD_END")
         try:
-            response = await method.handler(method.deserialize(call.messages.pop()), span)
+            request = method.deserialize(call.messages.pop())
+            if call.forwarded is not None and isinstance(call.forwarded, dict):  # a unary call's: never an error
+                request.parameters = {**request.parameters, **call.forwarded}
+            response = await method.handler(request, span)
             span.stamp("INFER_RESPONSE_COMPLETE")
             if call.finished:
                 response.release()
@@ -153,7 +163,8 @@ class CallRunner:
         method = call.method
         serialize, encoding = method.serialize, call.send_encoding
         replies = method.handler(self._requests(call)) if method.spans is None else \
-            method.handler(self._requests(call), call.span)
+            method.handler(self._requests(call), call.span) if call.forwarded is None else \
+            method.handler(self._requests(call), call.span, call.forwarded)
         try:
             async for reply in replies:
                 if call.finished:

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 import ngh2
 
 from ....core.observability.otel import RequestSpan
+from ....errors import TritonShmError
+from ...header_forward import call_metadata
 from ...restricted import first_header
 from ..rpc import Mailbox, Method
 from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner
@@ -26,7 +28,9 @@ from .framing import (
     INTERNAL,
     PREFACE,
     UNAVAILABLE,
+    INVALID_ARGUMENT,
     UNIMPLEMENTED,
+    UNKNOWN,
     GrpcError,
     MessageReader,
     frame_length,
@@ -367,6 +371,9 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         if not get(b"content-type", b"application/grpc").startswith(b"application/grpc"):
             self._http_error(sid, b"415")
             return
+        if (te := get(b"te")) != b"trailers":  # every gRPC client sends it; gRPC's C core refuses a call without
+            self._bad_te(event, te is None)
+            return
         if self.shutting_down:  # after our GOAWAY: not processed, safe for the client to retry
             try:
                 self.h2.reset_stream(sid, ngh2.ErrorCode.REFUSED_STREAM)
@@ -403,6 +410,15 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             if refusal is not None:
                 self._finish(call, UNAVAILABLE, refusal)
                 return
+        if target.forwards_headers and self.server.header_forward is not None:
+            try:
+                call.forwarded = self.server.header_forward.parameters(call_metadata(event.headers), {})
+            except TritonShmError as e:
+                if target.streaming:  # each of its requests is answered the error, as in Triton
+                    call.forwarded = e
+                else:
+                    self._finish(call, INVALID_ARGUMENT, e.message)
+                    return
         if encoding is not None and not supported_encoding(encoding):
             self._finish(call, UNIMPLEMENTED, f"grpc-encoding {encoding.decode('latin-1')} is not supported")
             return
@@ -421,6 +437,23 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             call.task = asyncio.Task(self._run_stream(call), loop=self.loop, name=CALL_TASK)
         elif call.remote_closed:
             self._end_of_request(call)
+
+    def _bad_te(self, event: ngh2.RequestReceived, missing: bool) -> None:
+        """A call without ``te: trailers``, answered as gRPC's C core (and so Triton) answers:
+        none at all is UNKNOWN "Missing :te header" (trailers-only); another value (which
+        the engine let through: it compares case-insensitively) resets the stream."""
+        sid = event.stream_id
+        if not missing:
+            try:
+                self.h2.reset_stream(sid, ngh2.ErrorCode.PROTOCOL_ERROR)
+            except ngh2.NGH2Error:
+                pass
+            self.schedule_flush()
+            return
+        call = Call(sid, Method("", _unimplemented), b"identity", None)
+        call.remote_closed = event.end_stream
+        self.calls[sid] = call
+        self._finish(call, UNKNOWN, "Missing :te header")
 
     def _on_data(self, event: ngh2.DataReceived) -> None:
         sid, data = event.stream_id, event.data

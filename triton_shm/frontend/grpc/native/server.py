@@ -9,6 +9,7 @@ import ssl as ssl_module
 import ngh2
 
 from ...listeners import LISTEN_BACKLOG
+from ...header_forward import HeaderForward
 from ...restricted import Restrictions
 from ..keepalive import HANDSHAKE_TIMEOUT_MS, Keepalive
 from ..rpc import Method
@@ -37,8 +38,9 @@ class NativeServer:
 
     def __init__(self, methods: list[Method], *, max_message_bytes: int,
                  max_concurrent_streams: int = MAX_CONCURRENT_STREAMS, keepalive: Keepalive | None = None,
-                 restrictions: Restrictions | None = None):
+                 restrictions: Restrictions | None = None, header_forward: "HeaderForward | None" = None):
         self.methods = {m.path.encode(): m for m in methods}
+        self.header_forward = header_forward  # --grpc-header-forward-pattern
         self.restrictions = restrictions or None  # checked when a call's headers arrive
         self.max_message_bytes = max_message_bytes
         self.settings = {
@@ -135,8 +137,9 @@ class NativeServer:
 async def start_native(methods: list[Method], host: str, port: int, *, max_message_bytes: int,
                        keepalive: Keepalive | None = None, restrictions: Restrictions | None = None,
                        ssl: "ssl_module.SSLContext | None" = None,
-                       sock: socket.socket | None = None) -> NativeServer:
+                       sock: socket.socket | None = None, header_forward: "HeaderForward | None" = None
+                       ) -> NativeServer:
     server = NativeServer(methods, max_message_bytes=max_message_bytes, keepalive=keepalive,
-                          restrictions=restrictions)
+                          restrictions=restrictions, header_forward=header_forward)
     await server.start(host, port, ssl=ssl, sock=sock)
     return server
