@@ -232,6 +232,7 @@ class WorkerPool:
         results = await asyncio.gather(*(self.load_on(w, mv) for w in by_worker), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:  # every instance loads, or none stays
+            self.readiness.forget(mv.key)
             loaded = [w for w, r in zip(by_worker, results) if not isinstance(r, BaseException)]
             await asyncio.gather(*(self._unload_from(w, mv) for w in loaded),
                                  *(self._stop_instance_process(h) for h in started if h.name not in loaded),
