@@ -33,7 +33,10 @@ REQUESTS = [("req-1", {"p": 1, "s": "x"}, INPUTS, OUTPUTS), ("", {}, INPUTS[:1],
             ("", {}, [], [], (9, True, True), (3, ""))]  # traced requests, one of a sequence
 RESPONSES = [{"outputs": [["OUTPUT0", "FP32", [1, 16], [4, 0, 64]], ["OUTPUT1", "BYTES", [2], ["r", 9, 64, 20]]]},
              {"error": {"code": "INVALID_ARG", "message": "bad ünïcode"}},
-             {"decoupled": True}]
+             {"decoupled": True},
+             # a Python model's response parameters, and an error response it returned (ANSWERED)
+             {"outputs": [["OUTPUT0", "FP32", [1], [4, 64, 4]]], "parameters": {"b": True, "i": -5, "s": "ü"}},
+             {"error": {"code": "CANCELLED", "message": "gone"}, "answered": True}]
 
 
 def frames(m) -> list[bytes]:
@@ -109,12 +112,22 @@ def test_every_op_round_trips(m):
     assert traced_seq["trace"] == [3, ""] and traced_seq["sequence"] == [9, True, True]
     assert reply.op == Op.REPLY and reply.body == ([(Status.OK, RESPONSES[0]["outputs"]),
                                                     (Status.ERROR, RESPONSES[1]["error"]),
-                                                    (Status.DECOUPLED, None)], (1, 2, 3))
+                                                    (Status.DECOUPLED, None),
+                                                    (Status.PARAMS, (RESPONSES[3]["outputs"],
+                                                                     RESPONSES[3]["parameters"])),
+                                                    (Status.ANSWERED, RESPONSES[4]["error"])], (1, 2, 3))
     assert final.body == {"index": 4, "final": True}
     assert stream.body == {"index": 5, "final": False, **RESPONSES[0]}
     assert fail.op == Op.FAIL and fail.body == {"error": {"code": "INTERNAL", "message": "boom"}}
     assert (free.op, free.frees, ping.op, ping.id, pong.op) == (Op.FREE, [(1, 0, 64)], Op.PING, 11, Op.PONG)
     assert control.body == {"op": "load", "config": {"a": [1, 2]}} and control.frees == [(3, 64, 64)]
+
+
+@pytest.mark.parametrize("m", IMPLS)
+def test_a_streamed_response_keeps_its_parameters_and_a_stream_error_its_words(m):
+    assert m.decode(m.encode_stream(3, 1, False, RESPONSES[3])).body == {"index": 1, "final": False, **RESPONSES[3]}
+    assert m.decode(m.encode_stream(3, 1, True, RESPONSES[4])).body == {
+        "index": 1, "final": True, "error": RESPONSES[4]["error"]}
 
 
 @pytest.mark.parametrize("m", IMPLS)

@@ -43,17 +43,18 @@ cdef class WorkerRequest:
 
 
 cdef class WorkerResponse:
-    cdef public object outputs, error
+    cdef public object outputs, error, parameters
 
-    def __init__(self, outputs=_FRESH, error=None):
+    def __init__(self, outputs=_FRESH, error=None, parameters=None):
         self.outputs = {} if outputs is _FRESH else outputs
         self.error = error
+        self.parameters = parameters
 
     def __eq__(self, other):
         if type(other) is not type(self):
             return NotImplemented
         cdef WorkerResponse o = other
-        return (self.outputs, self.error) == (o.outputs, o.error)
+        return (self.outputs, self.error, self.parameters) == (o.outputs, o.error, o.parameters)
 
     def __repr__(self):
-        return _repr(self, ("outputs", "error"))
+        return _repr(self, ("outputs", "error", "parameters"))

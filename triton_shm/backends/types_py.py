@@ -35,3 +35,5 @@ class WorkerRequest:
 class WorkerResponse:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     error: TritonShmError | None = None
+    # the response's parameters (bool, int or str each), sent with it to the client; None: none
+    parameters: dict[str, ParamValue] | None = None

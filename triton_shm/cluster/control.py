@@ -29,6 +29,7 @@ from ..errors import NotFound, TritonShmError, Unavailable
 
 if TYPE_CHECKING:
     from ..core.models.repository import ModelEntry
+    from ..core.models.version import ModelVersion
     from ..core.service import InferenceService
     from .peers import Handler, Peers
     from .share import FrontendShare
@@ -49,6 +50,8 @@ class Cluster:
         self.serving = asyncio.Event()  # process 0 said every process has: start serving
         self._stopped: set[int] = set()  # processes whose front-ends have stopped (shutdown)
         self._all_stopped = asyncio.Event()
+        # model versions (keys) another process owns that define no is_ready(): never asked again
+        self._no_own_readiness: set[str] = set()
 
     @property
     def others(self) -> list[int]:
@@ -65,7 +68,7 @@ class Cluster:
             "trace_update": self._trace_update,
             "log_update": self._log_update, "statistics": self._statistics,
             "metrics_snapshots": self._metrics_snapshots, "frontends_stopped": self._frontends_stopped,
-            "trace_docs": self._trace_docs,
+            "trace_docs": self._trace_docs, "model_ready": self._model_ready,
         }
 
     # -- calls to the other processes ------------------------------------------------------
@@ -287,6 +290,34 @@ class Cluster:
     async def _trace_docs(self, body: dict[str, Any]) -> dict[str, Any]:
         self.service.tracer.write_from_peer(bool(body["indexed"]), [doc.encode() for doc in body["docs"]])
         return {}
+
+    # -- a model's own readiness (is_ready()) --------------------------------------------
+    async def model_ready(self, mv: "ModelVersion", everywhere: bool = False) -> bool:
+        """``mv``'s instances in its owner, or (``everywhere``) in every other process, say
+        they are ready; a process that cannot answer counts as not ready."""
+        if mv.key in self._no_own_readiness:
+            return True
+        body = {"name": mv.name, "version": mv.version}
+        try:
+            if everywhere:
+                replies = await self.peers.broadcast("model_ready", body)
+            else:
+                assert mv.owner is not None
+                replies = [await self.peers.call(mv.owner, "model_ready", body)]
+        except TritonShmError as e:
+            log.debug("model '%s' version %d is not ready: %s", mv.name, mv.version, e.message)
+            return False
+        if not everywhere and not replies[0]["defined"]:
+            self._no_own_readiness.add(mv.key)
+        return all(r["ready"] for r in replies)
+
+    async def _model_ready(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            mv = self.service.repository.get(body["name"], str(body["version"]))
+        except TritonShmError:
+            return {"ready": False, "defined": True}
+        return {"ready": mv.ready and await self.service.local_model_ready(mv),
+                "defined": self.service.workers.readiness.defined(mv)}
 
     # -- statistics ---------------------------------------------------------------------------
     async def statistics(self, local: list[dict[str, Any]], name: str, version: str) -> list[dict[str, Any]]:

@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable
 
 from .. import TRITON_PROTOCOL_VERSION
-from ..errors import Internal, InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
+from ..errors import Cancelled, Internal, InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
 from .observability import log_settings
 from .data.cached_inference import infer_cached
 from .data.classification import classify_response
@@ -57,6 +57,8 @@ class InferenceService:
         self.strict_readiness = strict_readiness
         self.workers.bls_handler = self._serve_bls
         self.draining = False  # shutting down: not ready, still serving what comes
+        # BLS calls running: (worker, call id) -> (the task serving it, its response stream once it has one)
+        self._bls_calls: dict[tuple[int, Any], tuple[asyncio.Task, list[ResponseStream]]] = {}
         self.accepting = True  # False once the front-ends have stopped
         self.tracer = Tracer()  # the server replaces it with one built from --trace-config
         self.log_settings = log_settings.current()
@@ -71,12 +73,21 @@ class InferenceService:
     def live(self) -> bool:
         return True
 
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
         """Live, not shutting down, workers up; with strict readiness every model that
-        should be loaded is READY."""
+        should be loaded is READY, and, as in Triton, every READY Python model that
+        defines ``is_ready()`` says so."""
         if self.draining or not (self.accepting and self.workers.all_alive()):
             return False
-        return self.repository.all_ready() if self.strict_readiness else True
+        if not self.strict_readiness:
+            return True
+        if not self.repository.all_ready():
+            return False
+        for entry in list(self.repository.models.values()):
+            for mv in list(entry.versions.values()):
+                if mv.ready and not await self._own_readiness(mv):
+                    return False
+        return True
 
     def server_metadata(self) -> dict[str, Any]:
         extensions = list(EXTENSIONS)
@@ -163,11 +174,28 @@ class InferenceService:
                     log.error("unregistering shared memory region '%s': %s", region.name, e.message)
         asyncio.ensure_future(settle())
 
-    def model_ready(self, name: str, version: str = "") -> bool:
+    async def model_ready(self, name: str, version: str = "") -> bool:
         try:
-            return self.repository.get(name, version).ready
+            mv = self.repository.get(name, version)
         except NotFound:
             return False
+        return mv.ready and await self._own_readiness(mv)
+
+    async def _own_readiness(self, mv: "ModelVersion") -> bool:
+        """A READY version's own say (a Python model's ``is_ready()``), asked where its
+        instances run: here, in the process that owns it, or with several processes
+        sharing its instances in each of them. Free for a model that defines none."""
+        cluster = self.cluster
+        if cluster is not None:
+            if mv.owner is not None:
+                return await cluster.model_ready(mv)
+            if mv.instance_slice[1] > 1 and self.workers.readiness.defined(mv):
+                return await self.local_model_ready(mv) and await cluster.model_ready(mv, everywhere=True)
+        return await self.local_model_ready(mv)
+
+    async def local_model_ready(self, mv: "ModelVersion") -> bool:
+        """The instances of ``mv`` this process runs say they are ready."""
+        return await self.workers.model_ready(mv)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """``{"name", "versions", "platform", "inputs", "outputs"}`` as Triton reports it."""
@@ -265,7 +293,8 @@ class InferenceService:
         return self._model_for(request)
 
     async def infer_stream(self, request: InferRequest, model: "ModelVersion | None" = None,
-                           span: RequestSpan | None = None, parent: Trace | Handover | None = None, sample: bool = True
+                           span: RequestSpan | None = None, parent: Trace | Handover | None = None, sample: bool = True,
+                           streams: list[ResponseStream] | None = None
                            ) -> AsyncIterator[tuple[InferResponse | None, bool]]:
         """Every response of one request as ``(item, final)``: ``item`` is a response, a
         TritonShmError (a decoupled model may send errors and go on), or None; the last
@@ -275,13 +304,16 @@ class InferenceService:
         ``span``: as for ``infer``; ``parent``: the trace of the request whose BLS call this
         is (``trace=request.trace()``), traced as its child, or the Handover of a request
         another front-end process sampled and forwarded; ``sample``: False for a BLS call
-        (or a forwarded request), which is traced as a child or not at all, as in Triton."""
+        (or a forwarded request), which is traced as a child or not at all, as in Triton;
+        ``streams``: a decoupled request's stream is appended to it (a BLS caller cancels it)."""
         if model is None:
             model = self._model_for(request)
         if not model.decoupled:
             yield await self._infer(model, request, None, span, parent, sample), True
             return
         stream = ResponseStream(asyncio.Queue())
+        if streams is not None:
+            streams.append(stream)
         if model.stats is not None and model.stats.first_response is not None:  # histograms on
             stream.opened_ns = time.monotonic_ns()
         queue = stream.queue
@@ -312,8 +344,21 @@ class InferenceService:
 
     async def _serve_bls(self, worker: "WorkerHandle", msg: dict[str, Any]) -> None:
         """A model's BLS call: run it like any request and stage each response's
-        outputs in the calling worker's input arena."""
+        outputs in the calling worker's input arena. ``bls_cancel``: the caller cancelled
+        a call (``response_iterator.cancel()``): the called model sees ``is_cancelled()`` and
+        its responses go on to the caller until the final one; a call not running yet ends
+        with CANCELLED."""
         bid = msg.get("bid")
+        if msg.get("op") == "bls_cancel":
+            call = self._bls_calls.get((id(worker), bid))
+            if call is not None:
+                task, started = call
+                if started and started[0].cancel is not None:
+                    started[0].cancel()
+                else:  # not running yet: it ends here (unregistered first: the task tells it from a shutdown)
+                    del self._bls_calls[(id(worker), bid)]
+                    task.cancel()
+            return
 
         def reply(body: dict[str, Any]) -> None:
             body.update(op="bls_reply", bid=bid)
@@ -330,15 +375,29 @@ class InferenceService:
                                    id=str(msg.get("request_id", "")), parameters=dict(msg.get("parameters") or {}),
                                    inputs=inputs, outputs=[RequestedOutput(n) for n in msg.get("outputs") or []])
             parent = self.tracer.live(msg["trace"]) if "trace" in msg else None
-            async for response, final in self.infer_stream(request, parent=parent, sample=False):
-                if response is None or isinstance(response, TritonShmError):
-                    reply({"final": final, **({"error": response.to_wire()} if response is not None else {})})
-                    continue
-                try:
-                    outputs = [[o.name, o.datatype, o.shape, worker.stage(o.data)] for o in response.outputs]
-                finally:
-                    response.release()
-                reply({"outputs": outputs, "final": final})
+            streams: list[ResponseStream] = []
+            current = asyncio.current_task()
+            if current is not None:
+                self._bls_calls[(id(worker), bid)] = (current, streams)
+            try:
+                async for response, final in self.infer_stream(request, parent=parent, sample=False, streams=streams):
+                    if response is None or isinstance(response, TritonShmError):
+                        reply({"final": final, **({"error": response.to_wire()} if response is not None else {})})
+                        continue
+                    try:
+                        outputs = [[o.name, o.datatype, o.shape, worker.stage(o.data)] for o in response.outputs]
+                    finally:
+                        response.release()
+                    body: dict[str, Any] = {"outputs": outputs, "final": final}
+                    if response.parameters:
+                        body["parameters"] = response.parameters
+                    reply(body)
+            except asyncio.CancelledError:
+                if (id(worker), bid) in self._bls_calls:
+                    raise  # the server is stopping, not the caller
+                reply({"error": Cancelled("the BLS request was cancelled").to_wire(), "final": True})
+            finally:
+                self._bls_calls.pop((id(worker), bid), None)
         except TritonShmError as e:
             reply({"error": e.to_wire(), "final": True})
         except (KeyError, TypeError, ValueError) as e:

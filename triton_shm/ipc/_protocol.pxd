@@ -18,6 +18,8 @@ cdef enum:             # record sizes, ops and statuses of protocol.py
     ST_ERROR = 1
     ST_DECOUPLED = 2
     ST_NONE = 3
+    ST_PARAMS = 4
+    ST_ANSWERED = 5
 
 
 cdef enum:

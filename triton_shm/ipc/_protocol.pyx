@@ -196,13 +196,21 @@ cdef int _response(Buf *b, object response) except -1:
         _uint(b, ST_NONE, 1)
         _uint(b, 0, 2)
     elif "error" in response:
-        _uint(b, ST_ERROR, 1)
+        _uint(b, ST_ANSWERED if response.get("answered") else ST_ERROR, 1)
         _uint(b, 0, 2)
         _error(b, response["error"])
     elif "outputs" in response:
         outputs = response["outputs"]
-        _uint(b, ST_OK, 1)
-        _uint(b, <uint64_t>len(outputs), 2)
+        parameters = response.get("parameters")
+        if parameters:
+            _uint(b, ST_PARAMS, 1)
+            _uint(b, <uint64_t>len(outputs), 2)
+            pb = orjson.dumps(parameters)
+            _uint(b, <uint64_t>len(pb), 4)
+            _put(b, <const char *>pb, len(pb))
+        else:
+            _uint(b, ST_OK, 1)
+            _uint(b, <uint64_t>len(outputs), 2)
         for name, datatype, shape, desc in outputs:
             place = desc[0]
             if type(place) is not int and place == "r":  # an arena segment id is an int: no compare
@@ -451,6 +459,7 @@ cdef dict _error_rec(Reader *r):
 
 
 cdef object _S_OK = Status.OK, _S_ERROR = Status.ERROR, _S_DECOUPLED = Status.DECOUPLED, _S_NONE = Status.NONE
+cdef object _S_PARAMS = Status.PARAMS, _S_ANSWERED = Status.ANSWERED
 cdef tuple _DECOUPLED_ENTRY = (Status.DECOUPLED, None), _NONE_ENTRY = (Status.NONE, None)
 
 
@@ -464,10 +473,21 @@ cdef tuple _response_rec(Reader *r):
         for _ in range(n):
             outputs.append(_tensor_rec(r))
         return (_S_OK, outputs)
+    if status == ST_PARAMS:
+        _need(r, 4)
+        parameters = _json(r, _get(r, 4))
+        if not isinstance(parameters, dict):
+            raise _fail(r, "response parameters are not an object")
+        outputs = []
+        for _ in range(n):
+            outputs.append(_tensor_rec(r))
+        return (_S_PARAMS, (outputs, parameters))
     if n:
         raise _fail(r, "response without outputs has an output count")
     if status == ST_ERROR:
         return (_S_ERROR, _error_rec(r))
+    if status == ST_ANSWERED:
+        return (_S_ANSWERED, _error_rec(r))
     if status == ST_DECOUPLED:
         return _DECOUPLED_ENTRY
     if status == ST_NONE:
@@ -588,7 +608,9 @@ def decode(data):
             status, payload = _response_rec(&r)
             if status is _S_OK:
                 body["outputs"] = payload
-            elif status is _S_ERROR:
+            elif status is _S_PARAMS:
+                body["outputs"], body["parameters"] = payload
+            elif status is _S_ERROR or status is _S_ANSWERED:
                 body["error"] = payload
             elif status is _S_DECOUPLED:
                 body["decoupled"] = True

@@ -60,7 +60,11 @@ Ops and their bodies:
 ``RESPONSE``: ``status u8, n u16``, then by status: ``OK``: ``n`` × TENSOR (outputs in
 the worker's arena, or written into the client region named by the request);
 ``ERROR``: one ERROR record; ``DECOUPLED``: nothing (its responses come as STREAM);
-``NONE``: nothing (a STREAM that only says "final").
+``NONE``: nothing (a STREAM that only says "final"); ``PARAMS``: as OK, after the
+response's parameters (``u32`` length, a JSON object; a Python model's
+``InferenceResponse(parameters=...)``); ``ANSWERED``: as ERROR, an error response the model
+returned (Triton's statistics count such a request a success, an execution that failed a
+failure).
 
 ``ERROR`` record: ``code_len u16, message_len u32, code, message`` (an ``ErrorCode``).
 
@@ -86,9 +90,12 @@ are checked against the mapped segments by their user (``SegmentMap.view``).
 
 ``decode`` gives a REPLY's body as ``(responses, timing)``, positional for the front-end
 that reads one per request: ``timing`` the three ints, ``responses`` one ``(status,
-payload)`` per entry (``Status.OK``: the output records, ``Status.ERROR``: the error
-record as a dict, ``Status.DECOUPLED``: None); ``encode_reply`` takes the worker's dicts
-(``{"outputs": ...}``, ``{"error": ...}``, ``{"decoupled": True}``). Other bodies are dicts.
+payload)`` per entry (``Status.OK``: the output records, ``Status.PARAMS``: ``(outputs,
+parameters)``, ``Status.ERROR`` / ``ANSWERED``: the error record as a dict,
+``Status.DECOUPLED``: None); ``encode_reply`` takes the worker's dicts (``{"outputs": ...[,
+"parameters": {...}]}``, ``{"error": ...[, "answered": True]}``, ``{"decoupled": True}``). A
+STREAM's body has ``parameters`` beside ``outputs`` where the response has any. Other bodies
+are dicts.
 
 The C implementation (``_protocol.pyx``) and its pure-Python twin (``protocol_py.py``)
 have the same API and errors; ``_twins`` picks one.

@@ -27,6 +27,8 @@ class Status(enum.IntEnum):
     ERROR = 1
     DECOUPLED = 2
     NONE = 3
+    PARAMS = 4    # OK, with the response's parameters
+    ANSWERED = 5  # ERROR, which the model answered with (statistics count the request a success)
 
 
 PLACE_NONE = PLACE_ARENA = 0
@@ -56,6 +58,7 @@ _TIMING = struct.Struct("<QQQ")
 _RESPONSE = struct.Struct("<BH")
 _ERROR = struct.Struct("<HI")
 _STREAM = struct.Struct("<IB")
+_U32 = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size
 _VALID_OPS = frozenset(int(op) for op in Op)
 
@@ -115,11 +118,18 @@ def _response(out: bytearray, response: dict | None) -> None:
     if response is None:
         out += _RESPONSE.pack(Status.NONE, 0)
     elif "error" in response:
-        out += _RESPONSE.pack(Status.ERROR, 0)
+        out += _RESPONSE.pack(Status.ANSWERED if response.get("answered") else Status.ERROR, 0)
         _error(out, response["error"])
     elif "outputs" in response:
         outputs = response["outputs"]
-        out += _RESPONSE.pack(Status.OK, len(outputs))
+        parameters = response.get("parameters")
+        if parameters:
+            out += _RESPONSE.pack(Status.PARAMS, len(outputs))
+            pb = orjson.dumps(parameters)
+            out += _U32.pack(len(pb))
+            out += pb
+        else:
+            out += _RESPONSE.pack(Status.OK, len(outputs))
         for name, datatype, shape, desc in outputs:
             _tensor(out, name, datatype, shape, *_desc(desc))
     else:
@@ -275,14 +285,23 @@ class _Reader:
         return {"code": self.text(code_len), "message": self.text(message_len)}
 
     def response(self) -> tuple[Status, Any]:
-        """``(status, payload)``: the output records (OK), the error record (ERROR), else None."""
+        """``(status, payload)``: the output records (OK), ``(outputs, parameters)`` (PARAMS),
+        the error record (ERROR, ANSWERED), else None."""
         status, n = self.unpack(_RESPONSE)
         if status == Status.OK:
             return Status.OK, [self.tensor() for _ in range(n)]
+        if status == Status.PARAMS:
+            (size,) = self.unpack(_U32)
+            parameters = self.json(size)
+            if not isinstance(parameters, dict):
+                raise self.fail("response parameters are not an object")
+            return Status.PARAMS, ([self.tensor() for _ in range(n)], parameters)
         if n:
             raise self.fail("response without outputs has an output count")
         if status == Status.ERROR:
             return Status.ERROR, self.error()
+        if status == Status.ANSWERED:
+            return Status.ANSWERED, self.error()
         if status == Status.DECOUPLED:
             return Status.DECOUPLED, None
         if status == Status.NONE:
@@ -357,7 +376,9 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
         status, payload = r.response()
         if status is Status.OK:
             body["outputs"] = payload
-        elif status is Status.ERROR:
+        elif status is Status.PARAMS:
+            body["outputs"], body["parameters"] = payload
+        elif status is Status.ERROR or status is Status.ANSWERED:
             body["error"] = payload
         elif status is Status.DECOUPLED:
             body["decoupled"] = True

@@ -410,7 +410,7 @@ class WorkerHandle:
                 self.outputs.add(int(body["seg"]), int(body["size"]), fds.pop())
             elif op == "drop":
                 self.outputs.drop(int(body["seg"]))
-            elif op == "bls" and self.on_bls is not None:
+            elif (op == "bls" or op == "bls_cancel") and self.on_bls is not None:
                 self.on_bls(self, body)
             elif op == "release_inputs":
                 self._release_staged(body.get("blocks") or [])

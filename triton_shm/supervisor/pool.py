@@ -29,6 +29,7 @@ from ..ipc import protocol
 from ..ipc.arena import Arena, Block
 from ..ipc.protocol import PLACE_ARENA, PLACE_REGION
 from .handle import WorkerHandle
+from .readiness import Readiness
 
 if TYPE_CHECKING:
     from ..core.models.version import ModelVersion
@@ -87,6 +88,7 @@ class WorkerPool:
         # once its process runs again (it then loads the models placed there)
         self.on_worker_down: Callable[[str], None] | None = None
         self.on_worker_back: Callable[[str], Awaitable[None]] | None = None
+        self.readiness = Readiness()  # the instances whose models define is_ready()
 
     @property
     def gpu_count(self) -> int:
@@ -143,6 +145,11 @@ class WorkerPool:
             await self.on_worker_back(worker.name)
         if worker.alive:
             self._restarts[worker.name] = 0
+
+    async def model_ready(self, mv: "ModelVersion") -> bool:
+        """Whether the instances of ``mv`` here whose model defines ``is_ready()`` say they
+        are ready (True at once when none does)."""
+        return await self.readiness.ready(mv, self.workers)
 
     def placed_on(self, worker: str) -> list["ModelVersion"]:
         """The model versions with instances in ``worker``."""
@@ -216,7 +223,7 @@ class WorkerPool:
         specs = self._instances_by_worker(mv)[worker]
         msg = self._model_message("load", mv, config_to_json(mv.config))
         msg["instances"] = specs
-        await self.workers[worker].call(msg)
+        self.readiness.loaded(mv.key, worker, await self.workers[worker].call(msg))
 
     async def load(self, mv: "ModelVersion") -> None:
         by_worker = self._instances_by_worker(mv, with_groups=True)
@@ -225,6 +232,7 @@ class WorkerPool:
         results = await asyncio.gather(*(self.load_on(w, mv) for w in by_worker), return_exceptions=True)
         failed = next((r for r in results if isinstance(r, BaseException)), None)
         if failed is not None:  # every instance loads, or none stays
+            self.readiness.forget(mv.key)
             loaded = [w for w, r in zip(by_worker, results) if not isinstance(r, BaseException)]
             await asyncio.gather(*(self._unload_from(w, mv) for w in loaded),
                                  *(self._stop_instance_process(h) for h in started if h.name not in loaded),
@@ -256,6 +264,7 @@ class WorkerPool:
     async def unload(self, mv: "ModelVersion") -> None:
         """``mv``'s instances are finalized in every worker at once; its instance
         processes then stop."""
+        self.readiness.forget(mv.key)
         await asyncio.gather(*(self._unload_from(w, mv) for w in {w for w, _ in mv.instances}))
 
     async def _unload_from(self, w: str, mv: "ModelVersion") -> None:
@@ -354,18 +363,24 @@ class WorkerPool:
             results: list[InferResponse | Exception | None] = []
             i = 0
             for status, payload in responses:  # a loop, not zip or enumerate: no objects of their own
-                if status is _ERROR:
+                if status is _ERROR or status is _ANSWERED:
                     error = TritonShmError.from_wire(payload)
+                    if status is _ANSWERED:  # the model's own answer: counted a success, as Triton does
+                        error.answered = True  # type: ignore[attr-defined]
                     if on_stream is not None:  # the request ends here: its stream gets the error
                         on_stream({"index": i, "error": payload, "final": True})
                     results.append(error)
                 elif on_stream is not None:
                     results.append(None)  # executed; its responses arrive on its stream
-                elif status is not _OK:  # DECOUPLED from a model that is not
+                elif status is not _OK and status is not _PARAMS:  # DECOUPLED from a model that is not
                     results.append(Internal(f"worker '{worker.name}' sent a malformed response: 'outputs'"))
                 else:
                     try:
-                        results.append(self._response(worker, mv, batch[i], payload, True))
+                        if status is _PARAMS:
+                            outputs, parameters = payload
+                            results.append(self._response(worker, mv, batch[i], outputs, True, parameters))
+                        else:
+                            results.append(self._response(worker, mv, batch[i], payload, True))
                     except Exception as e:  # noqa: BLE001 - the worker is not trusted: a malformed entry fails its request
                         results.append(e if isinstance(e, TritonShmError)
                                        else Internal(f"worker '{worker.name}' sent a malformed response: {e}"))
@@ -408,7 +423,7 @@ class WorkerPool:
                 item: InferResponse | Exception | None = TritonShmError.from_wire(msg["error"])
             elif "outputs" in msg:
                 try:
-                    item = self._response(worker, mv, batch[index], msg["outputs"])
+                    item = self._response(worker, mv, batch[index], msg["outputs"], False, msg.get("parameters"))
                 except TritonShmError as e:
                     item = e
             else:
@@ -466,7 +481,8 @@ class WorkerPool:
         return region
 
     def _response(self, worker: WorkerHandle, mv: "ModelVersion", p: BatchRequest,
-                  encoded: list[list[Any]], complete: bool = False) -> InferResponse:
+                  encoded: list[list[Any]], complete: bool = False,
+                  parameters: dict[str, Any] | None = None) -> InferResponse:
         """``complete``: every requested output, once each (a decoupled response may
         carry some of them). ``encoded`` comes from the decoder, which has checked the
         types: names and datatypes are str, shapes lists of ints >= 0 (each its own, made
@@ -518,11 +534,23 @@ class WorkerPool:
         except Exception:
             worker.release(descriptors)
             raise
-        return InferResponse(mv.name, mv.version_name, request.id, {}, outputs,  # positional: no keywords to parse
+        if parameters is not None:  # a worker is not trusted: only what the protocols carry
+            parameters = _checked_parameters(mv, parameters)
+        return InferResponse(mv.name, mv.version_name, request.id, parameters or {}, outputs,  # positional
                              functools.partial(worker.release, descriptors))
 
 
-_OK, _ERROR = protocol.Status.OK, protocol.Status.ERROR  # the decoder's statuses: compared by identity
+# the decoder's statuses: compared by identity
+_OK, _ERROR, _PARAMS, _ANSWERED = (protocol.Status.OK, protocol.Status.ERROR, protocol.Status.PARAMS,
+                                   protocol.Status.ANSWERED)
+
+
+def _checked_parameters(mv: "ModelVersion", parameters: dict[str, Any]) -> dict[str, Any]:
+    for key, value in parameters.items():
+        if not isinstance(value, (bool, int, str)) or (
+                type(value) is int and not -(1 << 63) <= value < (1 << 63)):
+            raise Internal(f"worker returned response parameter '{key}' of model '{mv.name}' of an unsupported type")
+    return parameters
 
 # bytes per element of every fixed-size datatype (BYTES is variable: not here)
 _ELEMENT_SIZE = {dt: element_size(dt) for dt in protocol.DATATYPES if element_size(dt)}

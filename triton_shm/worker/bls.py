@@ -53,8 +53,15 @@ class BlsClient:
 
     # called on model threads
     def infer(self, request: "pb_utils.InferenceRequest", decoupled: bool,
-              timeout: float | None) -> Iterator["pb_utils.InferenceResponse"]:
+              timeout: float | None) -> "ResponseIterator":
+        """The call's responses; ``cancel()`` on them cancels the call (Triton's
+        ``response_iterator.cancel()``)."""
         bid = next(self._ids)
+        return ResponseIterator(self._call(bid, request, timeout),
+                                lambda: self._send({"op": "bls_cancel", "bid": bid}, None))
+
+    def _call(self, bid: int, request: "pb_utils.InferenceRequest",
+              timeout: float | None) -> Iterator["pb_utils.InferenceResponse"]:
         waiter: queue.SimpleQueue = queue.SimpleQueue()
         blocks = []
         try:
@@ -115,4 +122,32 @@ class BlsClient:
                 tensors.append(pb_utils.Tensor(name, array, code if datatype in ("BF16", "BYTES") else None))
         finally:
             self._send({"op": "release_inputs", "blocks": staged}, None)
-        return pb_utils.InferenceResponse(tensors)
+        response = pb_utils.InferenceResponse(tensors)
+        parameters = msg.get("parameters")
+        if parameters:  # parameters() is their compact JSON, as Triton gives a BLS response's
+            response._params, response._parameters = parameters, pb_utils._compact_json(parameters)
+        return response
+
+
+class ResponseIterator:
+    """The responses of a BLS call (``exec(decoupled=True)``), as they come. ``cancel()``
+    asks the server to cancel the call: the called model sees ``request.is_cancelled()``;
+    the responses it still sends (typically a CANCELLED error) end the iteration as usual."""
+
+    def __init__(self, responses: Iterator["pb_utils.InferenceResponse"], cancel):
+        self._responses, self._cancel = responses, cancel
+        self._done = False
+
+    def __iter__(self) -> "ResponseIterator":
+        return self
+
+    def __next__(self) -> "pb_utils.InferenceResponse":
+        try:
+            return next(self._responses)
+        except StopIteration:
+            self._done = True
+            raise
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._cancel()

@@ -213,10 +213,20 @@ class InstanceRunner:
         t2 = _clock()
         for i, response in zip(live, responses):
             try:
-                if response.error is not None:
-                    raise response.error
-                results[i] = {"decoupled": True} if model.decoupled else \
-                    {"outputs": self._encode(requests[i], response.outputs, lent=lent[i] if lent else None)}
+                error = response.error
+                if error is not None:
+                    if getattr(error, "answered", False):  # the model's answer: not a failed execution
+                        results[i] = {"error": error.to_wire(), "answered": True}
+                        continue
+                    raise error
+                if model.decoupled:
+                    results[i] = {"decoupled": True}
+                    continue
+                result: dict[str, Any] = {
+                    "outputs": self._encode(requests[i], response.outputs, lent=lent[i] if lent else None)}
+                if response.parameters:
+                    result["parameters"] = response.parameters
+                results[i] = result
             except Exception as e:  # noqa: BLE001 - a response that cannot be encoded fails its request
                 results[i] = _error(e, model.context.name)
         t3 = _clock()
@@ -266,6 +276,8 @@ class InstanceRunner:
                 if response.error is not None:
                     raise response.error
                 body["outputs"] = self._encode(r, response.outputs, partial=True)
+                if response.parameters:
+                    body["parameters"] = response.parameters
             except Exception as e:  # noqa: BLE001 - a stream response that cannot be encoded ends as an error
                 body.update(_error(e, self.model.context.name))
         self._stream_body(body)

@@ -79,6 +79,9 @@ class Worker:
         self._relief = Relief(self.relieve)
         self._watch = self._relief.watch  # .current: the inline execution running now (its number), or 0
         self.relief_reading = False
+        # a thread per instance that defines is_ready(), made at its first check: a slow check
+        # holds neither the ring nor executions nor another instance's checks
+        self._readiness: dict[tuple[str, int], ThreadPoolExecutor] = {}
 
     # -- sending -------------------------------------------------------------------------
     def send_frame(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
@@ -283,6 +286,8 @@ class Worker:
             self.cancelled.add((int(msg["batch"]), int(msg["index"])))
         elif op == "bls_reply":
             self.bls.deliver(msg)
+        elif op == "is_ready":
+            self._is_ready(msg)
         elif op == "auto_complete":
             self.loader.submit(self._guarded, msg, self._auto_complete)
         elif op == "load":
@@ -291,6 +296,28 @@ class Worker:
             self.loader.submit(self._guarded, msg, self._unload)
         else:
             raise InvalidArgument(f"unknown control message '{op}'")
+
+    def _is_ready(self, msg: dict[str, Any]) -> None:
+        """A model instance's own ``is_ready()``, answered from its readiness thread."""
+        key, idx = msg["key"], int(msg["instance"])
+        model = self.models.get(key)
+        if model is None or not 0 <= idx < len(model.runners):
+            raise NotFound(f"model '{key}' instance {idx} is not loaded in worker '{self.name}'")
+        instance = model.runners[idx].instance
+        if not getattr(instance, "has_is_ready", False):
+            self.reply(msg["id"], {"ready": True, "message": ""})
+            return
+        pool = self._readiness.get((key, idx))
+        if pool is None:
+            pool = self._readiness[(key, idx)] = ThreadPoolExecutor(1, thread_name_prefix="readiness")
+
+        def check() -> None:
+            ready, why = instance.check_ready()  # type: ignore[attr-defined]
+            try:
+                self.reply(msg["id"], {"ready": ready, "message": why})
+            except OSError as e:
+                self.reply_failed(e)
+        pool.submit(check)
 
     def _guarded(self, msg: dict[str, Any], fn) -> None:
         try:
@@ -332,13 +359,18 @@ class Worker:
         if old is not None:
             for runner in old.runners:
                 runner.stop()
-        return {}
+        # the instances whose readiness is the model's own (is_ready()): the front-end asks only them
+        return {"readiness": [i for i, r in enumerate(model.runners) if getattr(r.instance, "has_is_ready", False)]}
 
     def _unload(self, msg: dict[str, Any]) -> dict[str, Any]:
         model = self.models.pop(msg["key"], None)
         if model is not None:
             for runner in model.runners:
                 runner.stop()
+            for i in range(len(model.runners)):
+                pool = self._readiness.pop((msg["key"], i), None)
+                if pool is not None:
+                    pool.shutdown(wait=False)
         return {}
 
     def shutdown(self) -> None:

@@ -73,6 +73,14 @@ def _error_from_triton_error(err: Any) -> TritonShmError:
     return Internal(str(err))
 
 
+def _answered(err: Any) -> WorkerResponse:
+    """An error response the model returned: the request's answer, which Triton's
+    statistics count as a success (an execution that raised is a failure)."""
+    error = _error_from_triton_error(err)
+    error.answered = True  # type: ignore[attr-defined]
+    return WorkerResponse(error=error)
+
+
 def _describe(exc: BaseException) -> str:
     """``"<ExceptionType>: <message>"``, the form Triton's python backend reports."""
     return f"{type(exc).__name__}: {exc}"
@@ -221,6 +229,7 @@ class PythonModelInstance(ModelInstance):
         self.context = context
         self.spec = spec
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready_loop: asyncio.AbstractEventLoop | None = None  # async is_ready(): beside execute's loop
         config = context.config
         self._all_outputs = [o["name"] for o in config.get("output", []) or [] if "name" in o]
         # sequence batching's state outputs: always taken from a response, never listed as requested
@@ -260,6 +269,27 @@ class PythonModelInstance(ModelInstance):
                 log.error("initialize of %s failed:\n%s", where, traceback.format_exc())
                 self._close_loop()
                 raise Internal(f"failed to initialize {where}: {_describe(e)}") from None
+        # Triton asks a model that defines is_ready() for its readiness (found once, as its stub does)
+        self.has_is_ready = hasattr(self.model, "is_ready")
+
+    def check_ready(self) -> tuple[bool, str]:
+        """The model's own ``is_ready()`` (plain or ``async def``), run beside executions as
+        Triton's stub runs it: ``(ready, why not)``. An exception or a value that is not a
+        bool is not ready, with Triton's words."""
+        try:
+            result = self.model.is_ready()
+            if inspect.isawaitable(result):
+                if self._ready_loop is None:
+                    self._ready_loop = asyncio.new_event_loop()
+                result = self._ready_loop.run_until_complete(result)
+            if not isinstance(result, bool):
+                return False, "is_ready() must return a boolean value"
+            return result, ""
+        except BaseException as e:  # noqa: BLE001 - user code
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            log.error("is_ready of Python model '%s' raised:\n%s", self.spec.name, traceback.format_exc())
+            return False, _describe(e)
 
     # ------------------------------------------------------------------ async support
     def _run_coroutine(self, awaitable):
@@ -356,11 +386,11 @@ class PythonModelInstance(ModelInstance):
     def _response(self, req: WorkerRequest, resp: Any) -> WorkerResponse:
         if type(resp) is _InferenceResponse:  # not a subclass: its fields, not the accessors
             if resp._error is not None:
-                return WorkerResponse(error=_error_from_triton_error(resp._error))
+                return _answered(resp._error)
             tensors = resp._output_tensors
         elif isinstance(resp, pb_utils.InferenceResponse):
             if resp.has_error():
-                return WorkerResponse(error=_error_from_triton_error(resp.error()))
+                return _answered(resp.error())
             tensors = resp.output_tensors()
         else:
             return WorkerResponse(error=Internal(
@@ -382,7 +412,8 @@ class PythonModelInstance(ModelInstance):
             array = t._array
             # a host array of numbers goes as it is; strings and GPU tensors are converted
             outputs[name] = array if t._device_array is None and array.dtype.kind not in "US" else _output_array(t)
-        return WorkerResponse(outputs)
+        params = getattr(resp, "_params", None)
+        return WorkerResponse(outputs) if params is None else WorkerResponse(outputs, None, params)
 
     def finalize(self) -> None:
         fin = getattr(self.model, "finalize", None)
@@ -397,6 +428,9 @@ class PythonModelInstance(ModelInstance):
                 log.error("finalize of Python model '%s' raised:\n%s",
                           self.spec.name, traceback.format_exc())
         self._close_loop()
+        loop, self._ready_loop = self._ready_loop, None
+        if loop is not None and not loop.is_running():  # a check still running keeps its loop
+            loop.close()
 
 
 def _output_array(t: pb_utils.Tensor) -> np.ndarray:

@@ -488,11 +488,14 @@ class InferenceRequest:
         return result or InferenceResponse(error=TritonError("no response", TritonError.INTERNAL))
 
     def async_exec(self, decoupled: bool = False, timeout: float | None = None):
-        """Awaitable form of :meth:`exec` for ``async def execute``."""
+        """Awaitable form of :meth:`exec` for ``async def execute``. ``decoupled=True``
+        gives the responses' iterator (``cancel()`` included), iterated as in Triton."""
         import asyncio
         loop = asyncio.get_running_loop()
         if decoupled:
-            return loop.run_in_executor(None, lambda: list(self.exec(True, timeout)))
+            done = loop.create_future()
+            done.set_result(self.exec(True, timeout))
+            return done
         return loop.run_in_executor(None, self.exec, False, timeout)
 
     def __repr__(self) -> str:
@@ -536,8 +539,31 @@ class InferenceResponseSender:
         return bool(self._is_cancelled and self._is_cancelled())
 
 
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _response_parameters(parameters) -> dict | None:
+    """A response's parameters checked as Triton's python backend checks them: a dict of
+    str keys and bool, int or str values (an int within int64, as the protocols carry it)."""
+    if parameters is None:
+        return None
+    if not isinstance(parameters, dict):
+        raise TritonModelException(f"Expect parameters to be a dict, got {type(parameters)}")
+    for key, value in parameters.items():
+        if not isinstance(key, str):
+            raise TritonModelException(f"Expect parameters keys to have type str, found type {type(key)}")
+        if not isinstance(value, (bool, int, str)):
+            raise TritonModelException(
+                f"Expect parameters values to have type bool/int/str, found type {type(value)}")
+        if isinstance(value, int) and not isinstance(value, bool) and not _INT64[0] <= value <= _INT64[1]:
+            raise TritonModelException(f"parameter '{key}' is out of the int64 range")
+    return dict(parameters) or None
+
+
 class InferenceResponse:
-    """The response to one request: output tensors, or an error."""
+    """The response to one request: output tensors, or an error; optional ``parameters``
+    (``{"name": bool | int | str}``) reach the client with it. ``parameters()`` is their
+    JSON, as in Triton."""
 
     def __init__(self, output_tensors: list[Tensor] | None = None,
                  error: TritonError | None = None, parameters: dict | str | None = None):
@@ -549,7 +575,8 @@ class InferenceResponse:
         if error is not None and not isinstance(error, TritonError):
             error = TritonError(str(error))
         self._error = error
-        self._parameters = "{}" if parameters is None else _parameters_json(parameters)
+        self._params = _response_parameters(parameters)  # what the worker sends: None when empty
+        self._parameters = json.dumps(self._params) if self._params else "{}"
 
     def output_tensors(self) -> list[Tensor]:
         return self._output_tensors

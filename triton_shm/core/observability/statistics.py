@@ -26,6 +26,13 @@ _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "comput
            "cache_miss")
 
 
+def failed(result: Any) -> bool:
+    """Whether a request's result counts as a failure. As Triton's python backend counts
+    them, an error response the model returned (``answered``: it cancelled the request, or
+    refused it) is the request's answer, a success; an execution that failed, a failure."""
+    return isinstance(result, Exception) and not getattr(result, "answered", False)
+
+
 @dataclass(slots=True)
 class Duration:
     count: int = 0

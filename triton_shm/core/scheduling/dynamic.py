@@ -26,7 +26,7 @@ from ...errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..clock import Clock, LoopClock, Wakeup
 from ..data.types import InferRequest, InferResponse, ResponseStream
 from ..models.config import mc
-from ..observability.statistics import ModelStats
+from ..observability.statistics import ModelStats, failed
 from .interface import Instance
 from .pending import Pending, resolve
 from .rate_limiter import IDLE, STAGED, Claim, RateLimiter, bind_claims
@@ -433,13 +433,13 @@ class DynamicScheduler:
         for p, result in zip(batch, results):
             if p.trace is not None:
                 p.trace.computed(start, (in_ns, infer_ns, out_ns))
-            if not isinstance(result, Exception):
+            if not failed(result):
                 total = self.clock.now() - p.enqueued_ns
                 self.stats.record_success(p.rows, total, start - p.enqueued_ns, in_ns, infer_ns, out_ns)
             self._finish(p, result)
 
     def _finish(self, p: Pending, result: Any) -> None:
-        if isinstance(result, Exception):
+        if failed(result):
             reason = "REJECTED" if isinstance(result, Unavailable) else "BACKEND"
             self.stats.record_failure(self.clock.now() - p.enqueued_ns, reason)
         if p.count_on_answer:  # only without preserve_ordering (a direct request)

@@ -44,7 +44,7 @@ from ..data.datatypes import config_to_wire, element_size, numpy_dtype
 from ..data.types import BatchRequest, InferRequest, InferResponse, InputTensor, ResponseStream
 from ..models.config import data_type_name, mc
 from ..models.validation import RequestPlan
-from ..observability.statistics import ModelStats
+from ..observability.statistics import ModelStats, failed
 from .interface import Instance
 from .pending import Pending, resolve
 from .request_future import RequestFuture
@@ -611,7 +611,7 @@ class SequenceScheduler:
         for p, result in real:
             if p.trace is not None:
                 p.trace.computed(start, (in_ns, infer_ns, out_ns))
-            if isinstance(result, Exception):
+            if failed(result):
                 reason = "REJECTED" if isinstance(result, Unavailable) else "BACKEND"
                 self.stats.record_failure(now - p.enqueued_ns, reason)
             else:

@@ -66,10 +66,10 @@ class InferenceRpcs:
         return pb.ServerLiveResponse(live=self.service.live())
 
     async def ServerReady(self, request: pb.ServerReadyRequest) -> pb.ServerReadyResponse:
-        return pb.ServerReadyResponse(ready=self.service.ready())
+        return pb.ServerReadyResponse(ready=await self.service.ready())
 
     async def ModelReady(self, request: pb.ModelReadyRequest) -> pb.ModelReadyResponse:
-        return pb.ModelReadyResponse(ready=self.service.model_ready(request.name, request.version))
+        return pb.ModelReadyResponse(ready=await self.service.model_ready(request.name, request.version))
 
     async def ServerMetadata(self, request: pb.ServerMetadataRequest) -> pb.ServerMetadataResponse:
         md = self.service.server_metadata()
@@ -281,7 +281,7 @@ _SERVING, _NOT_SERVING = b"\x08\x01", b"\x08\x02"  # HealthCheckResponse{status:
 
 async def _health_check(service: "InferenceService", request: bytes) -> bytes:
     try:
-        return _SERVING if service.ready() else _NOT_SERVING
+        return _SERVING if await service.ready() else _NOT_SERVING
     except Exception:  # noqa: BLE001 - health must answer, not crash
         log.exception("health check failed")
         return _NOT_SERVING

@@ -41,7 +41,7 @@ class HttpHandlers:
         return web.Response(status=200 if self.service.live() else 400)
 
     async def ready(self, request: web.Request) -> web.Response:
-        return web.Response(status=200 if self.service.ready() else 400)
+        return web.Response(status=200 if await self.service.ready() else 400)
 
     async def server_metadata(self, request: web.Request) -> web.Response:
         return _json(request, self.service.server_metadata())
@@ -52,7 +52,7 @@ class HttpHandlers:
 
     async def model_ready(self, request: web.Request) -> web.Response:
         model, version = _model(request)
-        if self.service.model_ready(model, version):
+        if await self.service.model_ready(model, version):
             return web.Response(status=200)
         return _json(request, {"error": "Model version not ready"}, status=400)  # as Triton
 
