@@ -758,7 +758,7 @@ def test_a_decoupled_batch_failed_in_its_reply_ends_its_stream():
     worker.end_stream = ended.append
     stream = SimpleNamespace(queue=queue.Queue(), cancel=None)
     batch = [BatchRequest(InferRequest("m"), RequestPlan(outputs=[], batch_size=1), {}, stream)]
-    pool.start_batch(SimpleNamespace(name="m", key="m/1#0", decoupled=True), ("cpu", 0), batch,
+    pool.start_batch(SimpleNamespace(name="m", key="m/1#0", decoupled=True, stats=None), ("cpu", 0), batch,
                      lambda results, timing: None)
     ((on_reply, kw),) = sent
     on_reply(([(Status.ERROR, InvalidArgument("bad input").to_wire())], (1, 2, 3)))
