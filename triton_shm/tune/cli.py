@@ -1,0 +1,484 @@
+"""``triton-shm tune`` flags and the run: start or reach the server, measure the default, search,
+choose, write, and put the server back as it was.
+
+Exit status: 0 a config was chosen and written; 1 nothing could be chosen (no candidate meets
+the budget, the model does not load, the server went away) or the server could not be used;
+2 bad flags; 130 interrupted. The CSV and the report are written in every case where
+something was measured.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import TuneError, UsageError
+
+DEFAULT_CONCURRENCY = "1,2,4,8,16"
+
+
+def _positive(kind: type):
+    def parse(v: str):
+        try:
+            x = kind(v)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got '{v}'") from None
+        if not x > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive number, got '{v}'")
+        return x
+    return parse
+
+
+def _concurrency_list(v: str) -> list[int]:
+    try:
+        values = sorted({int(x) for x in v.split(",") if x.strip()})
+    except ValueError:
+        values = []
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of positive integers, got '{v}'")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="triton-shm tune",
+        description="Find the best config of one model on this machine: instance count, KIND_CPU/KIND_GPU, "
+                    "max_batch_size, dynamic batching and its queue delay, preferred batch size, and for Python "
+                    "models PROCESS_PER_INSTANCE, each where it applies. Candidates are loaded through the "
+                    "model-control API with a config override and measured with the 'perf' engine over a "
+                    "concurrency sweep; the search climbs from a sensible start (every candidate when the space "
+                    "is small) and stops within --time-budget-s. Writes OUTPUT/config.pbtxt (the model's "
+                    "config with only the tuned fields changed), OUTPUT/report.html and OUTPUT/measurements.csv; "
+                    "the repository is never written to.",
+        epilog="Exit status: 0 a config was chosen; 1 nothing could be chosen (no candidate meets the budget, the "
+               "model fails to load, the server went away); 2 bad flags; 130 interrupted.")
+    add = p.add_argument
+    add("--model-repository", required=True, metavar="DIR", help="the model repository holding the model")
+    add("--model", required=True, metavar="NAME", help="the model to tune")
+    add("--latency-budget-ms", type=_positive(float), default=None, metavar="MS",
+        help="p99 latency a chosen point must stay within (default: none)")
+    add("--objective", choices=["throughput", "latency"], default="throughput",
+        help="throughput: the most inferences/s within the budget (default); latency: the lowest p99")
+    add("--time-budget-s", type=_positive(float), default=600.0, metavar="S",
+        help="stop starting new candidates when the next would end after S seconds (default 600)")
+    add("--concurrency", type=_concurrency_list, default=_concurrency_list(DEFAULT_CONCURRENCY), metavar="LIST",
+        help=f"the concurrency sweep of every candidate, comma-separated (default {DEFAULT_CONCURRENCY})")
+    add("--output", default=None, metavar="DIR",
+        help="where config.pbtxt, report.html and measurements.csv go (default ./tune-NAME); never the "
+             "model's own directory")
+    add("--url", default=None, metavar="HOST:PORT",
+        help="tune a running triton-shm or Triton through its HTTP endpoint instead of starting a server; "
+             "the model is left loaded (with the config it had) or unloaded, as it was found")
+    add("--grpc-url", default=None, metavar="HOST:PORT",
+        help="with --url: the server's gRPC endpoint for the load (default: the HTTP port + 1, Triton's layout)")
+    add("--protocol", choices=["grpc", "http"], default="grpc", help="what the load is sent over (default grpc)")
+    add("--max-instances", type=_positive(int), default=None, metavar="N",
+        help="most instances to try (default: this machine's cores, or 4 per GPU for KIND_GPU)")
+    add("--max-batch-size", type=_positive(int), default=None, metavar="N",
+        help="largest max_batch_size to try, for a model that batches (default: the model's own)")
+    add("--measurement-interval-ms", type=_positive(float), default=1000.0, metavar="MS",
+        help="one measurement window of the perf engine (default 1000)")
+    add("--stability-percentage", type=_positive(float), default=10.0, metavar="PCT",
+        help="three windows in a row must agree within PCT (default 10)")
+    add("--max-trials", type=_positive(int), default=6, metavar="N",
+        help="most windows per concurrency step (default 6)")
+    add("--server-arg", action="append", default=[], metavar="ARG",
+        help="an argument for the server tune starts (repeatable), e.g. --server-arg=--gpus=none")
+    add("--verbose", action="store_true", help="print the perf engine's window lines too")
+    return p
+
+
+# ------------------------------------------------------------------------------- progress
+
+class Progress:
+    """One live line on a terminal ('candidate k of n, elapsed, best so far'); whole lines otherwise."""
+
+    def __init__(self, verbose: bool):
+        self.tty = sys.stderr.isatty()
+        self.verbose = verbose
+        self._width = 0
+
+    def line(self, text: str) -> None:
+        if self.tty:
+            pad = max(0, self._width - len(text))
+            sys.stderr.write("\r" + text + " " * pad)
+            sys.stderr.flush()
+            self._width = len(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def say(self, text: str) -> None:
+        """A message of its own (keeps the live line below it)."""
+        if self.tty and self._width:
+            sys.stderr.write("\r" + " " * self._width + "\r")
+            self._width = 0
+        print(text, file=sys.stderr, flush=True)
+
+    def engine(self, text: str) -> None:
+        if self.verbose or text.startswith("warning") or text.startswith("error"):
+            self.say("  " + text)
+
+    def done(self) -> None:
+        if self.tty and self._width:
+            sys.stderr.write("\n")
+            self._width = 0
+
+
+# ------------------------------------------------------------------------------- choosing
+
+@dataclass
+class Verdict:
+    """A measured candidate's rank: feasible ones (a point within the budget) above the rest."""
+
+    key: tuple[Any, ...]
+    point: Any            # the Point that gives the score
+    feasible: bool
+    text: str = ""
+
+
+def verdict(points: list, objective: str, budget_ms: float | None) -> Verdict | None:
+    good = [p for p in points if p.errors == 0 and p.throughput > 0]
+    if not good:
+        return None
+    within = [p for p in good if budget_ms is None or p.p99_ms <= budget_ms]
+    if within:
+        if objective == "throughput":
+            best = max(within, key=lambda p: (p.throughput, -p.p99_ms))
+            key: tuple[Any, ...] = (1, best.throughput, -best.p99_ms)
+        else:
+            best = min(within, key=lambda p: (p.p99_ms, -p.throughput))
+            key = (1, -best.p99_ms, best.throughput)
+        return Verdict(key, best, True, f"{best.throughput:.1f} infer/s at concurrency {best.concurrency}, "
+                                        f"p99 {best.p99_ms:.2f} ms")
+    best = min(good, key=lambda p: p.p99_ms)  # nearest the budget, to lead the climb there
+    return Verdict((0, -best.p99_ms, best.throughput), best, False,
+                   f"over budget: lowest p99 {best.p99_ms:.2f} ms at concurrency {best.concurrency}")
+
+
+def clearly_better(a: Verdict, b: Verdict, objective: str, noise_pct: float) -> bool:
+    """Whether ``a`` beats ``b`` by more than the stability tolerance: a change to the user's config
+    has to earn its place."""
+    margin = 1.0 + noise_pct / 100.0
+    if objective == "throughput":
+        return a.point.throughput > b.point.throughput * margin
+    return a.point.p99_ms * margin < b.point.p99_ms
+
+
+@dataclass
+class Run:
+    ns: argparse.Namespace
+    progress: Progress
+    candidates: list = field(default_factory=list)
+    verdicts: dict[int, Verdict] = field(default_factory=dict)
+    messages: list[str] = field(default_factory=list)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def _machine(cores: int, gpus: int) -> str:
+    return f"{platform.node()}, {cores} CPU core(s), {gpus} GPU(s), Python {platform.python_version()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    prog = "triton-shm tune"
+    progress = Progress(ns.verbose)
+    try:
+        return _tune(ns, progress)
+    except KeyboardInterrupt:
+        progress.done()
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+    except TuneError as e:
+        progress.done()
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return e.exit_code
+
+
+def _check_paths(ns: argparse.Namespace) -> tuple[Path, Path, Path]:
+    repo = Path(ns.model_repository)
+    if not repo.is_dir():
+        raise UsageError(f"--model-repository '{repo}' is not a directory")
+    model_dir = repo / ns.model
+    if not ns.model or "/" in ns.model or ns.model in (".", "..") or not model_dir.is_dir():
+        raise UsageError(f"unknown model '{ns.model}': no directory '{model_dir}' in the repository")
+    out = Path(ns.output or f"tune-{ns.model}")
+    if out.resolve() == model_dir.resolve() or model_dir.resolve() in out.resolve().parents:
+        raise UsageError(f"--output '{out}' is inside the model's directory; tune never writes to the repository")
+    out.mkdir(parents=True, exist_ok=True)
+    return repo, model_dir, out
+
+
+def _tune(ns: argparse.Namespace, progress: Progress) -> int:
+    from ..perf.cli import check_dependencies
+    from ..perf import UsageError as PerfUsage
+    try:
+        check_dependencies()
+    except PerfUsage as e:
+        raise UsageError(str(e)) from None
+    repo, model_dir, out = _check_paths(ns)
+    from .control import Control, OwnServer, ProcessTree
+    server: OwnServer | None = None
+    if ns.url:
+        http_url = ns.url.removeprefix("http://")
+        host, _, port = http_url.rpartition(":")
+        if not host or not port.isdigit():
+            raise UsageError(f"--url is HOST:PORT, not '{ns.url}'")
+        grpc_url = ns.grpc_url or f"{host}:{int(port) + 1}"
+        control = Control(http_url)
+        if not control.live():
+            raise TuneError(f"the server at {http_url} does not answer (is it running, and is --url right?)")
+        tree = None
+    else:
+        if ns.grpc_url:
+            raise UsageError("--grpc-url needs --url")
+        progress.say(f"starting a server over {repo} (explicit model control); its log: {out / 'server.log'}")
+        server = OwnServer(repo, out / "server.log", ns.server_arg).start()
+        http_url, grpc_url = server.http_url, server.grpc_url
+        control = Control(http_url)
+        tree = ProcessTree(server.proc.pid) if server.proc else None
+    run = Run(ns, progress)
+    try:
+        return _session(run, control, server, tree, model_dir, out, http_url, grpc_url)
+    finally:
+        if server is not None:
+            server.stop()
+
+
+def _gpus(ns: argparse.Namespace, served: dict[str, Any]) -> int:
+    """GPUs the candidates may use: none when the server tune starts is told --gpus none; for a
+    running server, this machine's when it runs here, else one if the model already uses one."""
+    from ..devices import visible_gpu_count
+    if ns.url is None:
+        args = " ".join(ns.server_arg).replace("=", " ").split()
+        if "--gpus" in args and args.index("--gpus") + 1 < len(args) and args[args.index("--gpus") + 1] == "none":
+            return 0
+        return visible_gpu_count()
+    if ns.url.rpartition(":")[0] in ("127.0.0.1", "localhost", "[::1]"):
+        return visible_gpu_count()
+    return int(any(g.get("kind") == "KIND_GPU" for g in served.get("instance_group") or []))
+
+
+def _session(run: Run, control, server, tree, model_dir: Path, out: Path, http_url: str, grpc_url: str) -> int:
+    from .control import ServerGone
+    from .measure import PerfError, Settings, measure
+    from .report import Candidate, write_csv, write_html
+    from .search import Search
+    from .space import Space, apply, knobs_of
+    ns, progress = run.ns, run.progress
+    model = ns.model
+    t_start = time.monotonic()
+
+    # what the server has now, to put back at the end
+    state = control.model_state(model)
+    if ns.url and state is None:
+        raise TuneError(f"unknown model '{model}': the server at {http_url} does not list it in its repository")
+    was_loaded = state == "READY"
+    original: dict[str, Any] | None = control.config(model) if was_loaded else None
+    if not was_loaded:
+        try:
+            control.load(model)
+        except ServerGone:
+            raise
+        except TuneError as e:
+            raise TuneError(f"model '{model}' does not load with its own config: {e}") from None
+    restored = [False]
+
+    def restore() -> None:
+        if restored[0] or server is not None:
+            return
+        restored[0] = True
+        try:
+            if was_loaded:
+                control.load(model, original)
+            else:
+                control.unload(model)
+        except TuneError as e:
+            progress.say(f"warning: could not put model '{model}' back as it was: {e}")
+
+    try:
+        served = control.config(model)
+        if served.get("platform") == "ensemble":
+            raise TuneError(f"model '{model}' is an ensemble: it has no instances or batching of its own to tune; "
+                            "tune its composing models")
+        if original is None:
+            original = served
+        base = knobs_of(served)
+        cores, gpus = _cores(), _gpus(ns, served)
+        max_instances = ns.max_instances or cores
+        space = Space.for_model(served, cores=max_instances, gpus=gpus, max_batch_size_cap=ns.max_batch_size)
+        if "instances" in space.dims and gpus and ns.max_instances is None:
+            space.dims["instances"] = [v for v in space.dims["instances"] if v <= max(cores, 4)]
+        score_cache: dict[Any, Any] = {}
+
+        def score(k):
+            v = score_cache.get(k)
+            return v.key if v is not None else None
+
+        search = Search(space, base, score)
+        settings = Settings(model=model, url=grpc_url if ns.protocol == "grpc" else http_url, protocol=ns.protocol,
+                            concurrency=ns.concurrency, interval_ms=ns.measurement_interval_ms,
+                            stability_pct=ns.stability_percentage, max_trials=ns.max_trials)
+        dims = ", ".join(f"{n} {'/'.join(str(v) for v in vals)}" for n, vals in space.dims.items())
+        progress.say(f"tuning '{model}': {space.size()} configs in the space ({dims}); {search.strategy}; "
+                     f"concurrency {','.join(map(str, ns.concurrency))}; time budget {ns.time_budget_s:g} s")
+        best: list[Any] = [None]
+        durations: list[float] = []
+
+        def show(k: int, n: int, what: str) -> None:
+            b = best[0]
+            best_txt = (f"best so far {b.name} {run.verdicts[b.index].text}" if b is not None else "no best yet")
+            progress.line(f"[tune] candidate {k} of {n}  {time.monotonic() - t_start:5.0f}s  {what}  | {best_txt}")
+
+        def consider(c: Candidate) -> None:
+            v = verdict(c.points, ns.objective, ns.latency_budget_ms) if c.status == "ok" else None
+            if v is None:
+                return
+            run.verdicts[c.index] = v
+            score_cache[c.knobs] = v
+            b = best[0]
+            if b is None or v.key > run.verdicts[b.index].key:
+                best[0] = c
+
+        def measure_candidate(c: Candidate, load: bool) -> None:
+            t0 = time.monotonic()
+            run.candidates.append(c)
+            n = max(len(run.candidates), search.planned() + 1)
+            show(c.index + 1, n, f"loading {c.knobs.label()}" if load else f"measuring {c.knobs.label()}")
+            try:
+                if load:
+                    try:
+                        control.load(model, apply(served, c.knobs))
+                    except ServerGone:
+                        raise
+                    except TuneError as e:
+                        c.status = f"load failed: {e}"
+                        progress.say(f"candidate {c.name} ({c.knobs.label()}) did not load: {e}")
+                        return
+                    show(c.index + 1, n, f"measuring {c.knobs.label()}")
+                try:
+                    c.points = []
+                    measure(settings, tree, progress.engine, c.points.append)
+                    c.status = "ok"
+                    failed = sum(p.errors for p in c.points)
+                    if failed:  # its points with errors do not count (verdict)
+                        progress.say(f"candidate {c.name} ({c.knobs.label()}): {failed} request(s) failed")
+                except PerfError as e:
+                    if server is not None and not server.alive() or not control.live():
+                        c.status = f"server went away: {e}"
+                        raise ServerGone(f"the server went away while measuring candidate {c.name} "
+                                         f"({c.knobs.label()}): {e}") from None
+                    c.status = f"measure failed: {e}"
+                    progress.say(f"candidate {c.name} ({c.knobs.label()}) could not be measured: {e}")
+            finally:
+                c.seconds = time.monotonic() - t0
+                durations.append(c.seconds)
+                consider(c)
+                write_csv(out / "measurements.csv", run.candidates, ns.latency_budget_ms)
+
+        aborted: str | None = None
+        try:
+            default = Candidate(0, base)
+            measure_candidate(default, load=False)
+            if default.status != "ok":
+                hint = (f" (the gRPC endpoint {grpc_url} is a guess from --url: give --grpc-url, or --protocol http)"
+                        if ns.url and not ns.grpc_url and ns.protocol == "grpc" else "")
+                raise TuneError(f"the model's own config could not be measured: {default.status}{hint}")
+            score_cache[base] = run.verdicts.get(0)
+            while True:
+                k = search.next()
+                if k is None:
+                    break
+                if k == base:
+                    continue  # the default, measured already
+                elapsed = time.monotonic() - t_start
+                estimate = max(durations[-3:]) if durations else 0.0
+                if elapsed + estimate > ns.time_budget_s:
+                    run.messages.append(f"stopped at the time budget ({ns.time_budget_s:g} s) after "
+                                        f"{len(run.candidates)} candidates")
+                    break
+                measure_candidate(Candidate(len(run.candidates), k), load=True)
+            if not run.messages:
+                run.messages.append(f"search finished ({search.strategy}) after {len(run.candidates)} candidates")
+        except ServerGone as e:
+            aborted = str(e)
+        progress.done()
+
+        chosen = best[0]
+        v_chosen = run.verdicts.get(chosen.index) if chosen is not None else None
+        v_default = run.verdicts.get(0)
+        if chosen is not None and chosen.index != 0 and v_chosen is not None and v_default is not None \
+                and v_default.feasible and not clearly_better(v_chosen, v_default, ns.objective,
+                                                              ns.stability_percentage):
+            summary_note = (f"kept the model's own config: the best candidate ({chosen.name}, {v_chosen.text}) "
+                            f"is within the measurement noise ({ns.stability_percentage:g}%) of it")
+            run.messages.append(summary_note)
+            chosen, v_chosen = run.candidates[0], v_default
+        summary = list(run.messages)
+        rc = 0
+        if aborted:
+            summary.append(f"aborted: {aborted}")
+            rc = 1
+        if v_chosen is None or not v_chosen.feasible:
+            closest = f" (the lowest p99 measured: {v_chosen.point.p99_ms:.2f} ms, {chosen.name})" if v_chosen else ""
+            what = (f"no candidate meets the p99 latency budget of {ns.latency_budget_ms:g} ms{closest}"
+                    if ns.latency_budget_ms is not None and v_chosen is not None else "no candidate could be measured")
+            summary.append(f"nothing chosen: {what}")
+            chosen = None
+            rc = 1
+        else:
+            summary.append(f"chosen {chosen.name}: {chosen.knobs.label()}: {v_chosen.text}")
+            if v_default is not None and v_default.feasible:
+                gain = v_chosen.point.throughput / v_default.point.throughput if v_default.point.throughput else 0
+                summary.append(f"default: {base.label()}: {v_default.text} (gain x{gain:.2f})")
+            else:
+                summary.append(f"default: {base.label()}: "
+                               + (v_default.text if v_default else "could not be measured"))
+        write_csv(out / "measurements.csv", run.candidates, ns.latency_budget_ms)
+        write_html(out / "report.html", model=model, candidates=run.candidates, chosen=chosen,
+                   budget_ms=ns.latency_budget_ms, objective=ns.objective, summary=summary,
+                   machine=_machine(_cores(), gpus), score_text={i: v.text for i, v in run.verdicts.items()})
+        if chosen is not None and v_chosen is not None:
+            _write_config(model_dir, out, served, base, chosen, v_chosen, v_default, ns)
+        for line in summary:
+            progress.say(line)
+        progress.say(f"wrote {out / 'measurements.csv'}, {out / 'report.html'}"
+                     + (f", {out / 'config.pbtxt'}" if chosen is not None else ""))
+        return rc
+    finally:
+        restore()
+
+
+def _write_config(model_dir: Path, out: Path, served: dict[str, Any], base, chosen, v_chosen, v_default,
+                  ns: argparse.Namespace) -> None:
+    from ..core.models.config import config_path
+    from .configfile import changes, tuned_text
+    from .space import apply
+    user_path = config_path(model_dir)
+    user_text = user_path.read_text() if user_path.is_file() else ""
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    budget = f"p99 budget {ns.latency_budget_ms:g} ms" if ns.latency_budget_ms is not None else "no latency budget"
+    comment = [f"triton-shm tune, {when}: objective {ns.objective}, {budget}, concurrency "
+               f"{','.join(map(str, ns.concurrency))}, on {_machine(_cores(), 0).split(',', 1)[1].strip()}"]
+    diff = changes(base, chosen.knobs)
+    comment += [f"changed {d}" for d in diff] or ["nothing changed: the model's own config was the best measured"]
+    comment.append(f"chosen: {v_chosen.text}")
+    if v_default is not None:
+        comment.append(f"its own config: {v_default.text}")
+    text = tuned_text(user_text, apply(served, chosen.knobs), base, chosen.knobs, comment)
+    (out / "config.pbtxt").write_text(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
