@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import sys
@@ -451,6 +452,7 @@ def _session(run: Run, control, server, tree, model_dir: Path, out: Path, http_u
                    machine=_machine(_cores(), gpus), score_text={i: v.text for i, v in run.verdicts.items()})
         if chosen is not None and v_chosen is not None:
             _write_config(model_dir, out, served, base, chosen, v_chosen, v_default, ns)
+        _write_summary(out / "summary.json", run, chosen, v_chosen, v_default, time.monotonic() - t_start, rc)
         for line in summary:
             progress.say(line)
         progress.say(f"wrote {out / 'measurements.csv'}, {out / 'report.html'}"
@@ -458,6 +460,24 @@ def _session(run: Run, control, server, tree, model_dir: Path, out: Path, http_u
         return rc
     finally:
         restore()
+
+
+def _write_summary(path: Path, run: Run, chosen, v_chosen: Verdict | None, v_default: Verdict | None,
+                   seconds: float, rc: int) -> None:
+    """The outcome in a form scripts read (bench/tune.py does)."""
+    def point(v: Verdict | None) -> dict[str, Any] | None:
+        if v is None:
+            return None
+        p = v.point
+        return {"feasible": v.feasible, "concurrency": p.concurrency, "throughput": p.throughput,
+                "p50_ms": p.p50_ms, "p99_ms": p.p99_ms, "cpu_ms_per_infer": p.cpu_ms_per_inf, "rss_mib": p.rss_mib}
+    default = run.candidates[0] if run.candidates else None
+    data = {"model": run.ns.model, "exit_status": rc, "seconds": round(seconds, 1),
+            "candidates": len(run.candidates), "messages": run.messages,
+            "default": {"config": default.knobs.label() if default else None, "best": point(v_default)},
+            "chosen": {"candidate": chosen.name, "config": chosen.knobs.label(), "best": point(v_chosen)}
+            if chosen is not None else None}
+    path.write_text(json.dumps(data, indent=2) + "\n")
 
 
 def _write_config(model_dir: Path, out: Path, served: dict[str, Any], base, chosen, v_chosen, v_default,
