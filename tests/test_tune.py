@@ -127,6 +127,7 @@ def test_tune_doubles_throughput_at_concurrency_16(tmp_path):
     rows = read_csv(out / "measurements.csv")
     assert rows[0]["candidate"] == "default" and len({r["candidate"] for r in rows}) >= 2
     assert all(r["concurrency"] == "16" for r in rows if r["status"] == "ok")
+    assert float(rows[0]["server_cpu_ms_per_infer"]) > 0 and float(rows[0]["server_rss_mib"]) > 10
     report = (out / "report.html").read_text()
     assert "<svg" in report and "budget 250 ms" in report and "default" in report and "chosen" in report
 
@@ -159,7 +160,10 @@ def test_tune_running_server_leaves_it_as_found(tmp_path):
                      "--time-budget-s", "6", *FAST)
             assert p.returncode == 0, p.stdout + p.stderr
             assert (out / "config.pbtxt").is_file() and (out / "report.html").is_file()
-            assert len(read_csv(out / "measurements.csv")) >= 2
+            rows = read_csv(out / "measurements.csv")
+            assert len(rows) >= 2
+            # a server on this machine: its CPU per inference and memory are measured too
+            assert float(rows[0]["server_cpu_ms_per_infer"]) > 0 and float(rows[0]["server_rss_mib"]) > 10
         states = {m["name"]: m.get("state") for m in http(srv.http_url, "POST", "/v2/repository/index", {})}
         assert states["sleepy"] == "READY" and states["idle"] != "READY", states
         assert http(srv.http_url, "GET", "/v2/models/sleepy/config") == config_before

@@ -100,6 +100,8 @@ def main() -> int:
     ap.add_argument("--max-instances", type=int, default=2, help="run_config_search_max_instance_count (default 2)")
     ap.add_argument("--max-batch-size", type=int, default=8,
                     help="run_config_search_max_model_batch_size (default 8)")
+    ap.add_argument("--client-protocol", choices=["grpc", "http"], default="grpc",
+                    help="what Model Analyzer and perf_analyzer talk to the server over (default grpc)")
     ap.add_argument("--timeout", type=float, default=900)
     ns = ap.parse_args()
     if not Path(ns.model_analyzer).exists() and not shutil.which(ns.model_analyzer):
@@ -137,6 +139,7 @@ def main() -> int:
             f"run_config_search_max_instance_count: {ns.max_instances}\n"
             f"run_config_search_max_model_batch_size: {ns.max_batch_size}\n"
             "collect_cpu_metrics: true\n"
+            f"client_protocol: {ns.client_protocol}\n"
             "perf_analyzer_timeout: 120\n")
         env = {**os.environ, "PATH": f"{work / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
         cmd = [ns.model_analyzer, "profile", "-f", str(work / "ma.yaml")]
@@ -174,7 +177,8 @@ def main() -> int:
         print(f"{len(failed)} variant(s) refused at load, e.g.: {failed[0].strip()}")
     print(f"reports: {work / 'export' / 'reports'}; log: {work / 'model_analyzer.log'}")
     if problems:
-        print("FAILED: " + "; ".join(problems) + "\n--- last lines of the log ---\n" + "\n".join(text.splitlines()[-30:]))
+        tail = "\n".join(text.splitlines()[-30:])
+        print("FAILED: " + "; ".join(problems) + "\n--- last lines of the log ---\n" + tail)
         return 1
     print("OK: Model Analyzer profiled triton-shm in remote mode and wrote its reports")
     if not ns.keep:

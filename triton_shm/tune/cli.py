@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import platform
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -80,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --url: the server's gRPC endpoint for the load (default: the HTTP port + 1, Triton's layout)")
     add("--protocol", choices=["grpc", "http"], default="grpc", help="what the load is sent over (default grpc)")
     add("--max-instances", type=_positive(int), default=None, metavar="N",
-        help="most instances to try (default: this machine's cores, or 4 per GPU for KIND_GPU)")
+        help="most instances to try (default: this machine's cores; a KIND_GPU count is per GPU, as in Triton)")
     add("--max-batch-size", type=_positive(int), default=None, metavar="N",
         help="largest max_batch_size to try, for a model that batches (default: the model's own)")
     add("--measurement-interval-ms", type=_positive(float), default=1000.0, metavar="MS",
@@ -122,7 +123,9 @@ class Progress:
         print(text, file=sys.stderr, flush=True)
 
     def engine(self, text: str) -> None:
-        if self.verbose or text.startswith("warning") or text.startswith("error"):
+        """The perf engine's lines: its windows and stability warnings with --verbose (tune counts
+        the unstable steps itself), its errors always."""
+        if self.verbose or text.startswith("error") or (text.startswith("warning") and "stable" not in text):
             self.say("  " + text)
 
     def done(self) -> None:
@@ -195,6 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     prog = "triton-shm tune"
     progress = Progress(ns.verbose)
+
+    def _terminate(_signum: int, _frame: Any) -> None:  # stop as on Ctrl-C: the server stopped or put back
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         return _tune(ns, progress)
     except KeyboardInterrupt:
@@ -229,7 +237,7 @@ def _tune(ns: argparse.Namespace, progress: Progress) -> int:
     except PerfUsage as e:
         raise UsageError(str(e)) from None
     repo, model_dir, out = _check_paths(ns)
-    from .control import Control, OwnServer, ProcessTree
+    from .control import Control, OwnServer, ProcessTree, listening_pid
     server: OwnServer | None = None
     if ns.url:
         http_url = ns.url.removeprefix("http://")
@@ -240,7 +248,8 @@ def _tune(ns: argparse.Namespace, progress: Progress) -> int:
         control = Control(http_url)
         if not control.live():
             raise TuneError(f"the server at {http_url} does not answer (is it running, and is --url right?)")
-        tree = None
+        pid = listening_pid(host, int(port))  # a server on this machine: its CPU and memory too
+        tree = ProcessTree(pid) if pid is not None else None
     else:
         if ns.grpc_url:
             raise UsageError("--grpc-url needs --url")
@@ -319,8 +328,6 @@ def _session(run: Run, control, server, tree, model_dir: Path, out: Path, http_u
         cores, gpus = _cores(), _gpus(ns, served)
         max_instances = ns.max_instances or cores
         space = Space.for_model(served, cores=max_instances, gpus=gpus, max_batch_size_cap=ns.max_batch_size)
-        if "instances" in space.dims and gpus and ns.max_instances is None:
-            space.dims["instances"] = [v for v in space.dims["instances"] if v <= max(cores, 4)]
         score_cache: dict[Any, Any] = {}
 
         def score(k):
@@ -375,6 +382,11 @@ def _session(run: Run, control, server, tree, model_dir: Path, out: Path, http_u
                     failed = sum(p.errors for p in c.points)
                     if failed:  # its points with errors do not count (verdict)
                         progress.say(f"candidate {c.name} ({c.knobs.label()}): {failed} request(s) failed")
+                    unstable = [str(p.concurrency) for p in c.points if not p.stable]
+                    if unstable:
+                        progress.say(f"candidate {c.name} ({c.knobs.label()}): concurrency {','.join(unstable)} not "
+                                     f"stable within {ns.max_trials} windows (±{ns.stability_percentage:g}%); "
+                                     "its last 3 windows are used")
                 except PerfError as e:
                     if server is not None and not server.alive() or not control.live():
                         c.status = f"server went away: {e}"

@@ -189,6 +189,35 @@ class ProcessTree:
         return total
 
 
+def listening_pid(host: str, port: int) -> int | None:
+    """The process on this machine listening on ``port``, when ``host`` is this machine and /proc
+    lets us see it: how tune measures a running server's CPU and memory too."""
+    if host.strip("[]") not in ("127.0.0.1", "localhost", "::1", "0.0.0.0", socket.gethostname()):
+        return None
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return None
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            for fd in (proc / "fd").iterdir():
+                if os.readlink(fd) in inodes:
+                    return int(proc.name)
+        except OSError:
+            continue
+    return None
+
+
 def cpu_delta(before: dict[int, float], after: dict[int, float]) -> float:
     """CPU seconds spent between two samples by the processes alive at the second."""
     return sum(v - before.get(p, 0.0) for p, v in after.items())
