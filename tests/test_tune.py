@@ -141,6 +141,8 @@ def test_tune_doubles_throughput_at_concurrency_16(tmp_path):
         new = perf_c16(srv, "sleepy_tuned", tmp_path / "new.csv")
     finally:
         srv.stop()
+    print(f"concurrency 16: {old['Inferences/Second']}/s (p99 {old['p99 latency']} us) as written, "
+          f"{new['Inferences/Second']}/s (p99 {new['p99 latency']} us) as tuned")
     assert float(new["Inferences/Second"]) >= 2 * float(old["Inferences/Second"]), (old, new)
     assert float(new["p99 latency"]) / 1000 <= BUDGET_MS, new
 
