@@ -73,6 +73,9 @@ def test_space_applies_only_what_fits_the_model():
     assert s.dims["max_batch_size"] == [1, 2, 4, 8] and s.dims["queue_delay_us"][0] is None
     assert "kind" not in s.dims and "process_per_instance" in s.dims
     assert "kind" in Space.for_model(cfg, cores=4, gpus=1).dims
+    own = dict(cfg, instance_group=[{"count": 1, "kind": "KIND_MODEL"}])
+    assert "kind" not in Space.for_model(own, cores=4, gpus=1).dims
+    assert apply(own, knobs_of(own))["instance_group"][0]["kind"] == "KIND_MODEL"
     onnx = dict(cfg, backend="onnxruntime", max_batch_size=0)
     s = Space.for_model(onnx, cores=2, gpus=0)
     assert list(s.dims) == ["instances"] and s.size() == 2

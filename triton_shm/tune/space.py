@@ -61,7 +61,7 @@ def knobs_of(config: dict[str, Any]) -> Knobs:
     if config.get("backend") == "python":
         value = ((config.get("parameters") or {}).get(PROCESS_PER_INSTANCE) or {}).get("string_value", "")
         ppi = value.strip().lower() not in ("no", "false", "0", "off")
-    return Knobs(instances=max(1, count), kind=kind if kind in ("KIND_CPU", "KIND_GPU") else "KIND_CPU",
+    return Knobs(instances=max(1, count), kind=kind,
                  max_batch_size=mbs, queue_delay_us=delay if mbs else None,
                  preferred_max=bool(mbs and preferred == [mbs]), process_per_instance=ppi)
 
@@ -116,7 +116,7 @@ class Space:
                   ) -> "Space":
         base = knobs_of(config)
         dims: dict[str, list[Any]] = {}
-        if gpus:
+        if gpus and base.kind in ("KIND_CPU", "KIND_GPU"):  # KIND_MODEL: the model places itself
             dims["kind"] = ["KIND_CPU", "KIND_GPU"]
         dims["instances"] = _powers_up_to(max(1, cores))
         if base.max_batch_size and "sequence_batching" not in config:
