@@ -74,7 +74,7 @@ def tune(*args: str, timeout: float = 150) -> subprocess.CompletedProcess:
 def digest(folder: Path) -> str:
     h = hashlib.sha256()
     for p in sorted(folder.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
+        if p.is_file():
             h.update(p.as_posix().encode() + p.read_bytes())
     return h.hexdigest()
 

@@ -118,7 +118,9 @@ class OwnServer:
                 "--http-port", str(self.http_port), "--grpc-port", str(self.grpc_port),
                 "--allow-metrics", "false", *self.extra_args]
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT)
+        # no __pycache__ left in the user's model directories: tune leaves the repository as it was
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         control = Control(self.http_url)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
