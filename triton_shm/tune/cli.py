@@ -181,6 +181,7 @@ class Run:
     candidates: list = field(default_factory=list)
     verdicts: dict[int, Verdict] = field(default_factory=dict)
     messages: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)  # the time budget counts the server's start
 
 
 def _cores() -> int:
@@ -236,6 +237,7 @@ def _tune(ns: argparse.Namespace, progress: Progress) -> int:
         check_dependencies()
     except PerfUsage as e:
         raise UsageError(str(e)) from None
+    run = Run(ns, progress)
     repo, model_dir, out = _check_paths(ns)
     from .control import Control, OwnServer, ProcessTree, listening_pid
     server: OwnServer | None = None
@@ -258,7 +260,6 @@ def _tune(ns: argparse.Namespace, progress: Progress) -> int:
         http_url, grpc_url = server.http_url, server.grpc_url
         control = Control(http_url)
         tree = ProcessTree(server.proc.pid) if server.proc else None
-    run = Run(ns, progress)
     try:
         return _session(run, control, server, tree, model_dir, out, http_url, grpc_url)
     finally:
@@ -288,7 +289,7 @@ def _session(run: Run, control, server, tree, model_dir: Path, out: Path, http_u
     from .space import Space, apply, knobs_of
     ns, progress = run.ns, run.progress
     model = ns.model
-    t_start = time.monotonic()
+    t_start = run.started
 
     # what the server has now, to put back at the end
     state = control.model_state(model)
@@ -368,7 +369,8 @@ def _session(run: Run, control, server, tree, model_dir: Path, out: Path, http_u
                 if load:
                     try:
                         control.load(model, apply(served, c.knobs))
-                    except ServerGone:
+                    except ServerGone as e:
+                        c.status = f"server went away: {e}"
                         raise
                     except TuneError as e:
                         c.status = f"load failed: {e}"
