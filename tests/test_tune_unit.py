@@ -4,7 +4,7 @@ and how a candidate is ranked against the latency budget."""
 from __future__ import annotations
 
 from triton_shm.core.models.config import config_to_json, parse_pbtxt
-from triton_shm.tune.cli import clearly_better, verdict
+from triton_shm.tune.choose import clearly_better, verdict
 from triton_shm.tune.configfile import changes, tuned_text
 from triton_shm.tune.measure import Point
 from triton_shm.tune.pbtxt import replace_fields, top_level_fields
