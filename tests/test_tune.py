@@ -185,6 +185,15 @@ def test_unknown_model_and_bad_flags(tmp_path):
     p = tune("--model-repository", str(repo), "--model", "sleepy", "--url", "127.0.0.1:1",
              "--output", str(tmp_path / "o"))
     assert p.returncode == 1 and "does not answer" in p.stderr and "Traceback" not in p.stderr
+    write_model(repo, "broken", config=POOR_CONFIG.format(name="broken"), model_py="""
+        class TritonPythonModel:
+            def initialize(self, args):
+                raise RuntimeError("this model cannot start")
+        """)
+    p = tune("--model-repository", str(repo), "--model", "broken", "--output", str(tmp_path / "b"),
+             "--server-arg=--gpus=none", "--time-budget-s", "10")
+    assert p.returncode == 1 and "model 'broken' does not load with its own config" in p.stderr, p.stderr
+    assert "this model cannot start" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_budget_nothing_meets_and_candidates_that_fail_to_load(tmp_path):
