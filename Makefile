@@ -78,4 +78,19 @@ test-pb7: $(PB7_VENV)/.installed
 bench: $(VENV)/.installed
 	$(PY) bench/run_all.py
 
-.PHONY: install serve test test-pb7 bench
+# The real Model Analyzer (its own venv: it pins many packages) profiling triton-shm in remote
+# mode on a small model: it must run through and write its reports (docs/tune.md). Not part of
+# `make test` (about 2 minutes on 2 cores); tests/test_model_analyzer.py runs a shorter profile
+# when TRITON_SHM_MODEL_ANALYZER names the executable.
+MA_VENV ?= .venv-ma
+MODEL_ANALYZER_VERSION ?= 1.58.0
+
+$(MA_VENV)/.installed:
+	$(PYTHON) -m venv $(MA_VENV)
+	$(MA_VENV)/bin/python -m pip install -q 'triton-model-analyzer==$(MODEL_ANALYZER_VERSION)'
+	touch $@
+
+model-analyzer: $(VENV)/.installed $(MA_VENV)/.installed
+	$(PY) tools/model_analyzer.py --model-analyzer $(MA_VENV)/bin/model-analyzer
+
+.PHONY: install serve test test-pb7 bench model-analyzer

@@ -543,6 +543,9 @@ def main(argv: list[str] | None = None) -> None:
     if args and args[0] == "perf":  # `triton-shm perf ...`: the load generator, not the server
         from .perf.cli import main as perf_main
         sys.exit(perf_main(args[1:]))
+    if args and args[0] == "tune":  # `triton-shm tune ...`: finds a model's best config, a client too
+        from .tune.cli import main as tune_main
+        sys.exit(tune_main(args[1:]))
     options = parse_args(argv)
     from .server import run
     sys.exit(run(options))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import itertools
 import os
 import random
@@ -11,7 +12,7 @@ import secrets
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from . import PerfError, UsageError
 from .client import ConnectionLost, InferError, make_client
@@ -20,8 +21,27 @@ from .measure import (STABILITY_WINDOWS, Recorder, Result, ServerSnapshot, Windo
                       window_metric)
 
 
+# Where the engine's progress lines go: stderr, unless a caller (``triton-shm tune``, which
+# shows one live line of its own) routes them elsewhere with :func:`progress_to`.
+_progress_sink: Callable[[str], None] | None = None
+
+
 def progress(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
+    if _progress_sink is not None:
+        _progress_sink(msg)
+    else:
+        print(msg, file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def progress_to(sink: Callable[[str], None]) -> Iterator[None]:
+    """Send the engine's progress lines to ``sink`` while the block runs."""
+    global _progress_sink
+    previous, _progress_sink = _progress_sink, sink
+    try:
+        yield
+    finally:
+        _progress_sink = previous
 
 
 @dataclass
@@ -402,4 +422,4 @@ async def run(opts: Options, on_result: Callable[[Result, bool], None]) -> RunOu
 
 
 __all__ = ["Options", "run", "run_step", "SharedMemoryRegions", "CudaSharedMemoryRegions", "ConnectionLost",
-           "progress"]
+           "progress", "progress_to"]
