@@ -69,16 +69,8 @@ def measure(s: Settings, tree: ProcessTree | None, on_line: Callable[[str], None
         points.append(p)
         on_point(p)
 
-    loop = asyncio.new_event_loop()
-    try:
-        with progress_to(on_line):
-            loop.run_until_complete(run(opts, on_result))
-    finally:
-        try:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-        except BaseException:  # noqa: BLE001
-            pass
-        loop.close()
+    with progress_to(on_line):
+        asyncio.run(run(opts, on_result))
     return points
 
 
