@@ -14,7 +14,7 @@ The dicts are the link's own, never replaced: a reader on the per-request path m
 from __future__ import annotations
 
 import itertools
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 R = TypeVar("R")  # what takes a reply: a callback, a future
 S = TypeVar("S")  # what takes a stream's frames
@@ -23,15 +23,13 @@ __all__ = ["Calls"]
 
 
 class Calls(Generic[R, S]):
-    __slots__ = ("replies", "streams", "_ids")
+    __slots__ = ("replies", "streams", "next_id")
 
     def __init__(self) -> None:
         self.replies: dict[int, R] = {}   # request id -> what takes its reply
         self.streams: dict[int, S] = {}   # request id -> what takes its stream, until it ends
-        self._ids = itertools.count(1)
-
-    def next_id(self) -> int:
-        return next(self._ids)
+        # the next request id: the counter's own method (a C call, no Python frame per request)
+        self.next_id: Callable[[], int] = itertools.count(1).__next__
 
     def open(self, call_id: int, reply: R, stream: S | None = None) -> None:
         self.replies[call_id] = reply

@@ -61,7 +61,8 @@ class WorkerHandle:
         # worker death); decoupled batches: message id -> handler of their STREAM frames
         # (None = worker died)
         self.calls: Calls[Callable[[Any], None], Callable[[dict[str, Any] | None], None]] = Calls()
-        self.frees = BatchedFrees(self._send_frees)  # output blocks given back
+        self.next_id = self.calls.next_id  # a message id, for a batch the pool sends with ``request``
+        self.frees = BatchedFrees(self._send_frame)  # output blocks given back
         self.lending = InputLending(name)  # input blocks lent past their batch
         self.alive = False
         self.regions: set[int] = set()  # client regions whose fd this worker holds
@@ -226,8 +227,6 @@ class WorkerHandle:
             raise Unavailable(f"worker '{self.name}' is not running")
         self._send_frame(protocol.encode_control(0, message, self.frees.take()), fds)
 
-    def _send_frees(self, releases: list[list[int]]) -> None:
-        self._send_frame(protocol.encode_free(releases))
 
     def request(self, encode: Callable[..., bytes | bytearray], args: tuple,
                 on_reply: Callable[[Any], None], fds: list[int] | None = None,
@@ -420,9 +419,6 @@ class WorkerHandle:
         elif self.proc is not None and self.proc.poll() is None:
             self._broke_protocol = True
             self.proc.kill()
-
-    def next_id(self) -> int:
-        return self.calls.next_id()
 
     def cancel(self, msg_id: int, index: int) -> None:
         """The client of request ``index`` of batch ``msg_id`` is gone: the worker is told

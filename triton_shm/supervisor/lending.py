@@ -13,6 +13,7 @@ import logging
 from typing import Any, Callable
 
 from ..errors import TritonShmError
+from ..ipc import protocol
 from ..ipc.arena import Arena, Block
 
 log = logging.getLogger("triton_shm.workers")
@@ -87,13 +88,13 @@ class BatchedFrees:
 
     __slots__ = ("waiting", "bytes", "open", "_send", "_scheduled", "_loop")
 
-    def __init__(self, send: Callable[[list[list[int]]], None]):
+    def __init__(self, send: Callable[[bytes | bytearray], None]):
         self.waiting: list[list[int]] = []  # read and reset in place by the handle's request path
         self.bytes = 0
         self.open = False  # the worker runs: frees are taken
-        self._send = send  # sends a FREE frame of them; raises TritonShmError if the worker is gone
+        self._send = send  # sends a frame to the worker; raises TritonShmError if it is gone
         self._scheduled = False  # a RELEASE_DELAY timer is armed
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop  # from start() on
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop, self.open = loop, True
@@ -116,7 +117,7 @@ class BatchedFrees:
             self.bytes = size
             if size >= RELEASE_BYTES:
                 self.flush()  # an armed timer stays armed: it finds nothing, or later ones
-            elif not self._scheduled and self._loop is not None:
+            elif not self._scheduled:
                 self._scheduled = True
                 self._loop.call_later(RELEASE_DELAY, self._on_time)
 
@@ -127,9 +128,11 @@ class BatchedFrees:
             self.flush()
 
     def flush(self) -> None:
-        if self.waiting and self.open:
+        waiting = self.waiting
+        if waiting and self.open:
+            self.waiting, self.bytes = [], 0
             try:
-                self._send(self.take())
+                self._send(protocol.encode_free(waiting))
             except TritonShmError:
                 pass  # worker gone: its arena went with it
 
