@@ -139,5 +139,4 @@ class BatchedFrees:
     def close(self) -> None:
         """The worker is gone: the blocks went with its arena."""
         self.open = False
-        self.waiting.clear()
-        self.bytes = 0
+        self.waiting, self.bytes = [], 0
