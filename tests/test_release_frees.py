@@ -1,4 +1,4 @@
-"""How the front-end gives a worker's output blocks back (``WorkerHandle.release``): over a
+"""How the front-end gives a worker's output blocks back (``WorkerHandle.frees``): over a
 real link, read on the worker's side with the real decoder. Freed blocks ride on the next
 frame to the worker; one that no frame carries within RELEASE_DELAY goes in a FREE frame of
 its own (an idle worker gets it); RELEASE_BYTES of them go at once."""
@@ -9,7 +9,8 @@ import asyncio
 from triton_shm.ipc import protocol
 from triton_shm.ipc.link import Link
 from triton_shm.ipc.protocol import Op
-from triton_shm.supervisor.handle import RELEASE_BYTES, RELEASE_DELAY, WorkerHandle
+from triton_shm.supervisor.handle import WorkerHandle
+from triton_shm.supervisor.lending import RELEASE_BYTES, RELEASE_DELAY
 
 
 def scenario(fn):
@@ -21,6 +22,7 @@ def scenario(fn):
             handle = WorkerHandle("w", None)
             handle._loop = asyncio.get_running_loop()
             handle.link, handle.alive = ours, True
+            handle.frees.start(handle._loop)
             try:
                 await fn(handle, worker)
             finally:
@@ -46,8 +48,8 @@ async def past_release_delay() -> None:
 
 @scenario
 async def test_freed_blocks_ride_on_the_next_frame_and_no_free_frame_follows(handle, worker):
-    handle.release([[1, 0, 64], [1, 64, 32]])
-    handle.release([[2, 0, 16]])
+    handle.frees.add([[1, 0, 64], [1, 64, 32]])
+    handle.frees.add([[2, 0, 16]])
     assert frames(worker) == []  # they wait for a frame to ride on
     handle.send({"op": "noop"})
     (control,) = frames(worker)
@@ -58,12 +60,12 @@ async def test_freed_blocks_ride_on_the_next_frame_and_no_free_frame_follows(han
 
 @scenario
 async def test_an_idle_worker_gets_its_frees_alone_after_release_delay(handle, worker):
-    handle.release([[1, 0, 64]])
-    handle.release([[1, 128, 64]])  # the timer the first armed sends both
+    handle.frees.add([[1, 0, 64]])
+    handle.frees.add([[1, 128, 64]])  # the timer the first armed sends both
     await past_release_delay()
     (free,) = frames(worker)
     assert (free.op, free.frees) == (Op.FREE, [(1, 0, 64), (1, 128, 64)])
-    handle.release([[1, 256, 64]])  # the next one arms the timer again
+    handle.frees.add([[1, 256, 64]])  # the next one arms the timer again
     await past_release_delay()
     (free,) = frames(worker)
     assert (free.op, free.frees) == (Op.FREE, [(1, 256, 64)])
@@ -71,11 +73,11 @@ async def test_an_idle_worker_gets_its_frees_alone_after_release_delay(handle, w
 
 @scenario
 async def test_release_bytes_of_frees_go_at_once_and_later_ones_keep_the_timer(handle, worker):
-    handle.release([[1, 0, 64]])
-    handle.release([[1, 64, RELEASE_BYTES]])
+    handle.frees.add([[1, 0, 64]])
+    handle.frees.add([[1, 64, RELEASE_BYTES]])
     (free,) = frames(worker)
     assert (free.op, free.frees) == (Op.FREE, [(1, 0, 64), (1, 64, RELEASE_BYTES)])
-    handle.release([[2, 0, 8]])
+    handle.frees.add([[2, 0, 8]])
     await past_release_delay()
     (free,) = frames(worker)
     assert (free.op, free.frees) == (Op.FREE, [(2, 0, 8)])
@@ -83,8 +85,8 @@ async def test_release_bytes_of_frees_go_at_once_and_later_ones_keep_the_timer(h
 
 @scenario
 async def test_nothing_goes_for_an_empty_release_or_a_dead_worker(handle, worker):
-    handle.release([])  # every output was in the client's shared memory
-    handle.alive = False
-    handle.release([[1, 0, 64]])  # its arena went with it
+    handle.frees.add([])  # every output was in the client's shared memory
+    handle.frees.close()  # the worker died (or stopped)
+    handle.frees.add([[1, 0, 64]])  # its arena went with it
     await past_release_delay()
     assert frames(worker) == []

@@ -12,10 +12,11 @@ listens on the same path). Two kinds of traffic, as ``wire`` frames:
   caller that goes away sends a ``cancel`` that cancels the serving task (the model sees
   ``is_cancelled()``).
 
-Frame kinds (header ``k``, request id ``i``, a counter per connection): to the owner
-``call`` / ``infer`` / ``cancel``; back ``reply`` (``b`` a body or ``e`` an error),
-``item`` (``f`` final, ``r`` a response or ``e`` an error or neither) and ``refused`` (the
-request failed before it ran).
+The frames, their fields and kinds are ``wire``'s (the link's schema): to the owner
+``call`` / ``infer`` / ``cancel``; back ``reply``, ``item`` (one of a request's responses)
+and ``refused`` (the request failed before it ran). The requests in flight on a link are
+an ``ipc.calls.Calls``, as on a worker's link: a waiter per request until its answer, and
+a forwarded decoupled request's stream until its final response.
 """
 from __future__ import annotations
 
@@ -30,8 +31,10 @@ from typing import TYPE_CHECKING, Any, AsyncGenerator, Awaitable, Callable, cast
 
 from ..core.data.types import Buffer, InferRequest, InferResponse, ResponseStream
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable, Unsupported
-from .wire import (FrameDecoder, FrameError, encode_frame, handover_from_wire, handover_to_wire, request_from_wire,
-                   request_to_wire, response_from_wire, response_to_wire)
+from ..ipc.calls import Calls
+from .wire import (Field, FrameDecoder, FrameError, Item, Kind, call_frame, cancel_frame, encode_frame, error_frame,
+                   frame_id, infer_frame, item_frame, read_call, read_infer, read_item, read_refused, read_reply,
+                   reply_frame)
 
 if TYPE_CHECKING:
     from ..core.observability.tracing import Handover
@@ -229,57 +232,56 @@ class _Link(asyncio.Protocol):
         self.peers, self.peer = peers, peer
         self.transport: asyncio.Transport = None  # type: ignore[assignment]  # set on connection_made
         self.decoder = FrameDecoder()
-        self.pending: dict[int, _Waiter] = {}
-        self.last_id = 0
+        # a waiter per request until its answer; a decoupled one's also until its final item
+        self.calls: Calls[_Waiter, _Waiter] = Calls()
         self.lost = False
         self.loop = asyncio.get_running_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def _request(self, header: dict[str, Any], buffers: list[Buffer] | tuple = (),
+    def _request(self, rid: int, header: dict[str, Any], buffers: list[Buffer] | tuple = (),
                  stream: ResponseStream | None = None, on_done: Callable[[], None] | None = None) -> _Waiter:
-        """Send a request frame (its id set here); the waiter of its answer."""
+        """Send request ``rid``'s frame; the waiter of its answer."""
         if self.lost:  # seen lost between the lookup and here: no frame would be answered
             if on_done is not None:
                 on_done()
             raise Unavailable(f"front-end process {self.peer} exited")
-        self.last_id = rid = self.last_id + 1
-        header["i"] = rid
         try:
             frame = encode_frame(header, buffers)
         except (TypeError, FrameError) as e:  # a value JSON can not carry, a frame beyond the limits
             if on_done is not None:
                 on_done()
-            if isinstance(e, FrameError) and header["k"] == "infer":  # a client's request too big to pass on
+            if isinstance(e, FrameError) and header[Field.KIND] == Kind.INFER:  # a client's request too big
                 raise InvalidArgument(f"the request is too large to pass to front-end process {self.peer}, "
                                       f"which serves its model: {e}") from None
             raise Internal(f"a request to front-end process {self.peer} can not be encoded: {e}") from None
-        waiter = self.pending[rid] = _Waiter(self, rid, stream, on_done)
+        waiter = _Waiter(self, rid, stream, on_done)
+        self.calls.open(rid, waiter, waiter if stream is not None else None)
         self.transport.writelines(frame)
         return waiter
 
     async def call(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
-        return await self._request({"k": "call", "op": op, "b": body})
+        rid = self.calls.next_id()
+        return await self._request(rid, call_frame(rid, op, body))
 
     def forward(self, request: InferRequest, stream: ResponseStream | None,
                 on_done: Callable[[], None] | None, handover: Handover | None = None) -> _Waiter:
-        header, buffers = request_to_wire(request)
-        header["k"] = "infer"
-        if handover is not None:
-            header["t"] = handover_to_wire(handover)
-        waiter = self._request(header, buffers, stream, on_done)
+        rid = self.calls.next_id()
+        header, buffers = infer_frame(rid, request, handover)
+        waiter = self._request(rid, header, buffers, stream, on_done)
         if stream is not None:
-            stream.cancel = partial(self.withdraw, waiter.rid)
+            stream.cancel = partial(self.withdraw, rid)
         return waiter
 
     def withdraw(self, rid: int) -> None:
         """The caller went away: the owner cancels the request; what it still sends is dropped."""
-        waiter = self.pending.pop(rid, None)
+        waiter, streaming = self.calls.withdraw(rid)
+        waiter = waiter or streaming
         if waiter is None:
             return
         if not self.lost:
-            self.transport.writelines(encode_frame({"k": "cancel", "i": rid}))
+            self.transport.writelines(encode_frame(cancel_frame(rid)))
         if not waiter.done():
             asyncio.Future.cancel(waiter)  # not its own cancel(): that withdraws
         waiter.finish()
@@ -294,56 +296,52 @@ class _Link(asyncio.Protocol):
             self.transport.close()
 
     def _answer(self, header: dict[str, Any], buffers: list[Buffer]) -> None:
-        kind, rid = header.get("k"), header.get("i")
-        if type(rid) is not int:
-            raise FrameError(f"a peer frame's request id is {rid!r}, not an integer")
-        waiter = self.pending.get(rid)
-        if waiter is None:
+        kind, rid = header.get(Field.KIND), frame_id(header)
+        calls = self.calls
+        if not calls.is_open(rid):
             return  # withdrawn: its answers are dropped
-        if kind == "item":
-            final = header.get("f") is True
-            item: InferResponse | TritonShmError | None = None
-            if "r" in header:
-                item = response_from_wire(header["r"], buffers)
-            elif "e" in header:
-                item = _error(header["e"])
-            stream = waiter.stream
-            if stream is None:  # one response: the answer
-                del self.pending[rid]
+        if kind == Kind.ITEM:
+            item, final = read_item(header, buffers)
+            streaming = calls.streams.get(rid)
+            if streaming is None:  # one response: the answer
+                waiter = calls.take(rid)
+                assert waiter is not None
                 if isinstance(item, TritonShmError):
                     waiter.set_exception(item)
                 else:
                     waiter.set_result(item)
                 waiter.finish()
                 return
-            stream.queue.put_nowait((item, final))
-            if not waiter.done():
-                waiter.set_result(None)
+            assert streaming.stream is not None
+            streaming.stream.queue.put_nowait((item, final))
+            first = calls.take(rid)  # the first item answers the request; the rest follow on its stream
+            if first is not None and not first.done():
+                first.set_result(None)
             if final:
-                del self.pending[rid]
-                waiter.finish()
-        elif kind == "reply":  # checked before it leaves ``pending``: a bad frame fails it with the rest
-            body = _error(header["e"]) if "e" in header else header.get("b")
-            if not isinstance(body, (dict, TritonShmError)):
-                raise FrameError(f"a reply's body is a {type(body).__name__}, not an object")
-            del self.pending[rid]
+                calls.end_stream(rid)
+                streaming.finish()
+        elif kind == Kind.REPLY:  # checked before it leaves ``calls``: a bad frame fails it with the rest
+            body = read_reply(header)
+            waiter = calls.take(rid)
+            if waiter is None:
+                raise FrameError(f"a reply to request {rid}, which is not a call")
             if isinstance(body, TritonShmError):
                 waiter.set_exception(body)
             else:
                 waiter.set_result(body)
-        elif kind == "refused":
-            error = _error(header.get("e"))
-            del self.pending[rid]
-            waiter.fail(error)
+        elif kind == Kind.REFUSED:
+            error = read_refused(header)
+            waiter, streaming = calls.withdraw(rid)
+            (waiter or streaming).fail(error)  # type: ignore[union-attr]  # one is: the request is open
         else:
             raise FrameError(f"unknown frame kind {kind!r} from the owner")
 
     def fail(self, reason: str) -> None:
         self.lost = True
         self.peers._lost(self)
-        pending, self.pending = self.pending, {}
-        for waiter in pending.values():
-            waiter.fail(Unavailable(reason))
+        replies, streams = self.calls.drop()
+        for rid in sorted(replies.keys() | streams.keys()):  # in the order they were sent
+            (replies.get(rid) or streams[rid]).fail(Unavailable(reason))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.lost:
@@ -387,23 +385,18 @@ class _Served(asyncio.Protocol):
             self.transport.close()
 
     def _take(self, header: dict[str, Any], buffers: list[Buffer]) -> None:
-        kind, rid = header.get("k"), header.get("i")
-        if type(rid) is not int:
-            raise FrameError(f"a peer frame's request id is {rid!r}, not an integer")
-        if kind == "infer":
+        kind, rid = header.get(Field.KIND), frame_id(header)
+        if kind == Kind.INFER:
             if rid in self.tasks:
                 raise FrameError(f"request id {rid} is in use")
-            request = request_from_wire(header, buffers)
-            handover = handover_from_wire(header["t"]) if "t" in header else None
+            request, handover = read_infer(header, buffers)
             self.tasks[rid] = asyncio.ensure_future(self._serve(rid, request, handover))
-        elif kind == "cancel":
+        elif kind == Kind.CANCEL:
             task = self.tasks.pop(rid, None)  # here: a task cancelled before it starts runs no finally
             if task is not None:
                 task.cancel()
-        elif kind == "call":
-            op, body = header.get("op"), header.get("b")
-            if not isinstance(op, str) or not isinstance(body, dict):
-                raise FrameError("a peer call needs an op (string) and a body (object)")
+        elif kind == Kind.CALL:
+            op, body = read_call(header)
             task = asyncio.ensure_future(self._call(rid, op, body))
             self.calls.add(task)
             task.add_done_callback(self.calls.discard)
@@ -418,13 +411,13 @@ class _Served(asyncio.Protocol):
             reply = await handler(body)
             if not isinstance(reply, dict):
                 raise TypeError(f"the handler answered a {type(reply).__name__}, not a dict")
-            self._send({"k": "reply", "i": rid, "b": reply})
+            self._send(reply_frame(rid, reply))
         except asyncio.CancelledError:
             return  # the caller is gone
         except Exception as e:  # noqa: BLE001 - the caller gets it (as INTERNAL unless it is ours)
             if not isinstance(e, TritonShmError):
                 log.exception("peer operation '%s' failed", op)
-            self._send_error("reply", rid, e)
+            self._send(error_frame(Kind.REPLY, rid, e))
 
     async def _serve(self, rid: int, request: InferRequest, handover: Handover | None) -> None:
         """Run a forwarded request (traced here if the sender sampled it: ``handover``); send
@@ -446,40 +439,9 @@ class _Served(asyncio.Protocol):
         except Exception as e:  # noqa: BLE001 - every failure is the caller's answer
             if not isinstance(e, TritonShmError):
                 log.exception("forwarded request for model '%s' failed", request.model_name)
-            self._send_error("item" if started else "refused", rid, e)
+            self._send(error_frame(Kind.ITEM if started else Kind.REFUSED, rid, e))
         finally:
             self.tasks.pop(rid, None)
 
-    def _send_item(self, rid: int, item: InferResponse | TritonShmError | None, final: bool) -> None:
-        if item is None:
-            self._send({"k": "item", "i": rid, "f": final})
-        elif isinstance(item, TritonShmError):
-            self._send({"k": "item", "i": rid, "f": final, "e": _error_to_wire(item)})
-        else:
-            try:
-                header, buffers = response_to_wire(item)
-            finally:
-                item.release()  # the bytes are copied out of its arena
-            self._send({"k": "item", "i": rid, "f": final, "r": header}, buffers)
-
-    def _send_error(self, kind: str, rid: int, error: Exception) -> None:
-        """The last frame of a request: ``error`` (INTERNAL unless it is a TritonShmError)."""
-        if not isinstance(error, TritonShmError):
-            error = Internal(str(error))
-        self._send({"k": kind, "i": rid, "f": True, "e": _error_to_wire(error)})
-
-
-def _error_to_wire(error: TritonShmError) -> dict[str, Any]:
-    wire = error.to_wire()
-    if not wire["message"].isascii():  # a model's text may hold lone surrogates, which UTF-8 (JSON) can not
-        wire["message"] = wire["message"].encode("utf-8", "replace").decode("utf-8")
-    return wire
-
-
-def _error(wire: Any) -> TritonShmError:
-    if not isinstance(wire, dict):
-        raise FrameError(f"a peer error is a {type(wire).__name__}, not an object")
-    try:
-        return TritonShmError.from_wire(wire)
-    except ValueError as e:  # an unknown code
-        raise FrameError(f"a peer error does not carry a known code: {e}") from None
+    def _send_item(self, rid: int, item: Item, final: bool) -> None:
+        self._send(*item_frame(rid, item, final))

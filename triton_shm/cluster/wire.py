@@ -1,10 +1,15 @@
-"""Frames between front-end processes, and the inference types in them.
+"""Frames between front-end processes, and the inference types in them: the schema of the
+peer link (``cluster.peers``), as ``ipc.protocol`` is the worker link's.
 
 A frame is a JSON header (orjson) and zero or more raw byte buffers, laid out as
 ``<u32 header_len><u32 n_buffers><u64 len>*n_buffers``, the header, then the buffers. No
 pickle: a peer can only send data. Tensor bytes travel as buffers, never in the JSON. The
 peer is another process of the same server (trusted) but its frames are checked
 (verified): a frame that breaks the layout or the limits raises ``FrameError``.
+
+The header's fields (``Field``) and kinds (``Kind``) are below, with a function that
+writes and one that reads each kind of frame: the caller sends ``call``, ``infer`` and
+``cancel``; the owner answers ``reply``, ``item`` and ``refused``.
 """
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import orjson
 
 from ..core.data.types import Buffer, InferRequest, InferResponse, InputTensor, OutputTensor, RequestedOutput
 from ..core.observability.tracing import Handover
+from ..errors import Internal, TritonShmError
 
 MAX_HEADER = 16 << 20        # bytes of a frame's JSON header
 MAX_BUFFERS = 1 << 16        # buffers in one frame (a request's inputs, a response's outputs)
@@ -242,3 +248,130 @@ def _parameters(parameters: Any) -> dict[str, Any]:
         elif not isinstance(value, (bool, int, float, str)):
             raise TypeError(f"parameter value {value!r} is not a bool, int, float or string")
     return parameters
+
+
+# -- the peer link's frames --------------------------------------------------------------
+
+class Field:
+    """A frame header's fields, by their keys on the wire."""
+    KIND = "k"      # which frame: a ``Kind``
+    ID = "i"        # the request it belongs to: a counter per connection, the caller's
+    OP = "op"       # call: the operation, run by the owner's handler for it
+    BODY = "b"      # call, reply: a JSON object
+    ERROR = "e"     # reply, item, refused: a TritonShmError's ``to_wire``
+    FINAL = "f"     # item, refused: the request's last frame
+    RESPONSE = "r"  # item: ``response_to_wire``'s header (its outputs are the frame's buffers)
+    TRACE = "t"     # infer: the caller's trace ``Handover``, when it sampled the request
+    # an infer frame also holds ``request_to_wire``'s fields (its inputs are the buffers)
+
+
+class Kind:
+    """A frame's kind (``Field.KIND``)."""
+    CALL = "call"        # to the owner: a control op (OP, BODY)
+    INFER = "infer"      # to the owner: a request to serve (the request's fields, TRACE)
+    CANCEL = "cancel"    # to the owner: the caller went away
+    REPLY = "reply"      # back: a call's answer (BODY or ERROR)
+    ITEM = "item"        # back: one of a request's responses (FINAL; RESPONSE or ERROR or neither)
+    REFUSED = "refused"  # back: the request failed before it ran (ERROR)
+
+
+Item = InferResponse | TritonShmError | None  # what an ``item`` frame carries
+
+
+def frame_id(header: dict[str, Any]) -> int:
+    rid = header.get(Field.ID)
+    if type(rid) is not int:
+        raise FrameError(f"a peer frame's request id is {rid!r}, not an integer")
+    return rid
+
+
+def call_frame(rid: int, op: str, body: dict[str, Any]) -> dict[str, Any]:
+    return {Field.KIND: Kind.CALL, Field.ID: rid, Field.OP: op, Field.BODY: body}
+
+
+def read_call(header: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    op, body = header.get(Field.OP), header.get(Field.BODY)
+    if not isinstance(op, str) or not isinstance(body, dict):
+        raise FrameError("a peer call needs an op (string) and a body (object)")
+    return op, body
+
+
+def infer_frame(rid: int, request: InferRequest, handover: Handover | None
+                ) -> tuple[dict[str, Any], list[Buffer]]:
+    header, buffers = request_to_wire(request)
+    header[Field.KIND], header[Field.ID] = Kind.INFER, rid
+    if handover is not None:
+        header[Field.TRACE] = handover_to_wire(handover)
+    return header, buffers
+
+
+def read_infer(header: dict[str, Any], buffers: Sequence[Buffer]) -> tuple[InferRequest, Handover | None]:
+    request = request_from_wire(header, buffers)
+    return request, handover_from_wire(header[Field.TRACE]) if Field.TRACE in header else None
+
+
+def cancel_frame(rid: int) -> dict[str, Any]:
+    return {Field.KIND: Kind.CANCEL, Field.ID: rid}
+
+
+def reply_frame(rid: int, body: dict[str, Any]) -> dict[str, Any]:
+    return {Field.KIND: Kind.REPLY, Field.ID: rid, Field.BODY: body}
+
+
+def read_reply(header: dict[str, Any]) -> dict[str, Any] | TritonShmError:
+    body = error_from_wire(header[Field.ERROR]) if Field.ERROR in header else header.get(Field.BODY)
+    if not isinstance(body, (dict, TritonShmError)):
+        raise FrameError(f"a reply's body is a {type(body).__name__}, not an object")
+    return body
+
+
+def item_frame(rid: int, item: Item, final: bool) -> tuple[dict[str, Any], list[Buffer]]:
+    """An ``item`` frame; a response's bytes are copied out (``response_to_wire``), and it
+    is released whatever happens."""
+    if item is None:
+        return {Field.KIND: Kind.ITEM, Field.ID: rid, Field.FINAL: final}, []
+    if isinstance(item, TritonShmError):
+        return {Field.KIND: Kind.ITEM, Field.ID: rid, Field.FINAL: final, Field.ERROR: error_to_wire(item)}, []
+    try:
+        header, buffers = response_to_wire(item)
+    finally:
+        item.release()  # the bytes are copied out of its arena
+    return {Field.KIND: Kind.ITEM, Field.ID: rid, Field.FINAL: final, Field.RESPONSE: header}, buffers
+
+
+def read_item(header: dict[str, Any], buffers: Sequence[Buffer]) -> tuple[Item, bool]:
+    """An ``item`` frame's response (or error, or neither) and whether it is the last."""
+    final = header.get(Field.FINAL) is True
+    if Field.RESPONSE in header:
+        return response_from_wire(header[Field.RESPONSE], buffers), final
+    if Field.ERROR in header:
+        return error_from_wire(header[Field.ERROR]), final
+    return None, final
+
+
+def error_frame(kind: str, rid: int, error: Exception) -> dict[str, Any]:
+    """The last frame of a request (``Kind.REPLY``, ``ITEM`` or ``REFUSED``): ``error``
+    (INTERNAL unless it is a TritonShmError)."""
+    if not isinstance(error, TritonShmError):
+        error = Internal(str(error))
+    return {Field.KIND: kind, Field.ID: rid, Field.FINAL: True, Field.ERROR: error_to_wire(error)}
+
+
+def read_refused(header: dict[str, Any]) -> TritonShmError:
+    return error_from_wire(header.get(Field.ERROR))
+
+
+def error_to_wire(error: TritonShmError) -> dict[str, Any]:
+    wire = error.to_wire()
+    if not wire["message"].isascii():  # a model's text may hold lone surrogates, which UTF-8 (JSON) can not
+        wire["message"] = wire["message"].encode("utf-8", "replace").decode("utf-8")
+    return wire
+
+
+def error_from_wire(wire: Any) -> TritonShmError:
+    if not isinstance(wire, dict):
+        raise FrameError(f"a peer error is a {type(wire).__name__}, not an object")
+    try:
+        return TritonShmError.from_wire(wire)
+    except ValueError as e:  # an unknown code
+        raise FrameError(f"a peer error does not carry a known code: {e}") from None

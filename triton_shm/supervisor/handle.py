@@ -2,17 +2,17 @@
 link (rings and socket), share memory with it, and notice at once when it dies.
 
 Each handle owns the input arena the front-end writes request tensors into and maps the
-worker's output arena. Frames are ``ipc.protocol``'s, checked by its decoder. A reply
-goes to the callback registered for its message id, called at once from the ring's
-reader (no event-loop hop: the scheduler hands the freed instance its next batch there);
-a reply that breaks the protocol fails that message with INTERNAL. STREAM frames go to
-the handler registered for their batch (decoupled models); ``bls`` control ops go to the
-pool's BLS handler.
+worker's output arena; what the two lend each other past one message is ``lending``'s.
+Frames are ``ipc.protocol``'s, checked by its decoder. Requests in flight are an
+``ipc.calls.Calls``: a reply goes to the callback registered for its message id, called at
+once from the ring's reader (no event-loop hop: the scheduler hands the freed instance its
+next batch there); a reply that breaks the protocol fails that message with INTERNAL.
+STREAM frames go to the handler registered for their batch (decoupled models); ``bls``
+control ops go to the pool's BLS handler.
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import os
 import subprocess
@@ -23,10 +23,12 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..ipc import channel, protocol
 from ..ipc.protocol import Op
-from ..ipc.arena import Arena, Block, Segment, SegmentMap
+from ..ipc.arena import Arena, Segment, SegmentMap
+from ..ipc.calls import Calls
 from ..ipc.link import Link
 from ..ipc.ring import RingCorrupt
 from ..devices import worker_environment
+from .lending import BatchedFrees, InputLending
 
 if TYPE_CHECKING:
     from ..core.data.shm_registry import Region
@@ -34,12 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("triton_shm.workers")
 
 INPUT_CHUNK = 64 << 20
-# Freed output blocks wait for a message to ride on, for at most RELEASE_DELAY seconds,
-# or until RELEASE_BYTES of them are waiting: a message of their own wakes the worker,
-# which costs more than the memory they hold for a few milliseconds.
-RELEASE_DELAY = 0.02
-RELEASE_BYTES = 8 << 20
-KEEPING_LIMIT = 1 << 16  # kept input blocks announced and not yet answered: more is a broken worker
 DRAIN_BATCH = 256  # frames read from a worker's ring before the event loop gets a turn
 ORPHAN_RECHECK_S = 0.001  # a socket message waiting for its ring record is looked at again after this
 ORPHAN_LIMIT_S = 5.0  # ... and past this, the worker is taken to misuse the socket
@@ -61,26 +57,19 @@ class WorkerHandle:
         self._broke_protocol = False
         self.arena: Arena | None = None
         self.outputs = SegmentMap()
-        # message id -> what gets its reply: the reply dict, or an exception (error reply, worker death)
-        self._pending: dict[int, Callable[[dict[str, Any] | Exception], None]] = {}
-        # decoupled batches: message id -> handler of its "stream" messages (None = worker died)
-        self._streams: dict[int, Callable[[dict[str, Any] | None], None]] = {}
-        self._ids = itertools.count(1)
-        self._releases: list[list[int]] = []
-        self._release_bytes = 0
-        self._flush_scheduled = False  # a RELEASE_DELAY timer is armed
+        # message id -> what gets its reply: the reply's body, or an exception (error reply,
+        # worker death); decoupled batches: message id -> handler of their STREAM frames
+        # (None = worker died)
+        self.calls: Calls[Callable[[Any], None], Callable[[dict[str, Any] | None], None]] = Calls()
+        self.next_id = self.calls.next_id  # a message id, for a batch the pool sends with ``request``
+        self.frees = BatchedFrees(self._send_frame)  # output blocks given back
+        self.lending = InputLending(name)  # input blocks lent past their batch
         self.alive = False
         self.regions: set[int] = set()  # client regions whose fd this worker holds
         self.generation = 0
         self.on_death: Callable[[WorkerHandle], None] | None = None  # set by the pool
         # a model's BLS call: (handle, message), set by the pool
         self.on_bls: Callable[[WorkerHandle, dict[str, Any]], None] | None = None
-        # input-arena blocks lent to the worker past their batch: BLS replies, and inputs a
-        # model still holds after its batch was answered (``keep_inputs``), by descriptor
-        self._staged: dict[tuple, Block] = {}
-        # descriptors the worker keeps, until their batch's reply (read by the pool's reply
-        # path, which calls ``kept_out`` only when this is not empty)
-        self.keeping: set[tuple] = set()
         self._loop: asyncio.AbstractEventLoop  # the front-end's, from start() on
 
     # -- process lifecycle ---------------------------------------------------------------
@@ -105,6 +94,7 @@ class WorkerHandle:
         self.regions = set()  # client regions whose fd this worker holds
         self.generation += 1
         self.alive = True
+        self.frees.start(self._loop)
         self._loop.add_reader(link.rx_wake, self._on_readable)
         self._loop.add_reader(link.sock.fileno(), self._on_socket)
         log.info("started worker '%s' (pid %d)", self.name, self.proc.pid)
@@ -159,6 +149,7 @@ class WorkerHandle:
         if self.proc is None:
             return
         self.alive = False
+        self.frees.close()
         self._detach()
         proc = self.proc
         try:
@@ -205,16 +196,13 @@ class WorkerHandle:
         # failed batches give them back, so no queued request is sent to a dead worker
         if self.on_death is not None:
             self.on_death(self)
-        pending, self._pending = self._pending, {}
-        for on_reply in pending.values():
+        self.frees.close()
+        replies, streams = self.calls.drop()
+        for on_reply in replies.values():
             _deliver(on_reply, error)
-        streams, self._streams = self._streams, {}
         for handler in streams.values():
             handler(None)
-        self._releases.clear()
-        self._release_bytes = 0
-        self._staged.clear()
-        self.keeping.clear()
+        self.lending.clear()
         self._cleanup_memory()
 
     # -- messaging -----------------------------------------------------------------------
@@ -233,18 +221,12 @@ class WorkerHandle:
             return Unavailable(f"worker '{self.name}' is not keeping up (its ring is full)")
         return Unavailable(f"worker '{self.name}' is not running")
 
-    def _take_releases(self) -> list[list[int]]:
-        """Freed output blocks ride on the next frame: no message of their own."""
-        releases = self._releases
-        if releases:  # else the empty list serves again (the encoders only read it)
-            self._releases, self._release_bytes = [], 0
-        return releases
-
     def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
-        """A control op that gets no reply."""
+        """A control op that gets no reply (freed output blocks ride on it)."""
         if self.link is None:
             raise Unavailable(f"worker '{self.name}' is not running")
-        self._send_frame(protocol.encode_control(0, message, self._take_releases()), fds)
+        self._send_frame(protocol.encode_control(0, message, self.frees.take()), fds)
+
 
     def request(self, encode: Callable[..., bytes | bytearray], args: tuple,
                 on_reply: Callable[[Any], None], fds: list[int] | None = None,
@@ -259,27 +241,28 @@ class WorkerHandle:
         link = self.link
         if link is None:
             raise Unavailable(f"worker '{self.name}' is not running")
+        calls = self.calls
         if msg_id is None:
-            msg_id = next(self._ids)
-        # _take_releases and _send_frame, written out: every request passes here
-        releases = self._releases
+            msg_id = calls.next_id()
+        # frees.take, calls.open and _send_frame, written out: every request passes here
+        frees = self.frees
+        releases = frees.waiting
         if releases:  # else the empty list serves again (the encoders only read it)
-            self._releases, self._release_bytes = [], 0
-        self._pending[msg_id] = on_reply
+            frees.waiting, frees.bytes = [], 0
+        calls.replies[msg_id] = on_reply
         if on_stream is not None:
-            self._streams[msg_id] = on_stream
+            calls.streams[msg_id] = on_stream
         try:
             link.send(encode(msg_id, *args, releases), fds)
         except BaseException as e:
-            self._pending.pop(msg_id, None)
-            self._streams.pop(msg_id, None)
+            calls.withdraw(msg_id)
             if isinstance(e, (BlockingIOError, BrokenPipeError, ConnectionError)):
                 raise self._send_error(e) from None
             raise
         return msg_id
 
     def end_stream(self, msg_id: int) -> None:
-        self._streams.pop(msg_id, None)
+        self.calls.end_stream(msg_id)
 
     async def call(self, message: dict[str, Any] | None, fds: list[int] | None = None) -> Any:
         """Send a control op (or a PING for None) and wait for the reply; a FAIL is raised."""
@@ -300,7 +283,7 @@ class WorkerHandle:
         try:
             return await fut
         finally:
-            self._pending.pop(msg_id, None)  # cancelled: nobody waits for the reply any more
+            self.calls.withdraw(msg_id)  # cancelled: nobody waits for the reply any more
 
     def _on_readable(self) -> None:
         """The worker's ring has frames: drain it, then tell the worker we sleep (it
@@ -309,6 +292,7 @@ class WorkerHandle:
         if link is None:
             return
         link.clear_wake()
+        replies = self.calls.replies
         for _ in range(DRAIN_BATCH):
             if self.link is not link:
                 return
@@ -335,7 +319,7 @@ class WorkerHandle:
             if msg.op is _REPLY and not fds:
                 # _dispatch and _deliver for a reply (the decoder's body is a tuple), written
                 # out: one per request
-                on_reply = self._pending.pop(msg.id, None)
+                on_reply = replies.pop(msg.id, None)
                 if on_reply is not None:
                     try:
                         on_reply(msg.body)
@@ -385,17 +369,17 @@ class WorkerHandle:
     def _dispatch(self, msg: "protocol.Message", fds: list[int]) -> None:
         op = msg.op
         if op == Op.REPLY or op == Op.PONG or (op == Op.CONTROL and msg.id):
-            on_reply = self._pending.pop(msg.id, None)
+            on_reply = self.calls.take(msg.id)
             if on_reply is not None:
                 _deliver(on_reply, msg.body if msg.body is not None else {})
             if fds:
                 channel.close_fds(fds)
         elif op == Op.FAIL:
-            on_reply = self._pending.pop(msg.id, None)
+            on_reply = self.calls.take(msg.id)
             if on_reply is not None:
                 _deliver(on_reply, TritonShmError.from_wire(msg.body["error"]))
         elif op == Op.STREAM:
-            handler = self._streams.get(msg.id)
+            handler = self.calls.streams.get(msg.id)
             if handler is not None:
                 handler(msg.body)
         elif op == Op.CONTROL:
@@ -413,9 +397,9 @@ class WorkerHandle:
             elif (op == "bls" or op == "bls_cancel") and self.on_bls is not None:
                 self.on_bls(self, body)
             elif op == "release_inputs":
-                self._release_staged(body.get("blocks") or [])
+                self.lending.released(self.arena, body.get("blocks") or [])
             elif op == "keep_inputs":
-                self._keep(body.get("blocks") or [])
+                self.lending.keep(body.get("blocks") or [])
             elif op != "hello":
                 log.warning("unexpected message from worker '%s': %s", self.name, op)
         except (KeyError, TypeError, ValueError, TritonShmError) as e:
@@ -429,20 +413,17 @@ class WorkerHandle:
         trusted any more, so it is killed, and its death fails every request it holds."""
         log.error("worker '%s': %s", self.name, e.message)
         if e.msg_id is not None:
-            on_reply = self._pending.pop(e.msg_id, None)
+            on_reply = self.calls.take(e.msg_id)
             if on_reply is not None:
                 _deliver(on_reply, Internal(f"worker '{self.name}' sent a malformed reply: {e.message}"))
         elif self.proc is not None and self.proc.poll() is None:
             self._broke_protocol = True
             self.proc.kill()
 
-    def next_id(self) -> int:
-        return next(self._ids)
-
     def cancel(self, msg_id: int, index: int) -> None:
         """The client of request ``index`` of batch ``msg_id`` is gone: the worker is told
         while the batch is still there (not answered, or a decoupled one still streaming)."""
-        if msg_id not in self._pending and msg_id not in self._streams:
+        if not self.calls.is_open(msg_id):
             return
         try:
             self.send({"op": "cancel", "batch": msg_id, "index": index})
@@ -452,70 +433,9 @@ class WorkerHandle:
     def stage(self, data) -> list[int]:
         """Copy bytes into this worker's input arena for it to read (a BLS reply); the
         worker hands the block back with ``release_inputs``."""
-        view = memoryview(data).cast("B")
         if self.arena is None:
             raise Unavailable(f"worker '{self.name}' is not running")
-        block = self.arena.put(view)
-        desc = block.descriptor()
-        self._staged[tuple(desc)] = block
-        return desc
-
-    def _keep(self, descriptors: list) -> None:
-        """The worker keeps these input blocks past the reply about to come (a model
-        still holds their arrays); ``kept_out`` takes them out of that batch's frees."""
-        if len(self.keeping) + len(descriptors) > KEEPING_LIMIT:  # never one reply answers them
-            log.warning("worker '%s' keeps more input blocks than are in flight; ignoring", self.name)
-            self.keeping.clear()
-            return
-        self.keeping.update(tuple(d) for d in descriptors if isinstance(d, list))
-
-    def kept_out(self, blocks: list[Block]) -> list[Block]:
-        """An answered batch's input blocks, less those the worker keeps: those wait in
-        ``_staged`` until it releases them (``release_inputs``)."""
-        keeping, free = self.keeping, []
-        for block in blocks:
-            key = (block.segment.id, block.offset, block.size)
-            if key in keeping:
-                keeping.discard(key)
-                self._staged[key] = block
-            else:
-                free.append(block)
-        return free
-
-    def _release_staged(self, descriptors: list) -> None:
-        for desc in descriptors:  # only blocks we lent: the worker is not trusted
-            block = self._staged.pop(tuple(desc) if isinstance(desc, list) else (), None)
-            if block is not None and self.arena is not None:
-                self.arena.free(block.segment.id, block.offset, block.size)
-
-    def release(self, descriptors: list[list[int]]) -> None:
-        """Give output blocks back to the worker: they ride on its next frame. One timer, armed
-        by the first of them, sends those still waiting after RELEASE_DELAY in a frame of their
-        own (an idle worker gets them), and RELEASE_BYTES of them go at once."""
-        if descriptors and self.alive:  # none (outputs in client shared memory): nothing to wait for
-            self._releases += descriptors
-            size = self._release_bytes
-            for d in descriptors:  # ints, checked by SegmentMap.view
-                size += d[2]
-            self._release_bytes = size
-            if size >= RELEASE_BYTES:
-                self._flush_releases()  # an armed timer stays armed: it finds nothing, or later ones
-            elif not self._flush_scheduled:
-                self._flush_scheduled = True
-                self._loop.call_later(RELEASE_DELAY, self._flush_on_time)
-
-    def _flush_on_time(self) -> None:
-        """The RELEASE_DELAY timer: the frees that no frame has carried since go on their own."""
-        self._flush_scheduled = False
-        if self._releases:  # usually a frame took them
-            self._flush_releases()
-
-    def _flush_releases(self) -> None:
-        if self._releases and self.link is not None:
-            try:
-                self._send_frame(protocol.encode_free(self._take_releases()))
-            except TritonShmError:
-                pass  # worker gone: its arena went with it
+        return self.lending.stage(self.arena, data)
 
 
 def _deliver(on_reply: Callable[[dict[str, Any] | Exception], None], reply: dict[str, Any] | Exception) -> None:

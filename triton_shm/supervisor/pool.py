@@ -90,10 +90,6 @@ class WorkerPool:
         self.on_worker_back: Callable[[str], Awaitable[None]] | None = None
         self.readiness = Readiness()  # the instances whose models define is_ready()
 
-    @property
-    def gpu_count(self) -> int:
-        return len(self.gpu_workers)
-
     async def start(self) -> None:
         for w in self.shared.values():
             self._supervise(w)
@@ -350,7 +346,8 @@ class WorkerPool:
         """A batch's reply (or the exception that ends it): its input blocks are freed,
         then ``done`` gets each request's result."""
         if worker.arena is arena:  # a restarted worker has a new arena; the old one is gone
-            arena.free_blocks(worker.kept_out(blocks) if worker.keeping else blocks)
+            lending = worker.lending
+            arena.free_blocks(lending.kept_out(blocks) if lending.keeping else blocks)
         if isinstance(reply, Exception):
             done([reply] * len(batch), None)
             return
@@ -532,12 +529,12 @@ class WorkerPool:
                     raise Internal(f"worker returned {view.nbytes} bytes for output '{name}' of shape {shape}")
                 outputs.append(OutputTensor(name, datatype, shape, view))  # the decoder's own list: no copy
         except Exception:
-            worker.release(descriptors)
+            worker.frees.add(descriptors)
             raise
         if parameters is not None:  # a worker is not trusted: only what the protocols carry
             parameters = _checked_parameters(mv, parameters)
         return InferResponse(mv.name, mv.version_name, request.id, parameters or {}, outputs,  # positional
-                             functools.partial(worker.release, descriptors))
+                             functools.partial(worker.frees.add, descriptors))
 
 
 # the decoder's statuses: compared by identity
