@@ -8,8 +8,8 @@ import os
 import signal
 import sys
 
-from .cluster.forwarding import forwarding_to
-from .cluster.processes import FrontendProcesses, Place, place_from_environment, watch_parent
+from .cluster.processes import place_from_environment, watch_parent
+from .cluster.role import Role, role_for
 from .options import ServerOptions
 from .core.models.manager import ModelManager
 from .core.scheduling.rate_limiter import RateLimiter
@@ -30,16 +30,9 @@ log = logging.getLogger("triton_shm.server")
 
 
 async def serve(options: ServerOptions) -> int:
-    place = place_from_environment(options.frontend_processes)
-    processes = share = peers = None
-    if place.several:
-        from .cluster.peers import Peers
-        from .cluster.share import FrontendShare
-        if place.index == 0:
-            _bind_ports(place, options)  # a port in use fails the start before anything else
-            processes = FrontendProcesses(place, options.command_line)
-        assert place.directory is not None
-        share, peers = FrontendShare(place.index, place.count), Peers(place.index, place.count, place.directory)
+    """Start the server, serve until a stop signal, stop. One sequence whatever the number
+    of front-end processes: ``role`` is this process's part in it (cluster/role.py)."""
+    role = role_for(place_from_environment(options.frontend_processes), options)
     gpus = parse_gpus(options.gpus)
     pool = WorkerPool(gpus, options.log_verbose)
     repository = ModelRepository(options.model_repositories, gpus=gpus)
@@ -52,63 +45,41 @@ async def serve(options: ServerOptions) -> int:
                           latency_histograms=options.allow_metrics and metrics_config.histogram_latencies,
                           auto_complete=options.auto_complete_config, config_name=options.model_config_name,
                           external_links=options.allow_external_model_links, limiter=limiter,
-                          share=share, forwarding=None if peers is None else forwarding_to(peers))
+                          share=role.share, forwarding=role.forwarding)
     service = InferenceService(models, SharedMemoryRegistry(options.allow_client_shm, gpus),
                                strict_readiness=options.strict_readiness, server_id=options.server_id, cache=cache)
     service.tracer = Tracer.from_config(options.trace_config)
-    cluster = None
-    if share is not None and peers is not None:
-        from .cluster.control import Cluster
-        cluster = service.cluster = Cluster(share, peers, service)
-        cluster.share_trace_file(place.restarted)
-        if place.index == 0:
-            models.after_poll = cluster.after_poll
-        else:
-            models.polls = False  # process 0 polls, then has the others apply what changed
+    role.join(service, models)
     security = Security.from_options(options)  # unusable files or values: exit 1 before anything starts
     shutdown = ShutdownSignals()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, _on_stop_signal, shutdown, processes, sig)
-    loop.add_signal_handler(signal.SIGHUP, _on_reload_signal, security, processes)
-    watch_parent(place, lambda: shutdown.received(signal.SIGINT))  # process 0 is gone: stop now
+        loop.add_signal_handler(sig, _on_stop_signal, shutdown, role, sig)
+    loop.add_signal_handler(signal.SIGHUP, _on_reload_signal, security, role)
+    watch_parent(role.place, lambda: shutdown.received(signal.SIGINT))  # process 0 is gone: stop now
 
     runners = []
     try:
-        if cluster is not None:
-            await cluster.peers.start(cluster.handlers())  # forwarded requests: once every model is loaded
-        if processes is not None:
-            await processes.start()  # they load their models while this one does
+        await role.start()
         await pool.start()
-        # a restarted process loads what the server has now (cluster.rejoin), not the start-up list
-        await models.start([] if place.restarted and options.model_control_mode == "explicit"
-                           else options.load_model)
-        failed = models.failed_models()
-        if cluster is not None:
-            cluster.loaded.set()
-            if place.index == 0:
-                failed = await cluster.startup()  # every process has loaded; then all serve
-            elif place.restarted:
-                await cluster.rejoin()
-            else:
-                await cluster.serving.wait()
-        if place.index == 0:
+        await models.start(role.startup_models())
+        failed = await role.loaded(models.failed_models())
+        if role.leads:
             print(repository.status_table(), flush=True)
-        elif place.several:
-            _bind_ports(place, options)  # now: the kernel sends this process connections once it listens
-        if failed and options.exit_on_error and place.index == 0:
+        role.bind_ports()
+        if failed and options.exit_on_error and role.leads:
             log.error("failed to load all models (start with --exit-on-error=false to serve the others): %s",
                       "; ".join(failed))
             return 1
-        if options.allow_metrics and place.index == 0:  # first, so it answers once HTTP reports ready
+        if options.allow_metrics and role.leads:  # first, so it answers once HTTP reports ready
             address = options.metrics_address or options.http_address
             runners.append(("Metrics", await start_metrics(
                 repository, address, options.metrics_port, cpu=options.allow_cpu_metrics,
                 gpu=options.allow_gpu_metrics, interval_ms=options.metrics_interval_ms, gpus=gpus,
                 config=metrics_config, ssl=security.context("metrics"),
-                restrictions=security.http_restrictions, cache=cache,
-                peer_snapshots=None if cluster is None else cluster.metrics_snapshots)))
+                restrictions=security.http_restrictions, cache=cache, peer_snapshots=role.peer_snapshots)))
             log.info("Started Metrics Service at %s:%d", address, options.metrics_port)
+        listeners = role.place.listeners
         if options.allow_grpc:  # before HTTP, as tritonserver: HTTP ready means both answer
             from .frontend.grpc.server import start_grpc
             from .frontend.transports import default_grpc_transport
@@ -117,7 +88,7 @@ async def serve(options: ServerOptions) -> int:
                                                      keepalive=grpc_keepalive(options), transport=transport,
                                                      restrictions=security.grpc_restrictions,
                                                      header_forward=forwarder(options.grpc_header_forward_pattern),
-                                                     tls=security.tls.get("grpc"), sock=place.listeners.get("grpc"))))
+                                                     tls=security.tls.get("grpc"), sock=listeners.get("grpc"))))
             log.info("Started GRPCInferenceService at %s:%d (%s)", options.grpc_address, options.grpc_port,
                      transport)
         if options.allow_http:
@@ -131,7 +102,7 @@ async def serve(options: ServerOptions) -> int:
                                                      idle_timeout=options.http_idle_timeout_secs,
                                                      restrictions=security.http_restrictions,
                                                      header_forward=forwarder(options.http_header_forward_pattern),
-                                                     ssl=security.context("http"), sock=place.listeners.get("http"))))
+                                                     ssl=security.context("http"), sock=listeners.get("http"))))
             log.info("Started HTTPService at %s:%d (%s)", options.http_address, options.http_port, http_transport)
         await shutdown.drain(service, options.drain_secs)
         log.info("shutting down: finishing in-flight requests (up to %ds)", options.exit_timeout_secs)
@@ -140,8 +111,7 @@ async def serve(options: ServerOptions) -> int:
         pool.begin_shutdown()
         deadline = loop.time() + options.exit_timeout_secs
         await _stop_frontends(runners, options.exit_timeout_secs)
-        if cluster is not None:  # the others may forward requests here yet (if this process served)
-            await cluster.frontends_stopped(timeout=max(deadline - loop.time(), 1.0), wait=cluster.serving.is_set())
+        await role.frontends_stopped(timeout=max(deadline - loop.time(), 1.0))
         service.accepting = False  # after the front-ends: what they took in was served
         try:  # in-flight requests are done or timed out: unload models (finalize runs)
             await asyncio.wait_for(models.stop(), timeout=max(deadline - loop.time(), 1.0))
@@ -149,36 +119,20 @@ async def serve(options: ServerOptions) -> int:
             log.warning("models did not unload within --exit-timeout-secs; stopping workers")
         await pool.stop(timeout=max(deadline - loop.time(), 1.0))  # then workers are killed
         service.shm.close()
-        if processes is not None:  # they drain since the signal reached them
-            await processes.stop(timeout=max(deadline - loop.time(), 1.0))
+        await role.stop_others(timeout=max(deadline - loop.time(), 1.0))
         await service.tracer.close()  # after the other processes: they pass their last traces here
-        if peers is not None:
-            await peers.close()
+        await role.close()
     return 0
 
 
-def _bind_ports(place: Place, options: ServerOptions) -> None:
-    """One of several front-end processes: bind the HTTP and gRPC ports with SO_REUSEPORT
-    (each process its own socket; the server listens once it serves)."""
-    from .frontend.listeners import bind_listener
-    if options.allow_http:
-        place.listeners["http"] = bind_listener(options.http_address, options.http_port, reuse_port=True,
-                                                listen=False)
-    if options.allow_grpc:
-        place.listeners["grpc"] = bind_listener(options.grpc_address, options.grpc_port, reuse_port=True,
-                                                listen=False)
-
-
-def _on_reload_signal(security: Security, processes: FrontendProcesses | None) -> None:
+def _on_reload_signal(security: Security, role: Role) -> None:
     security.reload()
-    if processes is not None:
-        processes.signal(signal.SIGHUP)  # every front-end process serves the renewed TLS files
+    role.signal(signal.SIGHUP)  # every front-end process serves the renewed TLS files
 
 
-def _on_stop_signal(shutdown: "ShutdownSignals", processes: FrontendProcesses | None, sig: int) -> None:
+def _on_stop_signal(shutdown: "ShutdownSignals", role: Role, sig: int) -> None:
     shutdown.received(sig)
-    if processes is not None:
-        processes.signal(sig)  # the other front-end processes drain (or stop) alike
+    role.signal(sig)  # the other front-end processes drain (or stop) alike
 
 
 class ShutdownSignals:

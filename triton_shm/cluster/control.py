@@ -15,6 +15,10 @@ the client is answered:
 
 A process that cannot be reached (it died and is being started again) is skipped: when it
 comes back it takes the current state from process 0 (``current_state``).
+
+``Cluster`` is the replicated ``core/replication.py: Replicas``: the core's ops (its
+``appliers``) travel as they are, and a peer's call reaches the same applier; what is
+here is the transport, model control through process 0, start-up and shutdown.
 """
 from __future__ import annotations
 
@@ -24,11 +28,9 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-from ..core.models.version import UNAVAILABLE
-from ..errors import NotFound, TritonShmError, Unavailable
+from ..errors import TritonShmError, Unavailable
 
 if TYPE_CHECKING:
-    from ..core.models.repository import ModelEntry
     from ..core.models.version import ModelVersion
     from ..core.service import InferenceService
     from .peers import Handler, Peers
@@ -54,25 +56,21 @@ class Cluster:
         self._no_own_readiness: set[str] = set()
 
     @property
-    def others(self) -> list[int]:
+    def peer_indexes(self) -> list[int]:
+        """Every other process's index."""
         return [i for i in range(self.share.count) if i != self.share.index]
 
     def handlers(self) -> dict[str, Handler]:
+        """What a peer may ask: the core's ops, and the cluster's own."""
         return {
-            "model_control": self._model_control, "apply_load": self._apply_load,
-            "apply_unload": self._apply_unload, "poll": self._poll, "owned_states": self._owned_states,
-            "adopt_states": self._adopt_states, "startup_done": self._startup_done,
+            **self.service.appliers,
+            "model_control": self._model_control, "startup_done": self._startup_done,
             "start_serving": self._start_serving, "current_state": self._current_state,
-            "register_system_shm": self._register_system_shm, "register_cuda_shm": self._register_cuda_shm,
-            "unregister_shm": self._unregister_shm, "drop_idle_shm": self._drop_idle_shm,
-            "trace_update": self._trace_update,
-            "log_update": self._log_update, "statistics": self._statistics,
             "metrics_snapshots": self._metrics_snapshots, "frontends_stopped": self._frontends_stopped,
-            "trace_docs": self._trace_docs, "model_ready": self._model_ready,
         }
 
     # -- calls to the other processes ------------------------------------------------------
-    async def everywhere(self, op: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    async def others(self, op: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         """``op`` in every other process; one that cannot be reached is skipped (it takes
         the state from process 0 when it starts again); raises the first other error."""
         return await self.peers.broadcast(op, body, skip_unavailable=True)
@@ -97,8 +95,8 @@ class Cluster:
         forwarding processes' states; answer with the first error."""
         op = "apply_load" if body["op"] == "load" else "apply_unload"
         async with self._control_lock:
-            handler = self._apply_load if op == "apply_load" else self._apply_unload
-            results = await asyncio.gather(handler(body), self.everywhere(op, body), return_exceptions=True)
+            results = await asyncio.gather(self.service.apply_here(op, body), self.others(op, body),
+                                           return_exceptions=True)
             await self.sync_states()
             if op == "apply_load" and not isinstance(results[0], BaseException):
                 self.api_loads[body["name"]] = body
@@ -109,92 +107,37 @@ class Cluster:
                     raise result
         return {}
 
-    async def _apply_load(self, body: dict[str, Any]) -> dict[str, Any]:
-        files = {k: base64.b64decode(v) for k, v in (body.get("files") or {}).items()}
-        await self.service.models.load(body["name"], body.get("config"), files)
-        return {}
-
-    async def _apply_unload(self, body: dict[str, Any]) -> dict[str, Any]:
-        await self.service.models.unload(body["name"], bool(body.get("dependents")))
-        return {}
-
     async def after_poll(self) -> None:
-        """Process 0, after its own poll: the others apply the same changes, then settle."""
-        await self.everywhere("poll", {})
+        """Process 0, after its own poll: the others apply the same changes, then settle.
+        Not before every process has loaded its start-up models (``startup``): settled
+        while another still loads, a partitioned model would fail there."""
+        await self.serving.wait()
+        await self.others("poll", {})
         await self.sync_states()
 
-    async def _poll(self, _body: dict[str, Any]) -> dict[str, Any]:
-        await self.service.models.poll_once()
-        return {}
-
     # -- the owners' states, copied where a model is only forwarded -------------------------
-    def owned_states(self) -> dict[str, Any]:
-        """The state of every model this process runs itself (not only forwards)."""
-        states = {}
-        for name, entry in self.service.repository.models.items():
-            versions = list(entry.versions.values())
-            if versions and all(mv.owner is None for mv in versions):
-                states[name] = {"state": entry.state, "reason": entry.reason, "ready": _all_ready(entry),
-                                "versions": {str(mv.version): [mv.state, mv.reason] for mv in versions}}
-        return states
-
-    async def adopt_states(self, states: dict[str, Any]) -> None:
-        """Models this process forwards take their owner's state (a load that failed there
-        is UNAVAILABLE here too, with its reason). A partitioned model that failed in
-        another process fails here too: its instances here are unloaded, so no process
-        serves a model the server reports unavailable."""
-        for name, entry in list(self.service.repository.models.items()):
-            settled = states.get(name)
-            versions = list(entry.versions.values())
-            if settled is None or not versions:
-                continue
-            if any(mv.owner is None for mv in versions):  # run here: partitioned
-                if settled["ready"] or not _all_ready(entry):
-                    continue
-                reasons = "; ".join(reason for _, reason in settled["versions"].values() if reason) or settled["reason"]
-                log.error("model '%s' failed to load in another front-end process; unloading it here: %s",
-                          name, reasons)
-                await self.service.models.unload(name)
-                entry.state, entry.reason = UNAVAILABLE, reasons
-                for mv in versions:
-                    mv.state, mv.reason = UNAVAILABLE, reasons
-                continue
-            entry.state, entry.reason = settled["state"], settled["reason"]
-            for mv in versions:
-                state = settled["versions"].get(str(mv.version))
-                if state is not None:
-                    mv.state, mv.reason = state
-
     async def sync_states(self) -> dict[str, Any]:
         """Process 0: gather the states of the models each process runs and have every
         process adopt them. A model several processes run (partitioned) takes the first
         failure among them: the server loads a model whole or not at all."""
-        replies = [reply["states"] for reply in await self.everywhere("owned_states", {})]
+        replies = [reply["states"] for reply in await self.others("owned_states", {})]
         states: dict[str, Any] = {}
-        for reply in [self.owned_states(), *replies]:
+        for reply in [(await self.service.apply_here("owned_states", {}))["states"], *replies]:
             for name, state in reply.items():
                 known = states.get(name)
                 if known is None or (known["ready"] and not state["ready"]):
                     states[name] = state
-        await self.adopt_states(states)
-        await self.everywhere("adopt_states", {"states": states})
+        await self.service.apply("adopt_states", {"states": states})
         return states
-
-    async def _owned_states(self, _body: dict[str, Any]) -> dict[str, Any]:
-        return {"states": self.owned_states()}
-
-    async def _adopt_states(self, body: dict[str, Any]) -> dict[str, Any]:
-        await self.adopt_states(body["states"])
-        return {}
 
     # -- start-up ---------------------------------------------------------------------------
     async def startup(self) -> list[str]:
         """Process 0, once its own models are loaded: wait for the others', settle the
         states, let every process serve; returns every process's failed models."""
-        replies = await asyncio.gather(*(self.peers.call(i, "startup_done", {}) for i in self.others))
+        replies = await asyncio.gather(*(self.peers.call(i, "startup_done", {}) for i in self.peer_indexes))
         self.peers.connect_timeout = FAST_CONNECT_S
         await self.sync_states()
-        await asyncio.gather(*(self.peers.call(i, "start_serving", {}) for i in self.others))
+        await asyncio.gather(*(self.peers.call(i, "start_serving", {}) for i in self.peer_indexes))
         self._serve_forwarded()
         failed = self.service.models.failed_models()
         return failed + [f for r in replies for f in r["failed"] if f not in failed]
@@ -214,14 +157,11 @@ class Cluster:
         self.serving.set()
 
     async def _current_state(self, _body: dict[str, Any]) -> dict[str, Any]:
-        """Process 0: what a restarted process needs to be the same server again."""
-        service = self.service
-        loaded = [self.api_loads.get(name) or {"name": name}
-                  for name, entry in service.repository.models.items() if entry.ready_versions()]
-        return {"loaded": loaded,
-                "system_shm": service.shm.status("system", awaiting=False) if service.shm.enabled else [],
-                "cuda_shm": service.shm.cuda_registrations() if service.shm.enabled else [],
-                "log": service.log_settings.to_dict(), "trace": service.tracer.api_changes()}
+        """Process 0: what a restarted process needs to be the same server again (the
+        loads with the API's config overrides, for explicit mode)."""
+        state = self.service.current_state()
+        state["loaded"] = [self.api_loads.get(name) or {"name": name} for name in state.pop("ready")]
+        return state
 
     async def rejoin(self) -> None:
         """A restarted process: take the server's current state from process 0. In explicit
@@ -232,52 +172,23 @@ class Cluster:
         state = await self.peers.call(0, "current_state", {})
         if self.service.models.mode == "explicit":
             await asyncio.gather(*(self._reload(body) for body in state["loaded"]))
-        for register, regions in ((self._register_system_shm, state["system_shm"]),
-                                  (self._register_cuda_shm, state["cuda_shm"])):
+        for op, regions in (("register_system_shm", state["system_shm"]), ("register_cuda_shm", state["cuda_shm"])):
             for region in regions:  # as the broadcast of a registration carries it
                 try:
-                    await register(region)
+                    await self.service.apply_here(op, region)
                 except TritonShmError as e:
                     log.error("registering shared memory region '%s' again: %s", region["name"], e.message)
         log_state = {k: v for k, v in state["log"].items() if k != "log_file"}
-        self.service.log_settings.update(log_state)
+        await self.service.apply_here("log_update", {"changes": log_state})
         for model, changes in state["trace"]:
-            self.service.tracer.update(model, changes)
+            await self.service.apply_here("trace_update", {"model": model, "changes": changes})
         self._serve_forwarded()
 
     async def _reload(self, body: dict[str, Any]) -> None:
         try:
-            await self._apply_load(body)
+            await self.service.apply_here("apply_load", body)
         except TritonShmError as e:
             log.error("loading '%s' as the server has it: %s", body["name"], e.message)
-
-    # -- shared memory, settings ----------------------------------------------------------
-    async def _register_system_shm(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.service.shm.register_system(body["name"], body["key"], body["offset"], body["byte_size"])
-        return {}
-
-    async def _register_cuda_shm(self, body: dict[str, Any]) -> dict[str, Any]:
-        await self.service.open_cuda_shm(body["name"], base64.b64decode(body["raw_handle"]), body["device_id"],
-                                         body["byte_size"])
-        return {}
-
-    async def _unregister_shm(self, body: dict[str, Any]) -> dict[str, Any]:
-        """``defer``: mark the regions awaiting and answer those in use here (the caller
-        removes the rest with ``drop_idle_shm``); else remove them (an undone registration)."""
-        in_use = self.service.shm.unregister(body["kind"], body["name"], defer_all=bool(body.get("defer")))
-        return {"in_use": in_use}
-
-    async def _drop_idle_shm(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.service.shm.drop_idle(body["kind"], body["name"], set(body["keep"]))
-        return {}
-
-    async def _trace_update(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.service.tracer.update(body["model"], body["changes"])
-        return {}
-
-    async def _log_update(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.service.log_settings.update(body["changes"])
-        return {}
 
     def share_trace_file(self, restarted: bool) -> None:
         """One trace file for the server: process 0 writes it, the others pass it their
@@ -286,10 +197,6 @@ class Cluster:
         writer = None if self.share.index == 0 else PeerTraceFile(self.peers, asyncio.get_running_loop())
         k = time.time_ns() // 1_000_000 if restarted else 0
         self.service.tracer.share_file(self.share.index + 1 + k * self.share.count, self.share.count, writer)
-
-    async def _trace_docs(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.service.tracer.write_from_peer(bool(body["indexed"]), [doc.encode() for doc in body["docs"]])
-        return {}
 
     # -- a model's own readiness (is_ready()) --------------------------------------------
     async def model_ready(self, mv: "ModelVersion", everywhere: bool = False) -> bool:
@@ -311,28 +218,9 @@ class Cluster:
             self._no_own_readiness.add(mv.key)
         return all(r["ready"] for r in replies)
 
-    async def _model_ready(self, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            mv = self.service.repository.get(body["name"], str(body["version"]))
-        except TritonShmError:
-            return {"ready": False, "defined": True}
-        return {"ready": mv.ready and await self.service.local_model_ready(mv),
-                "defined": self.service.workers.readiness.defined(mv)}
-
     # -- statistics ---------------------------------------------------------------------------
-    async def statistics(self, local: list[dict[str, Any]], name: str, version: str) -> list[dict[str, Any]]:
-        from ..core.observability.statistics import merge_statistics
-        replies = await self.everywhere("statistics", {"name": name, "version": version})
-        return merge_statistics(local, [r["model_stats"] for r in replies])
-
-    async def _statistics(self, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return {"model_stats": self.service.repository.statistics(body["name"], body["version"])}
-        except NotFound:
-            return {"model_stats": []}
-
     async def metrics_snapshots(self) -> list[dict[str, Any]]:
-        return [r["snapshots"] for r in await self.everywhere("metrics_snapshots", {})]
+        return [r["snapshots"] for r in await self.others("metrics_snapshots", {})]
 
     async def _metrics_snapshots(self, _body: dict[str, Any]) -> dict[str, Any]:
         from ..frontend.metrics.collect import local_snapshots
@@ -356,14 +244,14 @@ class Cluster:
                 log.warning("front-end process %d was not told this one stopped: %s", peer, e.message)
 
         async def tell_then_wait() -> None:
-            await asyncio.gather(*(tell(i) for i in self.others))
+            await asyncio.gather(*(tell(i) for i in self.peer_indexes))
             if wait:
                 await self._all_stopped.wait()
         try:
             await asyncio.wait_for(tell_then_wait(), timeout)
         except asyncio.TimeoutError:
             log.warning("front-end processes %s did not stop their front-ends in time; unloading models",
-                        sorted(set(self.others) - self._stopped))
+                        sorted(set(self.peer_indexes) - self._stopped))
 
     async def _frontends_stopped(self, body: dict[str, Any]) -> dict[str, Any]:
         self._stopped_at(int(body["index"]))
@@ -371,13 +259,8 @@ class Cluster:
 
     def _stopped_at(self, peer: int) -> None:
         self._stopped.add(peer)
-        if self._stopped.issuperset(self.others):
+        if self._stopped.issuperset(self.peer_indexes):
             self._all_stopped.set()
-
-
-def _all_ready(entry: "ModelEntry") -> bool:
-    """Every version the model chose is serving (a failed one makes the model failed)."""
-    return bool(entry.versions) and all(mv.ready for mv in entry.versions.values())
 
 
 class PeerTraceFile:

@@ -6,9 +6,10 @@ adapters map those to HTTP/gRPC status once.
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable
 
 from .. import TRITON_PROTOCOL_VERSION
 from ..errors import Cancelled, Internal, InvalidArgument, NotFound, TritonShmError, Unavailable, Unsupported
@@ -18,15 +19,16 @@ from .data.classification import classify_response
 from .models.config import check_load_name, config_to_json, validate_model_name
 from .models.manager import ModelManager, decode_load_parameters
 from .data.response_cache import ResponseCache
+from .replication import LocalReplicas, Replicas
 from .data.shm_registry import SharedMemoryRegistry
 from .observability.otel import RequestSpan
+from .observability.statistics import merge_statistics
 from .observability.tracing import Handover, Trace, Tracer
 from .data.types import InferRequest, InferResponse, InputTensor, RequestedOutput, ResponseStream
 from .models.validation import RequestPlan, checked_plan, plain_plan, validate_request
 
 if TYPE_CHECKING:
     from .._proto import model_config_pb2
-    from ..cluster.control import Cluster
     from ..supervisor.handle import WorkerHandle
     from .data.shm_registry import Region
     from .models.version import ModelVersion
@@ -53,7 +55,6 @@ class InferenceService:
         self.workers = models.pool
         self.shm = shm
         shm.on_close = self.workers.drop_region
-        shm.on_idle = self._shm_idle
         self.strict_readiness = strict_readiness
         self.workers.bls_handler = self._serve_bls
         self.draining = False  # shutting down: not ready, still serving what comes
@@ -62,12 +63,40 @@ class InferenceService:
         self.accepting = True  # False once the front-ends have stopped
         self.tracer = Tracer()  # the server replaces it with one built from --trace-config
         self.log_settings = log_settings.current()
-        # --frontend-processes above 1: the other front-end processes, which every change of
-        # the server's state reaches before it is answered (None: this process is the server)
-        self.cluster: "Cluster | None" = None
+        # the other front-end processes (--frontend-processes), which every change of the
+        # server's state reaches before it is answered: none by default (``replicate``)
+        self.replicas: Replicas = LocalReplicas(models)
+        # what applies each op of the server's state in this process (core/replication.py)
+        self.appliers: dict[str, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+            "register_system_shm": self._register_system_shm, "register_cuda_shm": self._register_cuda_shm,
+            "unregister_shm": self._unregister_shm, "drop_idle_shm": self._drop_idle_shm,
+            "trace_update": self._trace_update, "log_update": self._log_update,
+            "apply_load": self._apply_load, "apply_unload": self._apply_unload, "poll": self._poll,
+            "owned_states": self._owned_states, "adopt_states": self._adopt_states,
+            "statistics": self._statistics, "model_ready": self._model_ready,
+            "trace_docs": self._trace_docs,
+        }
         # Names validate_model_name accepted that name a model: checked once, not per
         # request (only repository names are kept, so clients cannot grow it).
         self._checked_names: set[str] = set()
+
+    def replicate(self, replicas: Replicas) -> None:
+        """Several front-end processes: every change of the state goes to ``replicas`` too,
+        and a region whose last user here is done is settled with them (``_shm_idle``;
+        alone, the registry drops it at once)."""
+        self.replicas = replicas
+        self.shm.on_idle = self._shm_idle
+
+    async def apply(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Apply ``op`` here, then in every other front-end process; this process's answer.
+        An error here stops it before the others see it."""
+        reply = await self.appliers[op](body)
+        await self.replicas.others(op, body)
+        return reply
+
+    async def apply_here(self, op: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``op`` applied in this process only (another process asked, or it replays)."""
+        return await self.appliers[op](body)
 
     # -- health and metadata -------------------------------------------------------------
     def live(self) -> bool:
@@ -100,28 +129,35 @@ class InferenceService:
     # -- shared memory -------------------------------------------------------------------
     async def register_system_shm(self, name: str, key: object, offset: object, byte_size: object) -> None:
         """The values as the wire carried them: the registry checks their types and ranges."""
-        self.shm.register_system(name, key, offset, byte_size)
-        if self.cluster is not None:
-            await self._everywhere_or_undo("register_system_shm", {
-                "name": name, "key": key, "offset": offset, "byte_size": byte_size}, "system", name)
+        body = {"name": name, "key": key, "offset": offset, "byte_size": byte_size}
+        await self._register_system_shm(body)
+        await self._others_or_undo("register_system_shm", body, "system", name)
 
     async def register_cuda_shm(self, name: str, raw_handle: bytes | str, device_id: object, byte_size: object) -> None:
         """Checked here, opened by the worker of ``device_id`` (its error is the client's),
         listed once open."""
         region = await self.open_cuda_shm(name, raw_handle, device_id, byte_size)
-        if self.cluster is not None:
-            await self._everywhere_or_undo("register_cuda_shm", region.cuda_registration(), "cuda", name)
+        await self._others_or_undo("register_cuda_shm", region.cuda_registration(), "cuda", name)
 
-    async def _everywhere_or_undo(self, op: str, body: dict[str, Any], kind: str, name: str) -> None:
+    async def _others_or_undo(self, op: str, body: dict[str, Any], kind: str, name: str) -> None:
         """A registration made here, made in the other front-end processes too; undone
         everywhere when one of them refuses it."""
-        assert self.cluster is not None
         try:
-            await self.cluster.everywhere(op, body)
+            await self.replicas.others(op, body)
         except BaseException:
             self.shm.unregister(kind, name)
-            await self.cluster.everywhere("unregister_shm", {"kind": kind, "name": name})
+            await self.replicas.others("unregister_shm", {"kind": kind, "name": name})
             raise
+
+    async def _register_system_shm(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.shm.register_system(body["name"], body["key"], body["offset"], body["byte_size"])
+        return {}
+
+    async def _register_cuda_shm(self, body: dict[str, Any]) -> dict[str, Any]:
+        """As ``Region.cuda_registration`` carries it (the handle in base64)."""
+        await self.open_cuda_shm(body["name"], base64.b64decode(body["raw_handle"]), body["device_id"],
+                                 body["byte_size"])
+        return {}
 
     async def open_cuda_shm(self, name: str, raw_handle: bytes | str, device_id: object,
                             byte_size: object) -> "Region":
@@ -144,28 +180,30 @@ class InferenceService:
         """As in Triton, a region that requests use is unregistered once they are done: it
         stays listed (and its name taken) until then. With several front-end processes it
         stays in all of them until none uses it (``_settle_shm``)."""
-        if self.cluster is None:
-            self.shm.unregister(kind, name)
-        else:
-            await self._settle_shm(kind, name)
+        await self._settle_shm(kind, name)
 
     async def _settle_shm(self, kind: str, name: str) -> None:
         """Mark the regions awaiting in every process, then remove them everywhere but those
         one of them still uses; that one settles them again when its last user is done."""
-        assert self.cluster is not None
-        in_use = set(self.shm.unregister(kind, name, defer_all=True))
-        for reply in await self.cluster.everywhere("unregister_shm", {"kind": kind, "name": name, "defer": True}):
+        body = {"kind": kind, "name": name, "defer": True}
+        in_use = set((await self._unregister_shm(body))["in_use"])
+        for reply in await self.replicas.others("unregister_shm", body):
             in_use.update(reply.get("in_use") or [])
         self.shm.drop_idle(kind, name, in_use)
-        await self.cluster.everywhere("drop_idle_shm", {"kind": kind, "name": name, "keep": sorted(in_use)})
+        await self.replicas.others("drop_idle_shm", {"kind": kind, "name": name, "keep": sorted(in_use)})
+
+    async def _unregister_shm(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``defer``: mark the regions awaiting and answer those in use here (the caller
+        removes the rest with ``drop_idle_shm``); else remove them (an undone registration)."""
+        return {"in_use": self.shm.unregister(body["kind"], body["name"], defer_all=bool(body.get("defer")))}
+
+    async def _drop_idle_shm(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.shm.drop_idle(body["kind"], body["name"], set(body["keep"]))
+        return {}
 
     def _shm_idle(self, region: "Region") -> None:
-        """An awaiting region's last user here is done: it goes, or with several front-end
-        processes is settled across them."""
-        if self.cluster is None:
-            self.shm.drop_idle(region.kind, region.name)
-            return
-
+        """An awaiting region's last user here is done: it is settled across the front-end
+        processes (``replicate``)."""
         async def settle() -> None:
             if self.shm.still_awaiting(region):  # not settled by another process meanwhile
                 try:
@@ -185,17 +223,24 @@ class InferenceService:
         """A READY version's own say (a Python model's ``is_ready()``), asked where its
         instances run: here, in the process that owns it, or with several processes
         sharing its instances in each of them. Free for a model that defines none."""
-        cluster = self.cluster
-        if cluster is not None:
-            if mv.owner is not None:
-                return await cluster.model_ready(mv)
-            if mv.instance_slice[1] > 1 and self.workers.readiness.defined(mv):
-                return await self.local_model_ready(mv) and await cluster.model_ready(mv, everywhere=True)
+        if mv.owner is not None:
+            return await self.replicas.model_ready(mv)
+        if mv.instance_slice[1] > 1 and self.workers.readiness.defined(mv):
+            return await self.local_model_ready(mv) and await self.replicas.model_ready(mv, everywhere=True)
         return await self.local_model_ready(mv)
 
     async def local_model_ready(self, mv: "ModelVersion") -> bool:
         """The instances of ``mv`` this process runs say they are ready."""
         return await self.workers.model_ready(mv)
+
+    async def _model_ready(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Another process asks whether this one's instances of a version are ready, and
+        whether it defines ``is_ready()`` at all."""
+        try:
+            mv = self.repository.get(body["name"], str(body["version"]))
+        except TritonShmError:
+            return {"ready": False, "defined": True}
+        return {"ready": mv.ready and await self.local_model_ready(mv), "defined": self.workers.readiness.defined(mv)}
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
         """``{"name", "versions", "platform", "inputs", "outputs"}`` as Triton reports it."""
@@ -214,9 +259,16 @@ class InferenceService:
         if name:
             validate_model_name(name)
         stats = self.repository.statistics(name, version)
-        if self.cluster is not None:
-            stats = await self.cluster.statistics(stats, name, version)
+        replies = await self.replicas.others("statistics", {"name": name, "version": version})
+        if replies:
+            stats = merge_statistics(stats, [r["model_stats"] for r in replies])
         return {"model_stats": stats}
+
+    async def _statistics(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return {"model_stats": self.repository.statistics(body["name"], body["version"])}
+        except NotFound:
+            return {"model_stats": []}
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         """Explicit mode only: (re)load ``name``; ``parameters`` may carry ``config`` (a JSON
@@ -224,19 +276,44 @@ class InferenceService:
         self.models.check_api_allowed()
         check_load_name(name)
         config, files = decode_load_parameters(parameters or {})
-        if self.cluster is not None:
-            await self.cluster.load(name, config, files)
-        else:
-            await self.models.load(name, config, files)
+        await self.replicas.load(name, config, files)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         """Explicit mode only: waits for the model's in-flight requests, then frees it;
         with ``unload_dependents`` the ensembles that use it are unloaded first."""
         self.models.check_api_allowed()
-        if self.cluster is not None:
-            await self.cluster.unload(name, unload_dependents)
-        else:
-            await self.models.unload(name, unload_dependents)
+        await self.replicas.unload(name, unload_dependents)
+
+    async def _apply_load(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A load as ``Cluster.load`` sends it (the files in base64)."""
+        files = {k: base64.b64decode(v) for k, v in (body.get("files") or {}).items()}
+        await self.models.load(body["name"], body.get("config"), files)
+        return {}
+
+    async def _apply_unload(self, body: dict[str, Any]) -> dict[str, Any]:
+        await self.models.unload(body["name"], bool(body.get("dependents")))
+        return {}
+
+    async def _poll(self, _body: dict[str, Any]) -> dict[str, Any]:
+        """The repository changes another process's poll found, applied here."""
+        await self.models.poll_once()
+        return {}
+
+    async def _owned_states(self, _body: dict[str, Any]) -> dict[str, Any]:
+        return {"states": self.models.owned_states()}
+
+    async def _adopt_states(self, body: dict[str, Any]) -> dict[str, Any]:
+        await self.models.adopt_states(body["states"])
+        return {}
+
+    def current_state(self) -> dict[str, Any]:
+        """What a restarted process needs to be the same server again: the models served
+        now, the shared-memory regions, the log and trace settings the API changed."""
+        shm = self.shm
+        return {"ready": [name for name, entry in self.repository.models.items() if entry.ready_versions()],
+                "system_shm": shm.status("system", awaiting=False) if shm.enabled else [],
+                "cuda_shm": shm.cuda_registrations() if shm.enabled else [],
+                "log": self.log_settings.to_dict(), "trace": self.tracer.api_changes()}
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """``[{"name", "version", "state", "reason"?}]`` sorted by name and version."""
@@ -257,10 +334,15 @@ class InferenceService:
     async def update_trace_settings(self, model: str, changes: dict[str, Any]) -> dict[str, Any]:
         """Values are strings (``trace_level``: a list of strings); null clears a setting."""
         self._check_trace_model(model)
-        settings = self.tracer.update(model, changes)
-        if self.cluster is not None:
-            await self.cluster.everywhere("trace_update", {"model": model, "changes": changes})
-        return settings
+        return (await self.apply("trace_update", {"model": model, "changes": changes}))["settings"]
+
+    async def _trace_update(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"settings": self.tracer.update(body["model"], body["changes"])}
+
+    async def _trace_docs(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Another process's finished traces, for the one trace file this process writes."""
+        self.tracer.write_from_peer(bool(body["indexed"]), [doc.encode() for doc in body["docs"]])
+        return {}
 
     def get_log_settings(self) -> dict[str, Any]:
         """``{"log_file", "log_info", "log_warning", "log_error", "log_verbose_level", "log_format"}``."""
@@ -268,10 +350,10 @@ class InferenceService:
 
     async def update_log_settings(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Null leaves a setting as it is; ``log_file`` can not be set (501)."""
-        settings = self.log_settings.update(changes)
-        if self.cluster is not None:
-            await self.cluster.everywhere("log_update", {"changes": changes})
-        return settings
+        return (await self.apply("log_update", {"changes": changes}))["settings"]
+
+    async def _log_update(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"settings": self.log_settings.update(body["changes"])}
 
     # -- inference -----------------------------------------------------------------------
     async def infer(self, request: InferRequest, span: RequestSpan | None = None) -> InferResponse:

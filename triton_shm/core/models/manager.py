@@ -567,6 +567,44 @@ class ModelManager:
                 tasks.append(self.unload(name))
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    # -- several front-end processes: one outcome per model ------------------------------
+    def owned_states(self) -> dict[str, Any]:
+        """The state of every model this process runs itself (not only forwards)."""
+        states = {}
+        for name, entry in self.repository.models.items():
+            versions = list(entry.versions.values())
+            if versions and all(mv.owner is None for mv in versions):
+                states[name] = {"state": entry.state, "reason": entry.reason, "ready": _all_ready(entry),
+                                "versions": {str(mv.version): [mv.state, mv.reason] for mv in versions}}
+        return states
+
+    async def adopt_states(self, states: dict[str, Any]) -> None:
+        """Models this process forwards take their owner's state (a load that failed there
+        is UNAVAILABLE here too, with its reason). A partitioned model that failed in
+        another process fails here too: its instances here are unloaded, so no process
+        serves a model the server reports unavailable."""
+        for name, entry in list(self.repository.models.items()):
+            settled = states.get(name)
+            versions = list(entry.versions.values())
+            if settled is None or not versions:
+                continue
+            if any(mv.owner is None for mv in versions):  # run here: partitioned
+                if settled["ready"] or not _all_ready(entry):
+                    continue
+                reasons = "; ".join(reason for _, reason in settled["versions"].values() if reason) or settled["reason"]
+                log.error("model '%s' failed to load in another front-end process; unloading it here: %s",
+                          name, reasons)
+                await self.unload(name)
+                entry.state, entry.reason = UNAVAILABLE, reasons
+                for mv in versions:
+                    mv.state, mv.reason = UNAVAILABLE, reasons
+                continue
+            entry.state, entry.reason = settled["state"], settled["reason"]
+            for mv in versions:
+                state = settled["versions"].get(str(mv.version))
+                if state is not None:
+                    mv.state, mv.reason = state
+
     # -- reporting -----------------------------------------------------------------------
     def failed_models(self) -> list[str]:
         failed = [f"{e.name}: {e.reason or '; '.join(v.reason for v in e.versions.values() if not v.ready)}"
@@ -574,6 +612,11 @@ class ModelManager:
                   if e.state != NOT_REQUESTED and not all(v.ready for v in e.versions.values()) or
                   (e.state == UNAVAILABLE and not e.versions)]
         return failed + [f"{name}: {detail}" for name, detail in self._poll_failures.items()]
+
+
+def _all_ready(entry: ModelEntry) -> bool:
+    """Every version the model chose is serving (a failed one makes the model failed)."""
+    return bool(entry.versions) and all(mv.ready for mv in entry.versions.values())
 
 
 def _composing_models_of(entry: ModelEntry) -> list[str]:
