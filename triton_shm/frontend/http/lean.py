@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Coroutine, cast
 
 from ...core.observability.otel import RequestSpan
 from ...errors import TritonShmError
-from ..restricted import first_header
+from ..headers import first_header
 from .api_groups import api_group, refusal_body
 from .infer import JSON_TYPE, InferReply, reply_of, serve_infer
 from .lean_request import (CONNECTION_LINES, HttpLimit, Message, connection_line, error_body, held_bytes,

@@ -19,7 +19,7 @@ import ngh2
 from ....core.observability.otel import RequestSpan
 from ....errors import TritonShmError
 from ...header_forward import call_metadata
-from ...restricted import first_header
+from ...headers import first_header
 from ..rpc import Mailbox, Method
 from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner
 from .framing import (
