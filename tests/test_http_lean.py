@@ -577,7 +577,7 @@ def test_a_request_runs_without_a_task_on_asyncio_futures(run):
     CancelledError into the coroutine. This fails if asyncio changes any of it (the request
     would be answered 500, or never)."""
     from triton_shm.frontend.http.infer import InferReply
-    from triton_shm.frontend.http.lean import LeanConnection
+    from triton_shm.frontend.http.lean import INFER, NOTHING, LeanConnection
     from triton_shm.frontend.http.lean_request import Message
     from triton_shm.frontend.http.lean_server import LeanContext
 
@@ -605,7 +605,7 @@ def test_a_request_runs_without_a_task_on_asyncio_futures(run):
         def start(coroutine) -> None:
             msg = Message()
             msg.keep_alive = True
-            conn._busy = True
+            conn._serving = INFER
             conn._infer_run, conn._infer_msg, conn._infer_request = coroutine, msg, None
             conn._advance()
 
@@ -617,7 +617,7 @@ def test_a_request_runs_without_a_task_on_asyncio_futures(run):
         second.set_result(b"cd")
         await settle()
         assert transport.written.startswith(b"HTTP/1.1 200 ") and transport.written.endswith(b"\r\n\r\nabcd")
-        assert not conn._busy and conn._infer_run is None
+        assert conn._serving is NOTHING and conn._infer_run is None
 
         transport.written = b""
         first, second = loop.create_future(), loop.create_future()

@@ -16,7 +16,7 @@ import hmac
 import logging
 import os
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -144,11 +144,3 @@ def parse_restrictions(items: list[str], flag: str, *, grpc: bool = False) -> Re
             by_group[group] = restriction
     return Restrictions(by_group, grpc=grpc)
 
-
-def first_header(headers: Iterable[tuple[bytes, bytes]], name: str) -> bytes | None:
-    """The first value of header ``name`` (lower case) in raw (name, value) pairs."""
-    wanted = name.encode("latin-1")
-    for n, v in headers:
-        if len(n) == len(wanted) and n.lower() == wanted:
-            return v
-    return None

@@ -122,11 +122,6 @@ class RateLimiter:
         self._enqueue(claim)
         self._attempt()
 
-    def unstage(self, claim: Claim) -> None:
-        if claim.state == STAGED:
-            self._staged.remove(claim)
-            claim.state = IDLE
-
     def release(self, claim: Claim, restage: bool = False) -> None:
         """The instance's execution is over: its resources go to the next in line. With
         ``restage`` (it has more work) it is back in line before that is chosen."""

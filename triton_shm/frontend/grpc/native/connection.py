@@ -9,6 +9,7 @@ the transport's buffer. Receive windows are given back as messages are consumed.
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import random
 import time
@@ -19,7 +20,7 @@ import ngh2
 from ....core.observability.otel import RequestSpan
 from ....errors import TritonShmError
 from ...header_forward import call_metadata
-from ...restricted import first_header
+from ...headers import first_header
 from ..rpc import Mailbox, Method
 from .calls import STREAM_QUEUE_DEPTH, STREAM_SEND_HIGH, Call, CallRunner
 from .framing import (
@@ -102,7 +103,30 @@ class TokenBucket:
         return self.tokens >= 0
 
 
+class Life(enum.IntEnum):
+    """A connection's life. It only moves forward (:meth:`GrpcConnection._to`):
+
+    OPEN -> DRAINING      our GOAWAY (server shutdown, --grpc-max-connection-age/-idle): new
+                          calls are refused, the open ones finish, then it closes
+    OPEN/DRAINING -> TERMINATED   the final GOAWAY (the engine's, or ours for a flood): the
+                          calls are dropped, the rest of the input read and dropped
+    any -> CLOSED         the GOAWAY is written and the socket half-closed, the transport
+                          aborted (a protocol error, a keepalive ping unanswered), or lost
+    """
+    OPEN = 0
+    DRAINING = 1
+    TERMINATED = 2
+    CLOSED = 3
+
+
+OPEN, DRAINING, TERMINATED, CLOSED = Life
+
+
 class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
+    """Its state is one :class:`Life`; besides it, ``paused`` (the transport's flow control:
+    output waits in the engine) and ``flush_scheduled`` (the output of this loop iteration's
+    answers is written once, at its end)."""
+
     def __init__(self, server: "NativeServer"):
         self.server = server
         self.loop = asyncio.get_running_loop()
@@ -118,8 +142,8 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         # once a frame was cut with no buffer to keep it in: from then on none is kept.
         self.frame_rest = PREFACE
         self.calls: dict[int, Call] = {}
+        self.life = OPEN
         self.paused = False
-        self.closed = False
         self.flush_scheduled = False
         self.waiting_writers: set[Call] = set()
         self.pending_resets: list[int] = []
@@ -132,8 +156,6 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         self.age_timer: asyncio.TimerHandle | None = None
         self.unused_timer: asyncio.TimerHandle | None = None  # --grpc-max-connection-idle
         self.unused_since = 0.0  # when the connection last had no call
-        self.shutting_down = False  # GOAWAY sent: no new calls
-        self.terminated = False  # final GOAWAY: the rest of the input is dropped
         self._dispatch: dict[type, Callable[[Any], None]] = {
             ngh2.RequestReceived: self._on_request,
             ngh2.DataReceived: self._on_data,
@@ -152,7 +174,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         tls = transport.get_extra_info("ssl_object")
         if tls is not None and tls.selected_alpn_protocol() != "h2":  # RFC 9113 §3.2: h2 over TLS needs ALPN
             log.warning("gRPC connection from %s refused: TLS without ALPN 'h2'", self._peer())
-            self.closed = True
+            self.life = CLOSED
             transport.close()
             return
         self.server.connections.add(self)
@@ -179,7 +201,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         return kept_input[self.kept:self.kept + self.next_read]
 
     def buffer_updated(self, nbytes: int) -> None:
-        if self.closed or self.terminated:  # lingering after GOAWAY: input is read and dropped
+        if self.life >= TERMINATED:  # lingering after GOAWAY: input is read and dropped
             return
         self.last_read = self.loop.time()
         kept_input = self.kept_input
@@ -213,7 +235,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         # A read that brought only requests and their data leaves the engine nothing to
         # send (their answers schedule their own flush): flush only when it has output
         # (acknowledgements, window updates, resets) or bookkeeping to do.
-        if self.h2.want_write or self.pending_resets or self.waiting_writers or self.shutting_down:
+        if self.h2.want_write or self.pending_resets or self.waiting_writers or self.life is not OPEN:
             self.flush()
 
     def _keep_input(self, data: memoryview, cut: int, end: int, nbytes: int) -> None:
@@ -260,7 +282,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         self.kept = 0
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.closed = True
+        self.life = CLOSED
         self._release_input()
         if self not in self.server.connections:  # refused in connection_made
             return
@@ -289,7 +311,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
 
     def flush(self) -> None:
         self.flush_scheduled = False
-        if self.closed:
+        if self.life is CLOSED:
             return
         h2, transport = self.h2, self.transport
         try:
@@ -319,7 +341,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             for call in list(self.waiting_writers):
                 if self.h2.queued_body_size(call.stream_id) < STREAM_SEND_HIGH // 2:
                     self._wake_writer(call)
-        if self.shutting_down and not self.calls and not self.h2.want_write:
+        if self.life is not OPEN and not self.calls and not self.h2.want_write:
             # Not a bare close: the client's WINDOW_UPDATE or PING for the last answer may
             # be unread here, and closing over unread input resets the connection, which can
             # take that answer with it on the client's side.
@@ -341,16 +363,21 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         self.pending_resets = waiting
         return sent
 
+    def _to(self, life: Life) -> None:
+        """The one way :class:`Life` moves: forward only."""
+        if life > self.life:
+            self.life = life
+
     def _abort(self) -> None:
-        if not self.closed:
-            self.closed = True
+        if self.life is not CLOSED:
+            self.life = CLOSED
             self.transport.abort()
 
     def _process_events(self) -> None:
         dispatch = self._dispatch
         try:
             for event in self.h2.events():
-                if self.terminated:
+                if self.life >= TERMINATED:
                     break
                 handler = dispatch.get(type(event))
                 if handler is not None:
@@ -374,7 +401,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         if (te := get(b"te")) != b"trailers":  # every gRPC client sends it; gRPC's C core refuses a call without
             self._bad_te(event, te is None)
             return
-        if self.shutting_down:  # after our GOAWAY: not processed, safe for the client to retry
+        if self.life is not OPEN:  # after our GOAWAY: not processed, safe for the client to retry
             try:
                 self.h2.reset_stream(sid, ngh2.ErrorCode.REFUSED_STREAM)
             except ngh2.NGH2Error:
@@ -541,7 +568,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             self._drop(call)
         if not self.calls:
             self.unused_since = self.loop.time()
-        if self.shutting_down and not self.calls:
+        if self.life is not OPEN and not self.calls:
             self.schedule_flush()
 
     def _drop(self, call: Call) -> None:
@@ -592,7 +619,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
             log.warning("gRPC connection from %s closed by the HTTP/2 engine: %s %s", self._peer(),
                         ngh2.ErrorCode(event.error_code).name if event.error_code <= 0xD else event.error_code,
                         event.debug_data.decode("utf-8", "replace"))
-        self.shutting_down = self.terminated = True
+        self._to(TERMINATED)
         for call in list(self.calls.values()):
             self._drop(call)
         self.calls.clear()
@@ -602,9 +629,9 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
         """Write what is left (the GOAWAY), half-close, and read on for a moment before
         closing: closing with unread input makes the kernel send RST, and the peer may
         then never read the GOAWAY that says why."""
-        if self.closed:
+        if self.life is CLOSED:
             return
-        self.closed = True
+        self.life = CLOSED
         try:
             out = self.h2.data_to_send()
         except ngh2.NGH2Error:
@@ -618,7 +645,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
 
     def _goaway(self, code: int, debug: bytes) -> None:
         """Stop the connection now: GOAWAY, then close once it is written."""
-        if self.closed or self.terminated:
+        if self.life >= TERMINATED:
             return
         try:
             self.h2.send_goaway(code, debug_data=debug)  # the debug text tells the client why
@@ -634,12 +661,12 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
     def _handshake_check(self) -> None:
         if self.last_read is None:  # not even a preface: an idle or stuck client
             self._abort()
-        elif not self.closed:
+        elif self.life is not CLOSED:
             self.idle_timer = self.loop.call_later(self.server.keepalive_time, self._keepalive)
 
     def _keepalive(self) -> None:
         """Ping a connection that went quiet; drop it if the ping is not answered."""
-        if self.closed:
+        if self.life is CLOSED:
             return
         quiet = self.last_read is not None and self.loop.time() - self.last_read >= self.server.keepalive_time
         if quiet and self.ping_timeout is None:
@@ -655,7 +682,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
     def _unused_check(self) -> None:
         """--grpc-max-connection-idle: GOAWAY to a connection that had no call for that long."""
         self.unused_timer = None
-        if self.closed or self.shutting_down:
+        if self.life is not OPEN:
             return
         limit = self.server.max_connection_idle
         if limit is None:  # the timer runs only with --grpc-max-connection-idle
@@ -671,7 +698,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
     def _aged(self) -> None:
         """--grpc-max-connection-age: GOAWAY; the open calls get the grace period, if any."""
         self.age_timer = None
-        if self.closed or self.shutting_down:
+        if self.life is not OPEN:
             return
         self.begin_shutdown()
         grace = self.server.max_connection_age_grace
@@ -680,7 +707,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
 
     def begin_shutdown(self) -> None:
         """GOAWAY: no new calls; the open ones finish, then the connection closes."""
-        self.shutting_down = True
+        self._to(DRAINING)
         try:
             self.h2.send_goaway(ngh2.ErrorCode.NO_ERROR)
         except ngh2.NGH2Error:
@@ -694,7 +721,7 @@ class GrpcConnection(CallRunner, asyncio.BufferedProtocol):
                     call.task.cancel()
                 self._finish(call, UNAVAILABLE, "server is shutting down")
         self.flush()
-        if not self.closed:
+        if self.life is not CLOSED:
             self.transport.close()
 
 

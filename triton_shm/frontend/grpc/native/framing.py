@@ -6,7 +6,6 @@ control) is the protocol engine's.
 from __future__ import annotations
 
 import zlib
-from typing import Iterable
 
 from ...._twins import pick
 from .frames_py import whole_frames_end  # noqa: F401 - the connection imports it from here
@@ -169,10 +168,3 @@ def frame_length(buf: memoryview, pos: int) -> int:
     """The payload length in the frame header at ``pos``."""
     return buf[pos] << 16 | buf[pos + 1] << 8 | buf[pos + 2]
 
-
-def join_message(parts: Iterable[bytes | memoryview], size: int, encoding: bytes | None) -> bytes:
-    """One gRPC message (prefix + body) as one bytes object, built by one join."""
-    if encoding is None:
-        return b"".join((prefix(size), *parts))
-    body = compress(b"".join(parts), encoding)
-    return prefix(len(body), True) + body
