@@ -18,7 +18,7 @@ from collections import deque
 from typing import Any, Callable
 
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
-from ..ipc.protocol import Desc, RegionDesc
+from ..ipc.protocol import ControlOp, Desc, RegionDesc
 from . import assembler
 from .assembler_py import RegionSpan
 from .cuda import DeviceSpan
@@ -58,7 +58,7 @@ class WorkerMemory:
                 scratch.remove(memory)
             weakref.finalize(array, self.released.append, memory)  # deque.append: safe from any thread
         if keep:
-            self._send({"op": "keep_inputs", "blocks": keep}, None)
+            self._send({"op": ControlOp.KEEP_INPUTS, "blocks": keep}, None)
 
     def flush_released(self) -> None:
         """Give back the memory of kept inputs that have been collected since."""
@@ -69,7 +69,7 @@ class WorkerMemory:
         if ours:
             self.arena.free_blocks(ours)
         if len(ours) < len(released):
-            self._send({"op": "release_inputs", "blocks": [m for m in released if isinstance(m, list)]}, None)
+            self._send({"op": ControlOp.RELEASE_INPUTS, "blocks": [m for m in released if isinstance(m, list)]}, None)
 
     # -- reading inputs ------------------------------------------------------------------
     def view(self, desc: Desc) -> "memoryview | RegionSpan":
@@ -113,10 +113,10 @@ class WorkerMemory:
 
     # -- the output arena's segments, announced to the front-end -------------------------
     def _share_segment(self, seg: Segment) -> None:
-        self._send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])
+        self._send({"op": ControlOp.SEGMENT, "seg": seg.id, "size": seg.size}, [seg.fd])
 
     def _drop_segment(self, seg_id: int) -> None:
-        self._send({"op": "drop", "seg": seg_id}, None)
+        self._send({"op": ControlOp.DROP, "seg": seg_id}, None)
 
     def close(self) -> None:
         self.inputs.close()

@@ -112,7 +112,7 @@ class Worker:
         elif "error" in body:
             frame = protocol.encode_fail(msg_id, body["error"])
         else:
-            frame = protocol.encode_control(msg_id, {"op": "reply", **body})
+            frame = protocol.encode_control(msg_id, {"op": ControlOp.REPLY, **body})
         self.send_frame(frame)
 
     def stream(self, body: dict[str, Any]) -> None:
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     worker = Worker(link, args.name)
     code = 1
     try:
-        worker.send({"op": "hello", "pid": os.getpid(), "time": time.time()})
+        worker.send({"op": ControlOp.HELLO, "pid": os.getpid(), "time": time.time()})
         code = worker.run()
     except (BrokenPipeError, ConnectionError) as e:
         if link.peer_gone():
