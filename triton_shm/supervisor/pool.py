@@ -519,8 +519,6 @@ class WorkerPool:
                     outputs.append(OutputTensor(name, datatype, shape, b"", in_shared_memory=True,
                                                 shm_byte_size=desc[2]))
                     continue
-                if type(desc) is RegionDesc:  # a region the request did not name: never viewed as an arena block
-                    raise Internal(f"worker misplaced output '{name}' in shared memory")
                 view = worker.outputs.view(desc)  # checks the descriptor against the worker's segments
                 descriptors.append(desc)
                 # the worker is not trusted: its descriptor must agree with the shape it claims
