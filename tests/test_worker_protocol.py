@@ -782,3 +782,22 @@ def test_a_decoupled_batch_failed_in_its_reply_ends_its_stream():
     item, final = stream.queue.get_nowait()
     assert final and isinstance(item, InvalidArgument) and item.message == "bad input"
     assert ended == [kw["msg_id"]]
+
+
+def test_the_worker_dispatches_every_control_op_the_front_end_sends():
+    """``_control`` is a table lookup: one handler per op the front-end sends, an unknown op
+    a clear error."""
+    from triton_shm.errors import InvalidArgument
+    from triton_shm.ipc.protocol import ControlOp
+    from triton_shm.worker.process import Worker
+    worker = object.__new__(Worker)  # the table needs no link
+    worker._controls = worker._control_table()
+    to_worker = {ControlOp.SEGMENT, ControlOp.DROP, ControlOp.REGION, ControlOp.CUDA_REGION, ControlOp.REGION_DROP,
+                 ControlOp.CANCEL, ControlOp.BLS_REPLY, ControlOp.IS_READY, ControlOp.AUTO_COMPLETE, ControlOp.LOAD,
+                 ControlOp.UNLOAD}
+    assert set(worker._controls) == {op.value for op in to_worker}
+    worker.cancelled = set()
+    worker._control({"op": "cancel", "batch": 7, "index": 2}, [])
+    assert worker.cancelled == {(7, 2)}
+    with pytest.raises(InvalidArgument, match="^unknown control message 'hello'$"):
+        worker._control({"op": "hello"}, [])
