@@ -205,7 +205,8 @@ def _seeds() -> dict[str, list[bytes]]:
     m = protocol_py
     inputs = [("INPUT0", "FP32", [1, 16], 0, 3, 128, 64), ("TEXT", "BYTES", [2], 1, 7, 0, 12)]
     outputs = [("OUTPUT0", 0, 0, 0, 0), ("OUTPUT1", 1, 9, 64, 4096)]
-    responses = [{"outputs": [["OUTPUT0", "FP32", [1, 16], [4, 0, 64]], ["OUTPUT1", "BYTES", [2], ["r", 9, 64, 20]]]},
+    responses = [{"outputs": [["OUTPUT0", "FP32", [1, 16], [4, 0, 64]],
+                              ["OUTPUT1", "BYTES", [2], protocol_py.RegionDesc((9, 64, 20))]]},
                  {"error": {"code": "INVALID_ARG", "message": "bad"}}, {"decoupled": True}]
     frames = [bytes(f) for f in (
         m.encode_infer(7, "add_sub/1#3", 2, [("req-1", {"p": 1}, inputs, outputs), ("", {}, inputs[:1], [])],

@@ -12,6 +12,7 @@ import pytest
 from triton_shm.errors import Internal
 from triton_shm.ipc import channel, protocol
 from triton_shm.ipc.arena import Arena, SegmentMap
+from triton_shm.ipc.protocol import RegionDesc
 
 
 def test_arena_reuses_and_coalesces_freed_space():
@@ -191,7 +192,8 @@ def test_segment_map_rejects_out_of_bounds_descriptors():
                 [seg, 0, -(1 << 70)], [1 << 80, 0, 1]):
         with pytest.raises(Internal, match="^shared-memory descriptor from peer is out of bounds$"):
             peer.view(bad)
-    for bad in (["x", 0, 1], [1, 2], None, [seg, None, 1]):
+    # a client region's descriptor is never read as an arena block, even with numbers that name one
+    for bad in (["x", 0, 1], [1, 2], None, [seg, None, 1], RegionDesc((seg, 0, 1))):
         with pytest.raises(Internal, match="^malformed shared-memory descriptor from peer$"):
             peer.view(bad)
     peer.drop(seg)  # a dropped segment is unknown again

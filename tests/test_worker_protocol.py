@@ -12,7 +12,7 @@ import time
 import pytest
 
 from triton_shm.ipc import protocol_py
-from triton_shm.ipc.protocol_py import Op, ProtocolError, Status
+from triton_shm.ipc.protocol_py import Op, ProtocolError, RegionDesc, Status
 
 try:
     from triton_shm.ipc import _protocol
@@ -31,7 +31,8 @@ REQUESTS = [("req-1", {"p": 1, "s": "x"}, INPUTS, OUTPUTS), ("", {}, INPUTS[:1],
             ("", {}, [], [], ("user-ü", False, True)),
             ("t", {}, INPUTS[:1], OUTPUTS[:1], None, (2**64 - 1, TRACEPARENT)),
             ("", {}, [], [], (9, True, True), (3, ""))]  # traced requests, one of a sequence
-RESPONSES = [{"outputs": [["OUTPUT0", "FP32", [1, 16], [4, 0, 64]], ["OUTPUT1", "BYTES", [2], ["r", 9, 64, 20]]]},
+RESPONSES = [{"outputs": [["OUTPUT0", "FP32", [1, 16], [4, 0, 64]],
+                          ["OUTPUT1", "BYTES", [2], RegionDesc((9, 64, 20))]]},
              {"error": {"code": "INVALID_ARG", "message": "bad ünïcode"}},
              {"decoupled": True},
              # a Python model's response parameters, and an error response it returned (ANSWERED)
@@ -101,9 +102,9 @@ def test_every_op_round_trips(m):
     assert infer.body["model"] == "add_sub/1#3" and infer.body["instance"] == 2
     first, second, numeric, string, traced, traced_seq = infer.body["requests"]
     assert first == {"request_id": "req-1", "parameters": {"p": 1, "s": "x"},
-                     "inputs": [["INPUT0", "FP32", [1, 16], [3, 128, 64]], ["TEXT", "BYTES", [2], ["r", 7, 0, 12]],
-                                ["SCALAR", "INT64", [], [3, 192, 8]]],
-                     "outputs": ["OUTPUT0", "OUTPUT1"], "shm_outputs": {"OUTPUT1": [9, 64, 4096]}}
+                     "inputs": [["INPUT0", "FP32", [1, 16], [3, 128, 64]],
+                                ["TEXT", "BYTES", [2], RegionDesc((7, 0, 12))], ["SCALAR", "INT64", [], [3, 192, 8]]],
+                     "outputs": ["OUTPUT0", "OUTPUT1"], "shm_outputs": {"OUTPUT1": RegionDesc((9, 64, 4096))}}
     assert second["parameters"] == {} and second["outputs"] == ["OUTPUT0"] and "sequence" not in second
     assert numeric["sequence"] == [2**64 - 1, True, False] and numeric["outputs"] == ["OUTPUT0"]
     assert string["sequence"] == ["user-ü", False, True] and string["inputs"] == []
@@ -121,6 +122,22 @@ def test_every_op_round_trips(m):
     assert fail.op == Op.FAIL and fail.body == {"error": {"code": "INTERNAL", "message": "boom"}}
     assert (free.op, free.frees, ping.op, ping.id, pong.op) == (Op.FREE, [(1, 0, 64)], Op.PING, 11, Op.PONG)
     assert control.body == {"op": "load", "config": {"a": [1, 2]}} and control.frees == [(3, 64, 64)]
+
+
+@pytest.mark.parametrize("m", IMPLS)
+def test_a_descriptor_says_by_its_type_where_the_bytes_are(m):
+    """An arena block decodes to a plain [segment, offset, size] list, a client region to a
+    RegionDesc; each encodes back to its own place."""
+    request = m.decode(m.encode_infer(1, "m", 0, REQUESTS[:1])).body["requests"][0]
+    arena, region, _ = (t[3] for t in request["inputs"])
+    assert type(arena) is list and arena == [3, 128, 64]
+    assert type(region) is RegionDesc and (region.region, region.offset, region.size) == (7, 0, 12)
+    assert type(request["shm_outputs"]["OUTPUT1"]) is RegionDesc
+    outputs = m.decode(m.encode_stream(1, 0, False, RESPONSES[0])).body["outputs"]
+    assert [type(o[3]) for o in outputs] == [list, RegionDesc] and outputs == RESPONSES[0]["outputs"]
+    # the same numbers in a plain list name an arena block, not the region
+    arena_only = {"outputs": [["OUTPUT1", "BYTES", [2], [9, 64, 20]]]}
+    assert type(m.decode(m.encode_stream(1, 0, False, arena_only)).body["outputs"][0][3]) is list
 
 
 @pytest.mark.parametrize("m", IMPLS)
@@ -765,3 +782,22 @@ def test_a_decoupled_batch_failed_in_its_reply_ends_its_stream():
     item, final = stream.queue.get_nowait()
     assert final and isinstance(item, InvalidArgument) and item.message == "bad input"
     assert ended == [kw["msg_id"]]
+
+
+def test_the_worker_dispatches_every_control_op_the_front_end_sends():
+    """``_control`` is a table lookup: one handler per op the front-end sends, an unknown op
+    a clear error."""
+    from triton_shm.errors import InvalidArgument
+    from triton_shm.ipc.protocol import ControlOp
+    from triton_shm.worker.process import Worker
+    worker = object.__new__(Worker)  # the table needs no link
+    worker._controls = worker._control_table()
+    to_worker = {ControlOp.SEGMENT, ControlOp.DROP, ControlOp.REGION, ControlOp.CUDA_REGION, ControlOp.REGION_DROP,
+                 ControlOp.CANCEL, ControlOp.BLS_REPLY, ControlOp.IS_READY, ControlOp.AUTO_COMPLETE, ControlOp.LOAD,
+                 ControlOp.UNLOAD}
+    assert set(worker._controls) == {op.value for op in to_worker}
+    worker.cancelled = set()
+    worker._control({"op": "cancel", "batch": 7, "index": 2}, [])
+    assert worker.cancelled == {(7, 2)}
+    with pytest.raises(InvalidArgument, match="^unknown control message 'hello'$"):
+        worker._control({"op": "hello"}, [])

@@ -12,6 +12,9 @@ from libc.stdlib cimport free, malloc, realloc
 from libc.string cimport memcpy, memmove
 
 from ..errors import Internal
+from .protocol_py import RegionDesc
+
+cdef type _REGION_DESC = RegionDesc
 
 cdef enum:
     ALIGN = 64
@@ -284,6 +287,8 @@ cdef class SegmentViews:
         """Bounds-checked view of ``[segment id, offset, size]`` from an untrusted peer."""
         cdef long long offset, size
         cdef int offset_overflow = 0, size_overflow = 0
+        if type(descriptor) is _REGION_DESC:  # a client region's bytes are never an arena's
+            raise Internal("malformed shared-memory descriptor from peer")
         try:
             seg_id, o, s = descriptor
             if type(seg_id) is not int or type(o) is not int or type(s) is not int:  # decoded: ints

@@ -59,11 +59,12 @@ import orjson
 
 from ..errors import Internal, InvalidArgument
 from .protocol_py import (_ID_TOO_LONG, DATATYPES, MAX_DIMS, MAX_ID, SEQ_BITS, SEQ_END, SEQ_NUMERIC_ID, SEQ_START,
-                          SEQ_STRING_ID, TRACED, Message, Op, ProtocolError, Status)
+                          SEQ_STRING_ID, TRACED, Message, Op, ProtocolError, RegionDesc, Status)
 
 cdef dict _DTYPE_CODE = {name: i for i, name in enumerate(DATATYPES)}
 cdef tuple _DTYPES = DATATYPES
 cdef int _N_DTYPES = len(DATATYPES)
+cdef type _REGION_DESC = RegionDesc
 cdef int _MAX_DIMS = MAX_DIMS
 cdef Py_ssize_t _MAX_ID = MAX_ID
 cdef int _SEQ_START = SEQ_START, _SEQ_END = SEQ_END, _SEQ_NUMERIC_ID = SEQ_NUMERIC_ID, _SEQ_STRING_ID = SEQ_STRING_ID
@@ -212,11 +213,7 @@ cdef int _response(Buf *b, object response) except -1:
             _uint(b, ST_OK, 1)
             _uint(b, <uint64_t>len(outputs), 2)
         for name, datatype, shape, desc in outputs:
-            place = desc[0]
-            if type(place) is not int and place == "r":  # an arena segment id is an int: no compare
-                _tensor(b, name, datatype, shape, 1, desc[1], desc[2], desc[3])
-            else:
-                _tensor(b, name, datatype, shape, 0, desc[0], desc[1], desc[2])
+            _tensor(b, name, datatype, shape, 1 if type(desc) is _REGION_DESC else 0, desc[0], desc[1], desc[2])
     else:
         _uint(b, ST_DECOUPLED if response.get("decoupled") else ST_NONE, 1)
         _uint(b, 0, 2)
@@ -430,6 +427,22 @@ cdef object _json(Reader *r, size_t n):
         raise _fail(r, "invalid JSON") from None
 
 
+cdef object _region_desc(uint64_t region, uint64_t offset, uint64_t size):
+    """A RegionDesc made in C, as ``_message`` makes a Message: the subtype's allocation,
+    then its three items."""
+    cdef object d = PyType_GenericAlloc(_REGION_DESC, 3)
+    cdef object item = region
+    Py_INCREF(item)
+    PyTuple_SET_ITEM(d, 0, item)
+    item = offset
+    Py_INCREF(item)
+    PyTuple_SET_ITEM(d, 1, item)
+    item = size
+    Py_INCREF(item)
+    PyTuple_SET_ITEM(d, 2, item)
+    return d
+
+
 cdef list _tensor_rec(Reader *r):
     cdef uint64_t dtype, ndim, place, name_len, seg, offset, size
     cdef int64_t d
@@ -447,7 +460,7 @@ cdef list _tensor_rec(Reader *r):
             raise _fail(r, "negative dimension")
         shape.append(d)
     name = _text(r, name_len)
-    desc = ["r", seg, offset, size] if place == 1 else [seg, offset, size]
+    desc = _region_desc(seg, offset, size) if place == 1 else [seg, offset, size]
     return [name, _DTYPES[dtype], shape, desc]
 
 
@@ -526,7 +539,7 @@ cdef dict _request_rec(Reader *r):
         place, name_len, region, offset, size = _get(r, 1), _get(r, 2), _get(r, 4), _get(r, 8), _get(r, 8)
         name = _text(r, name_len)
         if place == 1:
-            shm_outputs[name] = [region, offset, size]
+            shm_outputs[name] = _region_desc(region, offset, size)
         elif place != 0:
             raise _fail(r, "bad output record")
         outputs.append(name)

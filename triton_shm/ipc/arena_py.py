@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from ..errors import Internal
+from .protocol_py import RegionDesc
 
 ALIGN = 64
 
@@ -167,6 +168,8 @@ class SegmentViews:
 
     def view(self, descriptor) -> memoryview:
         """Bounds-checked view of ``[segment id, offset, size]`` from an untrusted peer."""
+        if type(descriptor) is RegionDesc:  # a client region's bytes are never an arena's
+            raise Internal("malformed shared-memory descriptor from peer")
         try:
             seg_id, offset, size = descriptor
             if type(seg_id) is not int or type(offset) is not int or type(size) is not int:  # decoded: ints

@@ -76,10 +76,9 @@ failure).
 ``FREE`` (front-end → worker) only FREE records. ``PING``/``PONG``: empty; a PONG
 answers a PING with its id.
 
-``CONTROL`` (both ways) the rare ops: a JSON object whose ``op`` names it (``segment``,
-``drop``, ``region``, ``region_drop``, ``cancel``, ``load``, ``unload``,
-``auto_complete``, ``bls``, ``bls_reply``, ``keep_inputs``, ``release_inputs``, ``hello``; the reply to a
-control op is a CONTROL frame with the same id, or a FAIL). File descriptors ride along
+``CONTROL`` (both ways) the rare ops: a JSON object whose ``op`` names it, a ``ControlOp``
+(each member says who sends it; the reply to a control op is a CONTROL frame with the same
+id, or a FAIL). File descriptors ride along
 on the socket (``SCM_RIGHTS``), which is why fd-carrying ops are CONTROL frames and
 always travel on the socket.
 
@@ -88,7 +87,11 @@ enum value and every count, and raises ``ProtocolError`` (INTERNAL) naming the m
 when the header was legible, so the caller can fail exactly that message. Descriptors
 are checked against the mapped segments by their user (``SegmentMap.view``).
 
-``decode`` gives a REPLY's body as ``(responses, timing)``, positional for the front-end
+``decode`` gives a TENSOR record as ``[name, datatype, shape, desc]``, ``desc`` where its
+bytes are: a ``RegionDesc`` ``(region, offset, size)`` for PLACE_REGION, else an
+``ArenaDesc``, the ``[segment, offset, size]`` list every arena block has; an OUTPUT record
+into a client region as a ``RegionDesc`` in the request's ``shm_outputs``. The encoders take
+the same. ``decode`` gives a REPLY's body as ``(responses, timing)``, positional for the front-end
 that reads one per request: ``timing`` the three ints, ``responses`` one ``(status,
 payload)`` per entry (``Status.OK``: the output records, ``Status.PARAMS``: ``(outputs,
 parameters)``, ``Status.ERROR`` / ``ANSWERED``: the error record as a dict,
@@ -104,13 +107,15 @@ from __future__ import annotations
 
 from .._twins import pick
 from .protocol_py import (  # noqa: F401
-    DATATYPES, HEADER_SIZE, MAX_DIMS, MAX_ID, Message, Op, PLACE_ARENA, PLACE_NONE, PLACE_REGION, ProtocolError,
-    SEQ_END, SEQ_NUMERIC_ID, SEQ_START, SEQ_STRING_ID, TRACED, Status, decode, encode_control, encode_fail, encode_free,
-    encode_infer, encode_ping, encode_pong, encode_reply, encode_stream)
+    DATATYPES, HEADER_SIZE, MAX_DIMS, MAX_ID, PLACE_ARENA, PLACE_NONE, PLACE_REGION, SEQ_END, SEQ_NUMERIC_ID,
+    SEQ_START, SEQ_STRING_ID, TRACED, ArenaDesc, ControlOp, Desc, Message, Op, ProtocolError, RegionDesc, Status,
+    decode, encode_control, encode_fail, encode_free, encode_infer, encode_ping, encode_pong, encode_reply,
+    encode_stream)
 
 USING_EXTENSION = pick(globals(), "._protocol", "decode", "encode_control", "encode_fail", "encode_free",
                        "encode_infer", "encode_ping", "encode_pong", "encode_reply", "encode_stream")
 
-__all__ = ["DATATYPES", "HEADER_SIZE", "MAX_DIMS", "MAX_ID", "Message", "Op", "PLACE_ARENA", "PLACE_NONE",
-           "PLACE_REGION", "ProtocolError", "Status", "decode", "encode_control", "encode_fail", "encode_free",
-           "encode_infer", "encode_ping", "encode_pong", "encode_reply", "encode_stream", "USING_EXTENSION"]
+__all__ = ["DATATYPES", "HEADER_SIZE", "MAX_DIMS", "MAX_ID", "ArenaDesc", "ControlOp", "Desc", "Message", "Op",
+           "PLACE_ARENA", "PLACE_NONE", "PLACE_REGION", "ProtocolError", "RegionDesc", "Status", "decode",
+           "encode_control", "encode_fail", "encode_free", "encode_infer", "encode_ping", "encode_pong",
+           "encode_reply", "encode_stream", "USING_EXTENSION"]

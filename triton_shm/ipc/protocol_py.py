@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import Any, NamedTuple, Sequence
+from operator import itemgetter
+from typing import Any, NamedTuple, Sequence, Union
 
 import orjson
 
@@ -63,6 +64,46 @@ HEADER_SIZE = _HEADER.size
 _VALID_OPS = frozenset(int(op) for op in Op)
 
 
+class RegionDesc(tuple):
+    """Where a tensor's bytes lie in a client's shared-memory region: ``(region, offset,
+    size)``, ``region`` the id the front-end gave it. A tensor in an arena is described by
+    a plain ``[segment, offset, size]`` list instead (``ArenaDesc``, what ``Block.descriptor``
+    gives): the common case stays the cheapest to build and to check (``type(desc) is
+    RegionDesc``, one pointer compare), and the type alone says where the bytes are."""
+    __slots__ = ()
+    region = property(itemgetter(0))
+    offset = property(itemgetter(1))
+    size = property(itemgetter(2))
+
+    def __repr__(self) -> str:
+        return f"RegionDesc{tuple.__repr__(self)}"
+
+
+ArenaDesc = list  # [segment, offset, size]: a block of an arena (``ipc.arena``)
+Desc = Union[list, RegionDesc]  # a tensor descriptor: where its bytes are
+
+
+class ControlOp(str, enum.Enum):
+    """The ``op`` of a CONTROL frame (see ``protocol``): who sends it and what it says."""
+    SEGMENT = "segment"              # both ways: the sender's new arena segment, its fd attached
+    DROP = "drop"                    # both ways: that segment is gone
+    REGION = "region"                # to the worker: a client system region, its fd attached
+    CUDA_REGION = "cuda_region"      # to the worker: a client CUDA region by IPC handle (answered once open)
+    REGION_DROP = "region_drop"      # to the worker: a client region unregistered
+    CANCEL = "cancel"                # to the worker: a request of a batch was cancelled
+    BLS_REPLY = "bls_reply"          # to the worker: the answer to a model's BLS request
+    IS_READY = "is_ready"            # to the worker: a model instance's own readiness (answered)
+    AUTO_COMPLETE = "auto_complete"  # to the worker: a model's auto-completed config (answered)
+    LOAD = "load"                    # to the worker: load a model version (answered)
+    UNLOAD = "unload"                # to the worker: unload one (answered)
+    HELLO = "hello"                  # to the front-end: the worker is up
+    REPLY = "reply"                  # to the front-end: the answer to a control op
+    BLS = "bls"                      # to the front-end: a model's inference request (BLS)
+    BLS_CANCEL = "bls_cancel"        # to the front-end: the model gave up on that request
+    KEEP_INPUTS = "keep_inputs"      # to the front-end: input blocks a model holds past its reply
+    RELEASE_INPUTS = "release_inputs"  # to the front-end: kept inputs it has let go
+
+
 class ProtocolError(Internal):
     """A frame that breaks the protocol; ``msg_id`` is its id when the header was legible."""
 
@@ -107,10 +148,10 @@ def _error(out: bytearray, error: dict) -> None:
     out += message
 
 
-def _desc(desc: Sequence[Any]) -> tuple[int, int, int, int]:
-    """(place, segment, offset, size) of ``[seg, offset, size]`` or ``["r", region, offset, size]``."""
-    if desc[0] == "r":
-        return PLACE_REGION, desc[1], desc[2], desc[3]
+def _desc(desc: Desc) -> tuple[int, int, int, int]:
+    """(place, segment, offset, size) of an ``ArenaDesc`` or a ``RegionDesc``."""
+    if type(desc) is RegionDesc:
+        return PLACE_REGION, desc[0], desc[1], desc[2]
     return PLACE_ARENA, desc[0], desc[1], desc[2]
 
 
@@ -277,7 +318,7 @@ class _Reader:
         if any(d < 0 for d in shape):
             raise self.fail("negative dimension")
         name = self.text(name_len)
-        desc = ["r", seg, offset, size] if place == PLACE_REGION else [seg, offset, size]
+        desc = RegionDesc((seg, offset, size)) if place == PLACE_REGION else [seg, offset, size]
         return [name, DATATYPES[dtype], shape, desc]
 
     def error(self) -> dict:
@@ -331,7 +372,7 @@ class _Reader:
             place, name_len, region, offset, size = self.unpack(_OUTPUT)
             name = self.text(name_len)
             if place == PLACE_REGION:
-                shm_outputs[name] = [region, offset, size]
+                shm_outputs[name] = RegionDesc((region, offset, size))
             elif place != PLACE_NONE:
                 raise self.fail("bad output record")
             outputs.append(name)

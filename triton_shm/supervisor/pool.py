@@ -27,7 +27,7 @@ from ..core.data.types import BatchRequest, InferResponse, OutputTensor
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..ipc import protocol
 from ..ipc.arena import Arena, Block
-from ..ipc.protocol import PLACE_ARENA, PLACE_REGION
+from ..ipc.protocol import PLACE_ARENA, PLACE_REGION, RegionDesc
 from .handle import WorkerHandle
 from .readiness import Readiness
 
@@ -510,11 +510,11 @@ class WorkerPool:
                 ref = shm_outputs.get(name) if shm_outputs else None
                 if ref is not None:
                     region = p.regions[ref.region]
-                    if not (desc[0] == "r" and desc[1] == region.id and desc[2] == ref.offset
-                            and 0 <= desc[3] <= ref.byte_size):
+                    if not (type(desc) is RegionDesc and desc[0] == region.id and desc[1] == ref.offset
+                            and 0 <= desc[2] <= ref.byte_size):
                         raise Internal(f"worker misplaced output '{name}' bound for shared memory")
                     outputs.append(OutputTensor(name, datatype, shape, b"", in_shared_memory=True,
-                                                shm_byte_size=desc[3]))
+                                                shm_byte_size=desc[2]))
                     continue
                 view = worker.outputs.view(desc)  # checks the descriptor against the worker's segments
                 descriptors.append(desc)

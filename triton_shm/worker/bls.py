@@ -18,6 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..backends.python import triton_python_backend_utils as pb_utils
+from ..ipc.protocol import ControlOp
 from .host import Host
 from .memory import WorkerMemory
 from .tensors import decode_input, encode_output
@@ -58,7 +59,7 @@ class BlsClient:
         ``response_iterator.cancel()``)."""
         bid = next(self._ids)
         return ResponseIterator(self._call(bid, request, timeout),
-                                lambda: self._send({"op": "bls_cancel", "bid": bid}, None))
+                                lambda: self._send({"op": ControlOp.BLS_CANCEL, "bid": bid}, None))
 
     def _call(self, bid: int, request: "pb_utils.InferenceRequest",
               timeout: float | None) -> Iterator["pb_utils.InferenceResponse"]:
@@ -80,7 +81,7 @@ class BlsClient:
                                   sequence_start=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START),
                                   sequence_end=bool(flags & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END))
             self._waiters[bid] = waiter
-            call = {"op": "bls", "bid": bid, "model": request.model_name(),
+            call = {"op": ControlOp.BLS, "bid": bid, "model": request.model_name(),
                     "version": str(version) if version and version > 0 else "", "request_id": request.request_id(),
                     "inputs": inputs, "outputs": list(request._requested_output_names), "parameters": parameters}
             if request._trace._trace_id:  # trace=request.trace() of a traced request: a child of its trace
@@ -121,7 +122,7 @@ class BlsClient:
                 code = pb_utils._WIRE_TO_ENUM[datatype]
                 tensors.append(pb_utils.Tensor(name, array, code if datatype in ("BF16", "BYTES") else None))
         finally:
-            self._send({"op": "release_inputs", "blocks": staged}, None)
+            self._send({"op": ControlOp.RELEASE_INPUTS, "blocks": staged}, None)
         response = pb_utils.InferenceResponse(tensors)
         parameters = msg.get("parameters")
         if parameters:  # parameters() is their compact JSON, as Triton gives a BLS response's

@@ -25,6 +25,7 @@ from ..core.data import codec
 from ..core.data.datatypes import config_to_wire, element_size, from_numpy, numpy_dtype
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc.arena import Block
+from ..ipc.protocol import Desc, RegionDesc
 from . import assembler
 from .assembler_py import RegionSpan
 from .cuda import DeviceSpan, as_cupy, gather_device, is_device_array
@@ -110,8 +111,8 @@ class InstanceRunner:
         except Exception:  # a model's finalize must not take the worker down
             log.exception("finalize of instance %s failed", self.name)
 
-    def submit(self, msg: dict[str, Any]) -> None:
-        """Queue a batch for the instance's thread."""
+    def enqueue(self, msg: dict[str, Any]) -> None:
+        """Queue a batch for the instance's thread (not ``Scheduler.submit``: the batch is formed)."""
         self.dispatched += 1
         self.queue.put(msg)
 
@@ -241,7 +242,7 @@ class InstanceRunner:
             if reshapes is not None:
                 shape = reshapes.input_shape(name, shape)
             # an arena block is read in place; a client region's bytes go through input_bytes
-            if desc and desc[0] != "r":
+            if type(desc) is not RegionDesc:
                 inputs[name] = array = decode_input(datatype, shape, arena_view(desc))
                 if datatype != "BYTES":  # a view of the front-end's block, which it reuses after the reply
                     held.append((array, desc))
@@ -314,7 +315,7 @@ class InstanceRunner:
                         shape, written = encode_output_into(target, name, specs[name], outputs[name])
                     if reshapes is not None:
                         shape = reshapes.output_shape(name, shape)
-                    encoded.append([name, specs[name], shape, ["r", rid, offset, written]])
+                    encoded.append([name, specs[name], shape, RegionDesc((rid, offset, written))])
                     continue
                 shape, block = encode_output(arena, name, specs[name], outputs[name])
                 blocks.append(block)
@@ -367,13 +368,13 @@ class InstanceRunner:
         t3 = _clock()
         return {"responses": results, "timing": [t1 - t0, t2 - t1, t3 - t2]}
 
-    def _device_span(self, desc: list) -> DeviceSpan | None:
+    def _device_span(self, desc: Desc) -> DeviceSpan | None:
         """Where an input lies in a client's CUDA shared-memory region, its span there."""
-        if not desc or desc[0] != "r":
+        if type(desc) is not RegionDesc:
             return None
-        return self._regions.device_view(int(desc[1]), int(desc[2]), int(desc[3]))
+        return self._regions.device_view(int(desc[0]), int(desc[1]), int(desc[2]))
 
-    def _gather_on_device(self, descs: list[list]) -> Any:
+    def _gather_on_device(self, descs: list[Desc]) -> Any:
         """The rows of one input, joined on the GPU when any of them lies in CUDA shared
         memory (the others copied up once); None when all are on the host."""
         spans = [self._device_span(desc) for desc in descs]
@@ -420,7 +421,7 @@ class InstanceRunner:
                     staged.append((target, memoryview(bytearray(size))))
                     target = staged[-1][1]
                 targets.append(target)
-                result["outputs"].append([name, datatype, [n, *row_shape], ["r", rid, offset, size]])
+                result["outputs"].append([name, datatype, [n, *row_shape], RegionDesc((rid, offset, size))])
             else:
                 block = self._arena.alloc(size)
                 blocks.append(block)
@@ -450,7 +451,7 @@ class InstanceRunner:
                     written = target.write_device(part)
                 else:
                     written = encode_output_into(target, name, datatype, part)[1]
-                result["outputs"].append([name, datatype, [n, *row_shape], ["r", ref[0], ref[1], written]])
+                result["outputs"].append([name, datatype, [n, *row_shape], RegionDesc((ref[0], ref[1], written))])
             else:
                 _, block = encode_output(self._arena, name, datatype, part)
                 blocks.append(block)

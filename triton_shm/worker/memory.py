@@ -18,6 +18,7 @@ from collections import deque
 from typing import Any, Callable
 
 from ..ipc.arena import Arena, Block, Segment, SegmentMap
+from ..ipc.protocol import ControlOp, Desc, RegionDesc
 from . import assembler
 from .assembler_py import RegionSpan
 from .cuda import DeviceSpan
@@ -57,7 +58,7 @@ class WorkerMemory:
                 scratch.remove(memory)
             weakref.finalize(array, self.released.append, memory)  # deque.append: safe from any thread
         if keep:
-            self._send({"op": "keep_inputs", "blocks": keep}, None)
+            self._send({"op": ControlOp.KEEP_INPUTS, "blocks": keep}, None)
 
     def flush_released(self) -> None:
         """Give back the memory of kept inputs that have been collected since."""
@@ -68,19 +69,19 @@ class WorkerMemory:
         if ours:
             self.arena.free_blocks(ours)
         if len(ours) < len(released):
-            self._send({"op": "release_inputs", "blocks": [m for m in released if isinstance(m, list)]}, None)
+            self._send({"op": ControlOp.RELEASE_INPUTS, "blocks": [m for m in released if isinstance(m, list)]}, None)
 
     # -- reading inputs ------------------------------------------------------------------
-    def view(self, desc: list) -> "memoryview | RegionSpan":
-        """An input's bytes: ``[segment, offset, size]`` in the front-end's arena, or
-        ``["r", region, offset, size]`` in a client region."""
-        if desc and desc[0] == "r":
-            _, rid, offset, size = desc
+    def view(self, desc: Desc) -> "memoryview | RegionSpan":
+        """An input's bytes: an ``ArenaDesc`` in the front-end's arena, or a ``RegionDesc``
+        in a client region."""
+        if type(desc) is RegionDesc:
+            rid, offset, size = desc
             view = self.regions.view(int(rid), int(offset), int(size))
             return view.to_host() if isinstance(view, DeviceSpan) else view  # CUDA: one device-to-host copy
         return self.inputs.view(desc)
 
-    def input_bytes(self, desc: list, scratch: list[Block] | None, lent: list | None = None) -> memoryview:
+    def input_bytes(self, desc: Desc, scratch: list[Block] | None, lent: list | None = None) -> memoryview:
         """What a model may read: arena bytes in place; a client region's bytes copied
         once, with a guarded copy, since the client may shrink its region at any time and
         a later read would fault. The copy goes into an output-arena block appended to
@@ -91,14 +92,14 @@ class WorkerMemory:
         With ``lent`` (a model that only reads its inputs), a system region's bytes are
         lent in place instead, read-only, and their mapping appended to ``lent``: the
         caller fails the request if a truncation poisoned it (``regions``)."""
-        if not desc or desc[0] != "r":
+        if type(desc) is not RegionDesc:
             return self.inputs.view(desc)
         if lent is not None:
-            loan = self.regions.lend(int(desc[1]), int(desc[2]), int(desc[3]))
+            loan = self.regions.lend(int(desc[0]), int(desc[1]), int(desc[2]))
             if loan is not None:
                 lent.append(loan[1])
                 return loan[0]
-        view = self.regions.view(int(desc[1]), int(desc[2]), int(desc[3]))
+        view = self.regions.view(int(desc[0]), int(desc[1]), int(desc[2]))
         if isinstance(view, DeviceSpan):
             return view.to_host()  # already private memory
         if scratch is None:
@@ -112,10 +113,10 @@ class WorkerMemory:
 
     # -- the output arena's segments, announced to the front-end -------------------------
     def _share_segment(self, seg: Segment) -> None:
-        self._send({"op": "segment", "seg": seg.id, "size": seg.size}, [seg.fd])
+        self._send({"op": ControlOp.SEGMENT, "seg": seg.id, "size": seg.size}, [seg.fd])
 
     def _drop_segment(self, seg_id: int) -> None:
-        self._send({"op": "drop", "seg": seg_id}, None)
+        self._send({"op": ControlOp.DROP, "seg": seg_id}, None)
 
     def close(self) -> None:
         self.inputs.close()

@@ -22,13 +22,13 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..backends import get_backend
 from ..backends.base import InstanceSpec, ModelContext
 from ..errors import Internal, InvalidArgument, NotFound, TritonShmError
 from ..ipc import channel, protocol
-from ..ipc.protocol import Op
+from ..ipc.protocol import ControlOp, Op
 from ..ipc.link import Link
 from ..ipc.ring import RingCorrupt
 from ..backends.python import triton_python_backend_utils as pb_utils
@@ -82,6 +82,7 @@ class Worker:
         # a thread per instance that defines is_ready(), made at its first check: a slow check
         # holds neither the ring nor executions nor another instance's checks
         self._readiness: dict[tuple[str, int], ThreadPoolExecutor] = {}
+        self._controls = self._control_table()
 
     # -- sending -------------------------------------------------------------------------
     def send_frame(self, frame: bytes | bytearray, fds: list[int] | None = None) -> None:
@@ -111,7 +112,7 @@ class Worker:
         elif "error" in body:
             frame = protocol.encode_fail(msg_id, body["error"])
         else:
-            frame = protocol.encode_control(msg_id, {"op": "reply", **body})
+            frame = protocol.encode_control(msg_id, {"op": ControlOp.REPLY, **body})
         self.send_frame(frame)
 
     def stream(self, body: dict[str, Any]) -> None:
@@ -184,7 +185,7 @@ class Worker:
             if inline and runner.solo and runner.dispatched == runner.finished:
                 self._run_inline(runner, body)
             else:
-                runner.submit(body)
+                runner.enqueue(body)
         elif op == Op.PING:
             self.send_frame(protocol.encode_pong(msg.id))
         elif op == Op.CONTROL:
@@ -263,39 +264,49 @@ class Worker:
         self._ending.acquire()
         self.shutdown()
 
+    # -- control ops (``ControlOp``): one handler each, ``(msg, fds)``, from ``_controls`` --
     def _control(self, msg: dict[str, Any], fds: list[int]) -> None:
-        op = msg["op"]
-        if op == "segment":
-            if len(fds) != 1:
-                raise Internal("segment message without exactly one fd")
-            self.memory.inputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
-        elif op == "drop":
-            self.memory.inputs.drop(int(msg["seg"]))
-        elif op == "region":
-            if len(fds) != 1:
-                raise Internal("region message without exactly one fd")
-            self.memory.regions.add(int(msg["rid"]), int(msg["offset"]), int(msg["size"]), fds[0])
-        elif op == "cuda_region":
-            self.memory.regions.add_cuda(int(msg["rid"]), bytes.fromhex(msg["handle"]), int(msg["device"]),
-                                  int(msg["size"]))
-            if msg["id"]:  # registration waits for the handle to open
-                self.reply(msg["id"], {})
-        elif op == "region_drop":
-            self.memory.regions.drop(int(msg["rid"]))
-        elif op == "cancel":
-            self.cancelled.add((int(msg["batch"]), int(msg["index"])))
-        elif op == "bls_reply":
-            self.bls.deliver(msg)
-        elif op == "is_ready":
-            self._is_ready(msg)
-        elif op == "auto_complete":
-            self.loader.submit(self._guarded, msg, self._auto_complete)
-        elif op == "load":
-            self.loader.submit(self._guarded, msg, self._load)
-        elif op == "unload":
-            self.loader.submit(self._guarded, msg, self._unload)
-        else:
-            raise InvalidArgument(f"unknown control message '{op}'")
+        handler = self._controls.get(msg["op"])
+        if handler is None:
+            raise InvalidArgument(f"unknown control message '{msg['op']}'")
+        handler(msg, fds)
+
+    def _control_table(self) -> dict[str, Callable[[dict[str, Any], list[int]], None]]:
+        """The handler of each control op the front-end sends, by its wire name."""
+        def loaded(fn: Callable[[dict[str, Any]], dict[str, Any]]) -> Callable[[dict[str, Any], list[int]], None]:
+            def handle(msg: dict[str, Any], fds: list[int]) -> None:
+                self.loader.submit(self._guarded, msg, fn)  # slow: off the control thread
+            return handle
+        table: dict[ControlOp, Callable[[dict[str, Any], list[int]], None]] = {
+            ControlOp.SEGMENT: self._segment,
+            ControlOp.DROP: lambda msg, fds: self.memory.inputs.drop(int(msg["seg"])),
+            ControlOp.REGION: self._region,
+            ControlOp.CUDA_REGION: self._cuda_region,
+            ControlOp.REGION_DROP: lambda msg, fds: self.memory.regions.drop(int(msg["rid"])),
+            ControlOp.CANCEL: lambda msg, fds: self.cancelled.add((int(msg["batch"]), int(msg["index"]))),
+            ControlOp.BLS_REPLY: lambda msg, fds: self.bls.deliver(msg),
+            ControlOp.IS_READY: lambda msg, fds: self._is_ready(msg),
+            ControlOp.AUTO_COMPLETE: loaded(self._auto_complete),
+            ControlOp.LOAD: loaded(self._load),
+            ControlOp.UNLOAD: loaded(self._unload),
+        }
+        return {op.value: handler for op, handler in table.items()}
+
+    def _segment(self, msg: dict[str, Any], fds: list[int]) -> None:
+        if len(fds) != 1:
+            raise Internal("segment message without exactly one fd")
+        self.memory.inputs.add(int(msg["seg"]), int(msg["size"]), fds[0])
+
+    def _region(self, msg: dict[str, Any], fds: list[int]) -> None:
+        if len(fds) != 1:
+            raise Internal("region message without exactly one fd")
+        self.memory.regions.add(int(msg["rid"]), int(msg["offset"]), int(msg["size"]), fds[0])
+
+    def _cuda_region(self, msg: dict[str, Any], fds: list[int]) -> None:
+        self.memory.regions.add_cuda(int(msg["rid"]), bytes.fromhex(msg["handle"]), int(msg["device"]),
+                                     int(msg["size"]))
+        if msg["id"]:  # registration waits for the handle to open
+            self.reply(msg["id"], {})
 
     def _is_ready(self, msg: dict[str, Any]) -> None:
         """A model instance's own ``is_ready()``, answered from its readiness thread."""
@@ -398,7 +409,7 @@ def main(argv: list[str] | None = None) -> None:
     worker = Worker(link, args.name)
     code = 1
     try:
-        worker.send({"op": "hello", "pid": os.getpid(), "time": time.time()})
+        worker.send({"op": ControlOp.HELLO, "pid": os.getpid(), "time": time.time()})
         code = worker.run()
     except (BrokenPipeError, ConnectionError) as e:
         if link.peer_gone():
