@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import Internal, InvalidArgument, TritonShmError, Unavailable
 from ..ipc import channel, protocol
-from ..ipc.protocol import Op
+from ..ipc.protocol import ControlOp, Op
 from ..ipc.arena import Arena, Segment, SegmentMap
 from ..ipc.calls import Calls
 from ..ipc.link import Link
@@ -70,6 +70,7 @@ class WorkerHandle:
         self.on_death: Callable[[WorkerHandle], None] | None = None  # set by the pool
         # a model's BLS call: (handle, message), set by the pool
         self.on_bls: Callable[[WorkerHandle, dict[str, Any]], None] | None = None
+        self._control_handlers = self._control_table()
         self._loop: asyncio.AbstractEventLoop  # the front-end's, from start() on
 
     # -- process lifecycle ---------------------------------------------------------------
@@ -388,24 +389,39 @@ class WorkerHandle:
             self._bad_frame(protocol.ProtocolError(f"op {op} is not one a worker sends", msg.id))
 
     def _control(self, body: dict[str, Any], fds: list[int]) -> None:
+        """A worker's CONTROL op (``ControlOp``: what each says), by its handler."""
         op = body["op"]
         try:
-            if op == "segment" and len(fds) == 1:
-                self.outputs.add(int(body["seg"]), int(body["size"]), fds.pop())
-            elif op == "drop":
-                self.outputs.drop(int(body["seg"]))
-            elif (op == "bls" or op == "bls_cancel") and self.on_bls is not None:
-                self.on_bls(self, body)
-            elif op == "release_inputs":
-                self.lending.released(self.arena, body.get("blocks") or [])
-            elif op == "keep_inputs":
-                self.lending.keep(body.get("blocks") or [])
-            elif op != "hello":
+            handler = self._control_handlers.get(op)
+            if handler is None:
                 log.warning("unexpected message from worker '%s': %s", self.name, op)
+            else:
+                handler(body, fds)
         except (KeyError, TypeError, ValueError, TritonShmError) as e:
             log.warning("malformed '%s' message from worker '%s': %s", op, self.name, e)
         finally:
             channel.close_fds(fds)
+
+    def _control_table(self) -> dict[str, Callable[[dict[str, Any], list[int]], None]]:
+        """The ops a worker sends the front-end on its own, each with its handler."""
+        def segment(body: dict[str, Any], fds: list[int]) -> None:
+            if len(fds) != 1:
+                raise ValueError("a segment comes with one fd")
+            self.outputs.add(int(body["seg"]), int(body["size"]), fds.pop())
+
+        def bls(body: dict[str, Any], fds: list[int]) -> None:
+            if self.on_bls is not None:
+                self.on_bls(self, body)
+
+        return {
+            ControlOp.HELLO: lambda body, fds: None,
+            ControlOp.SEGMENT: segment,
+            ControlOp.DROP: lambda body, fds: self.outputs.drop(int(body["seg"])),
+            ControlOp.BLS: bls,
+            ControlOp.BLS_CANCEL: bls,
+            ControlOp.RELEASE_INPUTS: lambda body, fds: self.lending.released(self.arena, body.get("blocks") or []),
+            ControlOp.KEEP_INPUTS: lambda body, fds: self.lending.keep(body.get("blocks") or []),
+        }
 
     def _bad_frame(self, e: "protocol.ProtocolError") -> None:
         """A frame that breaks the protocol fails the message it answers. One whose
